@@ -1,0 +1,202 @@
+"""Task and node-pool lifecycles: every state, and every allowed move, in one table.
+
+Contract
+--------
+A task's state is the pair (Status, Reason) of the original design (section 9):
+Reason is set only in Pending (what Falcon is doing) and Failed (why it failed), and
+is "" everywhere else. ``TASK_TRANSITIONS`` lists every allowed move with who causes
+it; the repository refuses a write that is not in it, the tests walk it, and
+docs/schema.md prints it. ``LEASE_TRANSITIONS`` does the same for node-pool leases.
+
+The upper layer owns two moves: it inserts Pending tasks and sets Aborting. Every
+other move belongs to Falcon, and no Falcon move starts from Aborting except
+Aborting -> Aborted, so a compare-and-set that expects a non-Aborting state can never
+overwrite an abort.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class Status(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ABORTING = "Aborting"
+    ABORTED = "Aborted"
+
+
+class Reason(StrEnum):
+    NONE = ""
+    # Pending: what Falcon is doing now
+    WAITING = "Waiting"
+    PROVISIONING = "Provisioning"
+    CLUSTER_BUSY = "ClusterBusy"
+    WAITING_FOR_NODE = "WaitingForNode"
+    DISPATCHING = "Dispatching"
+    # Failed: why
+    NODE_POOL_TIMEOUT = "NodePoolTimeout"
+    NODE_POOL_FAILED = "NodePoolFailed"
+    JOB_SUBMIT_FAILED = "JobSubmitFailed"
+    JOB_FAILED = "JobFailed"
+    TIMEOUT = "Timeout"
+    INVALID_SPEC = "InvalidSpec"  # the spec column failed validation
+    UNSUPPORTED_TPU_TYPE = "UnsupportedTPUType"  # no registered cluster offers the TPU type
+    NO_CANDIDATE_CLUSTER = "NoCandidateCluster"  # clusters exist, none can take this task
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.ABORTED})
+NON_TERMINAL = frozenset(Status) - TERMINAL
+
+# A task in one of these holds its queue's acquisition slot (original, section 4).
+ACQUIRING = frozenset(
+    {Reason.PROVISIONING, Reason.CLUSTER_BUSY, Reason.WAITING_FOR_NODE, Reason.DISPATCHING}
+)
+FAILURE_REASONS = frozenset(
+    {
+        Reason.NODE_POOL_TIMEOUT,
+        Reason.NODE_POOL_FAILED,
+        Reason.JOB_SUBMIT_FAILED,
+        Reason.JOB_FAILED,
+        Reason.TIMEOUT,
+        Reason.INVALID_SPEC,
+        Reason.UNSUPPORTED_TPU_TYPE,
+        Reason.NO_CANDIDATE_CLUSTER,
+    }
+)
+
+
+class Phase(NamedTuple):
+    status: Status
+    reason: Reason = Reason.NONE
+
+    def __str__(self) -> str:
+        return f"{self.status}/{self.reason}" if self.reason else str(self.status)
+
+
+P = Phase
+NEW = P(Status.PENDING)  # written by the upper layer, not yet taken by Falcon
+WAITING = P(Status.PENDING, Reason.WAITING)
+PROVISIONING = P(Status.PENDING, Reason.PROVISIONING)
+CLUSTER_BUSY = P(Status.PENDING, Reason.CLUSTER_BUSY)
+WAITING_FOR_NODE = P(Status.PENDING, Reason.WAITING_FOR_NODE)
+DISPATCHING = P(Status.PENDING, Reason.DISPATCHING)
+RUNNING = P(Status.RUNNING)
+SUCCEEDED = P(Status.SUCCEEDED)
+ABORTING = P(Status.ABORTING)
+ABORTED = P(Status.ABORTED)
+
+
+def failed(reason: Reason) -> Phase:
+    assert reason in FAILURE_REASONS, reason
+    return P(Status.FAILED, reason)
+
+
+ACQUIRING_PHASES = (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE, DISPATCHING)
+PENDING_PHASES = (NEW, WAITING, *ACQUIRING_PHASES)
+LIVE_PHASES = (*PENDING_PHASES, RUNNING)
+
+# Who causes each move.
+UPPER = "upper layer"
+POLLER = "PollerActor"
+QUEUE = "QueueActor"
+
+
+def _edges() -> dict[tuple[Phase, Phase], str]:
+    e: dict[tuple[Phase, Phase], str] = {}
+
+    def add(src: Phase | tuple[Phase, ...], dst: Phase, who: str) -> None:
+        for s in src if isinstance(src, tuple) and isinstance(src[0], Phase) else (src,):
+            e[(s, dst)] = who  # type: ignore[index]
+
+    # intake
+    add(NEW, WAITING, f"{POLLER}: assigned to a (cluster, topology) queue")
+    add(NEW, failed(Reason.INVALID_SPEC), f"{POLLER}: the spec failed validation")
+    add(NEW, failed(Reason.UNSUPPORTED_TPU_TYPE), f"{POLLER}: no registered cluster offers the TPU type")
+    add(NEW, failed(Reason.NO_CANDIDATE_CLUSTER), f"{POLLER}: no cluster can take the task (e.g. no reservation)")
+    add(WAITING, NEW, f"{QUEUE}: its cluster left service; the poller ranks the task again")
+    # acquisition (one task per queue at a time)
+    add(WAITING, PROVISIONING, f"{QUEUE}: picked for the slot")
+    add((PROVISIONING, CLUSTER_BUSY), CLUSTER_BUSY, f"{QUEUE}: reservation headroom short; wait, no fallback")
+    add(CLUSTER_BUSY, PROVISIONING, f"{QUEUE}: reservation headroom back; creating")
+    add((PROVISIONING, CLUSTER_BUSY), WAITING_FOR_NODE, f"{QUEUE}: pool control plane RUNNING, nodes registering")
+    add((PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE), DISPATCHING, f"{QUEUE}: pool ready (or an idle one reused)")
+    add(WAITING, DISPATCHING, f"{QUEUE}: picked and an idle same-topology pool is ready")
+    add(DISPATCHING, RUNNING, f"{QUEUE}: every pod of the Job is active")
+    # acquisition failures
+    for src in (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE):
+        add(src, failed(Reason.NODE_POOL_TIMEOUT), f"{QUEUE}: control plane not RUNNING within node_pool_timeout")
+        add(src, failed(Reason.NODE_POOL_FAILED), f"{QUEUE}: GKE refused or failed the create (quota, stockout)")
+    add(DISPATCHING, failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the Job")
+    # execution
+    add((DISPATCHING, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed")
+    add((DISPATCHING, RUNNING), failed(Reason.JOB_FAILED), f"{QUEUE}: the Job failed (pod failure, OOM, ...)")
+    add((DISPATCHING, RUNNING), failed(Reason.TIMEOUT), f"{QUEUE}: dispatched_at + timeout_seconds passed")
+    # abort: the upper layer may abort any live task; Falcon finishes it
+    add(LIVE_PHASES, ABORTING, f"{UPPER}: abort requested")
+    add(ABORTING, ABORTED, f"{QUEUE} (or {POLLER} for an unassigned task): Job and pool handled")
+    return e
+
+
+TASK_TRANSITIONS: dict[tuple[Phase, Phase], str] = _edges()
+
+
+def allowed(src: Phase, dst: Phase) -> bool:
+    return (src, dst) in TASK_TRANSITIONS
+
+
+def sources_of(dst: Phase) -> tuple[Phase, ...]:
+    """Every phase from which ``dst`` may be reached: the compare-and-set's expected set."""
+    return tuple(s for (s, d) in TASK_TRANSITIONS if d == dst)
+
+
+_REASONED = frozenset({Status.PENDING, Status.FAILED})
+
+
+def phase_of(status: str, reason: str | None) -> Phase:
+    """The phase of a stored row. A reason left behind in a status that carries none
+    (the upper layer sets Aborting without clearing Reason) is ignored."""
+    st = Status(status)
+    return Phase(st, Reason(reason or "") if st in _REASONED else Reason.NONE)
+
+
+# --- node-pool leases --------------------------------------------------------------
+
+
+class LeaseState(StrEnum):
+    REQUESTED = "Requested"  # row written with the pool name; create not yet confirmed
+    CREATING = "Creating"  # create accepted by GKE; waiting for RUNNING and nodes
+    READY = "Ready"  # RUNNING with every node registered, not yet given to a Job
+    IN_USE = "InUse"  # a task's Job runs on it
+    IDLE = "Idle"  # kept after a task ended for a waiting same-topology task
+    DELETING = "Deleting"  # delete requested (or retried)
+    DELETED = "Deleted"  # GKE says it is gone
+
+
+L = LeaseState
+LEASE_TRANSITIONS: dict[tuple[LeaseState, LeaseState], str] = {
+    (L.REQUESTED, L.CREATING): f"{QUEUE}: create call accepted (or 409 adopted)",
+    (L.REQUESTED, L.DELETING): f"{QUEUE}: create refused or abandoned; make sure nothing is left",
+    (L.CREATING, L.READY): f"{QUEUE}: pool RUNNING and all nodes registered",
+    (L.CREATING, L.IN_USE): f"{QUEUE}: pool ready and its task's Job submitted at once",
+    (L.CREATING, L.DELETING): f"{QUEUE}: create failed, timed out or its task aborted with nobody waiting",
+    (L.CREATING, L.IDLE): f"{QUEUE}: its task aborted while creating and a same-topology task waits",
+    (L.READY, L.IN_USE): f"{QUEUE}: a Job was submitted on it",
+    (L.READY, L.IDLE): f"{QUEUE}: its task ended before dispatch; kept for a waiting task",
+    (L.READY, L.DELETING): f"{QUEUE}: its task ended before dispatch and nobody waits",
+    (L.IN_USE, L.IDLE): f"{QUEUE}: its task ended and a same-topology task waits (hand-over)",
+    (L.IN_USE, L.DELETING): f"{QUEUE}: its task ended and nobody waits",
+    (L.IDLE, L.IN_USE): f"{QUEUE}: handed over to the next task",
+    (L.IDLE, L.READY): f"{QUEUE}: claimed by an acquiring task",
+    (L.IDLE, L.DELETING): f"{QUEUE}: nobody waits any more, or the cluster left service",
+    (L.DELETING, L.DELETING): f"{QUEUE}: delete retried with backoff",
+    (L.DELETING, L.DELETED): "ClusterActor / QueueActor: GKE returned NotFound for the pool",
+}
+LEASE_LIVE = frozenset(set(LeaseState) - {LeaseState.DELETED})
+
+
+def lease_allowed(src: LeaseState, dst: LeaseState) -> bool:
+    return (src, dst) in LEASE_TRANSITIONS

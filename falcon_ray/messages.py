@@ -1,0 +1,117 @@
+"""Every human-readable Message Falcon writes, in one catalogue.
+
+Contract
+--------
+``text(key, **fields)`` renders the message for ``key`` in the language chosen by
+``FALCON_LANG`` (``en`` by default, ``zh`` for the original design's own wording) or
+by the ``lang`` argument. Code never builds a Message string elsewhere, so the
+upper layer sees one consistent vocabulary. Messages are cut to ``MAX_MESSAGE``
+characters, the width of ``jobs.message``.
+"""
+
+from __future__ import annotations
+
+import os
+
+MAX_MESSAGE = 4000
+
+_CATALOGUE: dict[str, tuple[str, str]] = {
+    # Pending / (not yet taken)
+    "only_inactive_clusters": (
+        "No active cluster offers TPU type {tpu_type} (clusters {clusters} are in maintenance or offline); waiting for one to return...",
+        "没有 active 集群提供 TPU 类型 {tpu_type}(集群 {clusters} 处于 maintenance/offline),等待集群恢复...",
+    ),
+    "requeued": (
+        "Cluster {cluster} left service ({status}); choosing another cluster...",
+        "集群 {cluster} 已停止服务 ({status}),正在重新选择集群...",
+    ),
+    # Pending / Waiting
+    "waiting": (
+        "Queue position #{position}, {ahead} task(s) ahead ({tasks})",
+        "队列位置 #{position},前面有 {ahead} 个任务 ({tasks})",
+    ),
+    "waiting_first": (
+        "Queue position #1, next to acquire resources on {cluster} ({topology})",
+        "队列位置 #1,下一个在 {cluster} ({topology}) 上获取资源",
+    ),
+    # Pending / acquisition
+    "provisioning": (
+        "Creating node pool {pool} (supply: {supply})...",
+        "正在创建 node pool {pool} (supply: {supply})...",
+    ),
+    "provisioning_reuse": (
+        "Reusing idle node pool {pool} (supply: {supply})...",
+        "复用空闲 node pool {pool} (supply: {supply})...",
+    ),
+    "cluster_busy": (
+        "reservation_remaining_slices={remaining} reservation_needed_slices={needed}, waiting for reservation {reservation} capacity to free up...",
+        "reservation_remaining_slices={remaining} reservation_needed_slices={needed},等待 reservation {reservation} 容量释放...",
+    ),
+    "cluster_busy_ops": (
+        "GKE is busy with another operation on cluster {cluster}; retrying: {detail}",
+        "集群 {cluster} 正在执行其他 GKE 操作,稍后重试: {detail}",
+    ),
+    "flex_not_visible": (
+        "node pool {pool} created (flex-start), not yet visible in the GKE API; rechecking...",
+        "node pool {pool} 已创建 (flex-start),GKE API 暂不可见,稍后复查...",
+    ),
+    "waiting_for_node": (
+        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready})...",
+        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready})...",
+    ),
+    "dispatching": (
+        "Node pool {pool} ready, submitting the Kubernetes Job...",
+        "Node pool {pool} 就绪,正在提交 K8s Job...",
+    ),
+    "dispatching_pods": (
+        "Job {job} submitted, waiting for pods ({active}/{expected} active)...",
+        "Job {job} 已提交,等待 Pod 启动 ({active}/{expected} active)...",
+    ),
+    # Running / Succeeded
+    "running": ("Pod running ({active}/{expected} active)", "Pod 运行中 ({active}/{expected} active)"),
+    "succeeded": ("", ""),
+    # Failed
+    "invalid_spec": ("Invalid task spec: {detail}", "任务 spec 无效: {detail}"),
+    "unsupported_tpu_type": (
+        "No registered cluster offers TPU type {tpu_type} (offered: {offered})",
+        "没有已注册集群提供 TPU 类型 {tpu_type} (已有: {offered})",
+    ),
+    "no_candidate_cluster": (
+        "No active {tpu_type} cluster can take this task: {detail}",
+        "没有可接收该任务的 active {tpu_type} 集群: {detail}",
+    ),
+    "node_pool_timeout": (
+        "Node pool creation timed out ({limit}): {detail}",
+        "node pool 创建超时 ({limit}): {detail}",
+    ),
+    "node_pool_failed": ("Node pool creation failed: {detail}", "node pool 创建失败: {detail}"),
+    "job_submit_failed": ("Kubernetes Job submission failed: {detail}", "K8s Job 提交失败: {detail}"),
+    "job_failed": ("{detail}", "{detail}"),
+    "timeout": ("Task timed out ({seconds}s), Job cancelled", "任务超时 ({seconds}s),已取消 Job"),
+    # Abort
+    "aborting": (
+        "Aborting, waiting for the Kubernetes Job to be deleted and the node pool cleaned up...",
+        "正在中止,等待 K8s Job 删除和 node pool 清理...",
+    ),
+    "aborted": ("Aborted by user", "用户中止"),
+    # Suffix when the pool could not be deleted yet
+    "pool_not_deleted": (
+        " (node pool {pool} not yet deleted: {detail}; Falcon keeps retrying)",
+        " (node pool {pool} 尚未删除: {detail};Falcon 会继续重试)",
+    ),
+}
+
+
+def lang() -> str:
+    return "zh" if os.environ.get("FALCON_LANG", "en").lower().startswith("zh") else "en"
+
+
+def text(key: str, lang_: str | None = None, **fields: object) -> str:
+    en, zh = _CATALOGUE[key]
+    template = zh if (lang_ or lang()) == "zh" else en
+    out = template.format(**fields)
+    return out if len(out) <= MAX_MESSAGE else out[: MAX_MESSAGE - 3] + "..."
+
+
+def keys() -> list[str]:
+    return list(_CATALOGUE)

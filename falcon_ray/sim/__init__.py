@@ -1,0 +1,1 @@
+"""The simulated fleet: GKE, Compute, GCE metadata and Kubernetes APIs on loopback."""

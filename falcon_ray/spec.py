@@ -1,0 +1,205 @@
+"""The task spec: the only user input Falcon turns into cloud and cluster objects.
+
+Contract
+--------
+``parse_spec(raw)`` takes the ``jobs.spec`` column as stored (JSON text, bytes or an
+already-decoded dict) and returns a frozen :class:`TaskSpec`, or raises
+:class:`SpecError` -- and only ``SpecError`` -- whose message names the offending
+field and, where there is a closed set, the allowed values. The controller turns a
+``SpecError`` into ``Failed / InvalidSpec`` with that message; it never crashes on a
+spec.
+
+What is deliberately absent: privileged mode, host paths, host network, namespace,
+service account, volumes, node selectors, tolerations. Unknown fields are refused, so
+none of them can be smuggled in; the namespace and service account come from the
+cluster registry, the node placement from the TPU catalogue.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from falcon_ray import tpu
+
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600  # flex-start capacity is held at most seven days
+DEFAULT_TIMEOUT_SECONDS = 3600
+MAX_ARGV_BYTES = 64 * 1024
+MAX_ARGV_ITEMS = 1024
+MAX_ENV_ITEMS = 256
+MAX_ENV_BYTES = 64 * 1024
+MAX_IMAGE_LEN = 512
+
+# Docker reference grammar, simplified: [registry[:port]/]path[:tag][@digest]
+_IMAGE_RE = re.compile(
+    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?/)?"  # registry host (optional)
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # first path component
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # more path components
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # tag
+    r"(?:@sha256:[a-f0-9]{64})?$"  # digest
+)
+# Kubernetes' rule for container env names (validation.IsEnvVarName).
+_ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# Kubernetes resource quantity, e.g. 4, 500m, 16Gi, 1.5.
+_QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+# Names Falcon sets in every pod; a spec may not override them.
+RESERVED_ENV = frozenset(
+    {
+        "FALCON_TASK_ID",
+        "FALCON_LOG_DIR",
+        "TPU_WORKER_ID",
+        "TPU_WORKER_HOSTNAMES",
+        "JOB_COMPLETION_INDEX",
+        "MEGASCALE_COORDINATOR_ADDRESS",
+    }
+)
+
+
+class SupplyMode(StrEnum):
+    RESERVATION = "reservation"
+    ON_DEMAND = "on-demand"
+    FLEX_START = "flex-start"
+
+
+class SpecError(ValueError):
+    """The spec is not acceptable; the message says which field and why."""
+
+
+class TaskSpec(BaseModel):
+    """What a task asks for. Frozen; unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+    tpu_type: str
+    topology: str
+    image: str
+    command: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    supply_mode: SupplyMode | None = None
+    timeout_seconds: int = Field(default=DEFAULT_TIMEOUT_SECONDS)
+    working_dir: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+
+    @field_validator("supply_mode", mode="before")
+    @classmethod
+    def _empty_supply_mode(cls, v: Any) -> Any:
+        if v == "":
+            return None
+        if v is not None and v not in {m.value for m in SupplyMode}:
+            raise ValueError(f"must be one of {', '.join(m.value for m in SupplyMode)} or empty, got {v!r}")
+        return v
+
+    @field_validator("tpu_type")
+    @classmethod
+    def _tpu_type(cls, v: str) -> str:
+        if v not in tpu.tpu_types():
+            raise ValueError(f"unknown TPU type {v!r}; allowed: {', '.join(tpu.tpu_types())}")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if len(v) > MAX_IMAGE_LEN or not _IMAGE_RE.match(v):
+            raise ValueError(f"malformed container image reference {v[:80]!r}")
+        return v
+
+    @field_validator("command", "args")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        if len(v) > MAX_ARGV_ITEMS:
+            raise ValueError(f"at most {MAX_ARGV_ITEMS} items, got {len(v)}")
+        if sum(len(s.encode()) for s in v) > MAX_ARGV_BYTES:
+            raise ValueError(f"at most {MAX_ARGV_BYTES} bytes in all")
+        if any("\x00" in s for s in v):
+            raise ValueError("NUL bytes are not allowed")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_ENV_ITEMS:
+            raise ValueError(f"at most {MAX_ENV_ITEMS} variables, got {len(v)}")
+        for name in v:
+            if not _ENV_NAME_RE.match(name):
+                raise ValueError(
+                    f"invalid variable name {name[:64]!r}: letters, digits, '_', '-' or '.', not starting with a digit"
+                )
+            if name in RESERVED_ENV:
+                raise ValueError(f"variable {name} is set by Falcon and cannot be overridden")
+        if sum(len(k.encode()) + len(x.encode()) for k, x in v.items()) > MAX_ENV_BYTES:
+            raise ValueError(f"at most {MAX_ENV_BYTES} bytes in all")
+        if any("\x00" in x for x in v.values()):
+            raise ValueError("NUL bytes are not allowed")
+        return v
+
+    @field_validator("timeout_seconds", mode="before")
+    @classmethod
+    def _timeout(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("must be a whole number of seconds")
+        if not 1 <= v <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(f"must be between 1 and {MAX_TIMEOUT_SECONDS} seconds, got {v}")
+        return v
+
+    @field_validator("working_dir")
+    @classmethod
+    def _working_dir(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or len(v) > 1024 or "\x00" in v):
+            raise ValueError("must be an absolute path of at most 1024 characters")
+        return v
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 32 or not _QUANTITY_RE.match(v)):
+            raise ValueError(f"not a Kubernetes quantity: {v[:40]!r} (e.g. 4, 500m, 16Gi)")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> TaskSpec:
+        try:
+            tpu.lookup(self.tpu_type, self.topology)
+        except tpu.UnknownShape as e:
+            raise ValueError(f"topology: {e}") from None
+        if not self.command and not self.args:
+            raise ValueError("command: give a command (or args for the image's entrypoint)")
+        return self
+
+    @property
+    def shape(self) -> tpu.SliceShape:
+        return tpu.lookup(self.tpu_type, self.topology)
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(x) for x in e["loc"]) or "spec"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (not allowed in a task spec)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_spec(raw: str | bytes | dict[str, Any] | Any) -> TaskSpec:
+    """Parse and validate a stored spec; raises SpecError only."""
+    try:
+        data = json.loads(raw) if isinstance(raw, str | bytes | bytearray) else raw
+    except (ValueError, RecursionError) as e:
+        raise SpecError(f"spec: not valid JSON ({e.__class__.__name__}: {str(e)[:120]})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"spec: must be a JSON object, got {type(data).__name__}")
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_describe(e)) from None
+    except (ValueError, TypeError, RecursionError) as e:  # defensive: never let another type escape
+        raise SpecError(f"spec: {str(e)[:200]}") from None

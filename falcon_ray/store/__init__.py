@@ -1,0 +1,14 @@
+"""Persistence: the schema (``tables``), its migrations, and the repository (``Store``)."""
+
+from falcon_ray.store.repository import (
+    DEFAULT_DB_URL,
+    Cluster,
+    IllegalTransition,
+    Lease,
+    Store,
+    Task,
+    TaskEvent,
+    utcnow,
+)
+
+__all__ = ["DEFAULT_DB_URL", "Cluster", "IllegalTransition", "Lease", "Store", "Task", "TaskEvent", "utcnow"]

@@ -1,0 +1,576 @@
+"""The repository: every read and write Falcon makes to the database.
+
+Contract
+--------
+- Task moves are compare-and-set: ``transition(id, expect, to, ...)`` runs
+  ``UPDATE jobs ... WHERE id = ? AND status IN (...)`` (with the reason for
+  statuses that carry one) and returns whether it won. A lost write means "re-read
+  and decide again", never an error. Only moves in ``lifecycle.TASK_TRANSITIONS``
+  are accepted; asking for another raises ``IllegalTransition`` before any SQL.
+- Because no Falcon move starts from Aborting except Aborting -> Aborted, a
+  controller write can never overwrite the upper layer's abort.
+- Every status or reason change appends a row to ``falcon_task_events`` in the same
+  transaction; message refreshes (``refresh_messages``) do not.
+- Lease moves are compare-and-set on the lease state, checked against
+  ``lifecycle.LEASE_TRANSITIONS``.
+- Each method is one short transaction; nothing holds a connection between calls,
+  so any process may die at any line.
+- ``statements`` counts the SQL statements this Store executed (for the cost report).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
+from falcon_ray.messages import MAX_MESSAGE
+from falcon_ray.store import tables as t
+
+CLUSTER_STATUSES = ("active", "maintenance", "offline")
+DEFAULT_DB_URL = "sqlite:///falcon.db"
+
+
+def utcnow() -> dt.datetime:
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Cluster:
+    id: str
+    name: str
+    project: str
+    location: str
+    tpu_type: str
+    gcs_bucket: str
+    default_reservation: str
+    status: str
+    namespace: str
+    service_account: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @property
+    def active(self) -> bool:
+        return self.status == "active"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    name: str
+    actor: str
+    spec: str
+    status: str
+    reason: str
+    message: str
+    cluster_id: str | None
+    node_pool_name: str | None
+    job_uid: str | None
+    timeout_seconds: int | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    dispatched_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    aborting_at: dt.datetime | None
+    aborted_at: dt.datetime | None
+
+    @property
+    def phase(self) -> Phase:
+        return lc.phase_of(self.status, self.reason)
+
+    @property
+    def terminal(self) -> bool:
+        return Status(self.status) in lc.TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: int
+    cluster_id: str
+    topology: str
+    name: str
+    supply_mode: str
+    state: str
+    task_id: int | None
+    operation: str | None
+    delete_attempts: int
+    last_error: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    ready_at: dt.datetime | None
+    idle_since: dt.datetime | None
+    deleted_at: dt.datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    task_id: int
+    at: dt.datetime
+    status: str
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _row(cls, row) -> Any:
+    return cls(**{k: row._mapping[k] for k in cls.__dataclass_fields__})
+
+
+def make_engine(url: str) -> Engine:
+    kwargs: dict[str, Any] = {"future": True}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+    else:
+        kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4)
+    engine = sa.create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # WAL lets readers run beside the one writer
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+    return engine
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+
+
+class Store:
+    """One database, many short transactions. Safe to share between threads."""
+
+    def __init__(self, url: str, clock=utcnow) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.clock = clock
+        self.statements = 0
+
+        @event.listens_for(self.engine, "before_cursor_execute")
+        def _count(*_a, **_k):
+            self.statements += 1
+
+    def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
+        return {"url": self.url, "clock": self.clock}
+
+    def __setstate__(self, state):
+        self.__init__(state["url"], state["clock"])
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> bool:
+        with self.engine.connect() as c:
+            c.execute(sa.text("SELECT 1"))
+        return True
+
+    # --- clusters ------------------------------------------------------------------
+
+    def add_cluster(
+        self,
+        name: str,
+        project: str,
+        location: str,
+        tpu_type: str,
+        gcs_bucket: str = "",
+        default_reservation: str = "",
+        status: str = "active",
+        namespace: str = "falcon-jobs",
+        service_account: str = "falcon-job",
+    ) -> Cluster:
+        if status not in CLUSTER_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(CLUSTER_STATUSES)}, got {status!r}")
+        now = self.clock()
+        values = dict(
+            id=str(uuid.uuid4()),
+            name=name,
+            project=project,
+            location=location,
+            tpu_type=tpu_type,
+            gcs_bucket=gcs_bucket or "",
+            default_reservation=default_reservation or "",
+            status=status,
+            namespace=namespace,
+            service_account=service_account,
+            created_at=now,
+            updated_at=now,
+        )
+        with self.engine.begin() as c:
+            c.execute(t.clusters.insert().values(**values))
+        return Cluster(**values)
+
+    def list_clusters(self) -> list[Cluster]:
+        with self.engine.connect() as c:
+            rows = c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()
+        return [_row(Cluster, r) for r in rows]
+
+    def get_cluster(self, name_or_id: str) -> Cluster | None:
+        q = t.clusters.select().where(sa.or_(t.clusters.c.name == name_or_id, t.clusters.c.id == name_or_id))
+        with self.engine.connect() as c:
+            r = c.execute(q).first()
+        return _row(Cluster, r) if r else None
+
+    def set_cluster_status(self, name: str, status: str) -> bool:
+        if status not in CLUSTER_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(CLUSTER_STATUSES)}, got {status!r}")
+        with self.engine.begin() as c:
+            res = c.execute(
+                t.clusters.update()
+                .where(t.clusters.c.name == name)
+                .values(status=status, updated_at=self.clock())
+            )
+        return res.rowcount == 1
+
+    # --- tasks: the upper layer's side ---------------------------------------------
+
+    def submit_task(self, actor: str, spec: str | dict, name: str = "", timeout_seconds: int | None = None) -> int:
+        """Insert a Pending task exactly as the upper layer does."""
+        text = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)
+        now = self.clock()
+        with self.engine.begin() as c:
+            res = c.execute(
+                t.jobs.insert().values(
+                    name=name,
+                    actor=actor,
+                    spec=text,
+                    status=Status.PENDING.value,
+                    reason="",
+                    message="",
+                    timeout_seconds=timeout_seconds,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            task_id = int(res.inserted_primary_key[0])
+            c.execute(t.task_events.insert().values(task_id=task_id, at=now, status="Pending", reason="", message=""))
+        return task_id
+
+    def request_abort(self, task_id: int) -> bool:
+        """Set Aborting as the upper layer does; only a live task can be aborted."""
+        now = self.clock()
+        live = [s.value for s in (Status.PENDING, Status.RUNNING)]
+        msg = ""
+        with self.engine.begin() as c:
+            res = c.execute(
+                t.jobs.update()
+                .where(t.jobs.c.id == task_id, t.jobs.c.status.in_(live))
+                .values(status=Status.ABORTING.value, aborting_at=now, updated_at=now)
+            )
+            if res.rowcount == 1:
+                c.execute(
+                    t.task_events.insert().values(task_id=task_id, at=now, status="Aborting", reason="", message=msg)
+                )
+        return res.rowcount == 1
+
+    # --- tasks: the controller's reads ---------------------------------------------
+
+    def get_task(self, task_id: int) -> Task | None:
+        with self.engine.connect() as c:
+            r = c.execute(t.jobs.select().where(t.jobs.c.id == task_id)).first()
+        return _row(Task, r) if r else None
+
+    def get_tasks(self, ids: Iterable[int]) -> list[Task]:
+        ids = list(ids)
+        if not ids:
+            return []
+        with self.engine.connect() as c:
+            rows = c.execute(t.jobs.select().where(t.jobs.c.id.in_(ids)).order_by(t.jobs.c.id)).all()
+        return [_row(Task, r) for r in rows]
+
+    def recent_tasks(self, limit: int = 50) -> list[Task]:
+        with self.engine.connect() as c:
+            rows = c.execute(t.jobs.select().order_by(t.jobs.c.id.desc()).limit(limit)).all()
+        return [_row(Task, r) for r in rows]
+
+    def intake(self, limit: int = 500) -> tuple[list[Task], list[Task]]:
+        """The poll: unassigned Pending tasks and all Aborting tasks, oldest first.
+
+        Both predicates lead with ``status`` on ``ix_jobs_status_cluster``, so the cost
+        follows the number of live rows, not the size of the table."""
+        j = t.jobs
+        with self.engine.connect() as c:
+            new = c.execute(
+                j.select()
+                .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_(None))
+                .order_by(j.c.id)
+                .limit(limit)
+            ).all()
+            aborting = c.execute(
+                j.select().where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit)
+            ).all()
+        return [_row(Task, r) for r in new], [_row(Task, r) for r in aborting]
+
+    def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
+        """Non-terminal tasks, of one cluster or of all, oldest first."""
+        j = t.jobs
+        live = [s.value for s in lc.NON_TERMINAL]
+        q = j.select().where(j.c.status.in_(live))
+        if cluster_id is not None:
+            q = q.where(j.c.cluster_id == cluster_id)
+        with self.engine.connect() as c:
+            rows = c.execute(q.order_by(j.c.id)).all()
+        return [_row(Task, r) for r in rows]
+
+    # --- tasks: compare-and-set moves ------------------------------------------------
+
+    @staticmethod
+    def _phase_predicate(expect: Sequence[Phase]):
+        j = t.jobs
+        by_status: dict[Status, set[str]] = {}
+        for p in expect:
+            by_status.setdefault(p.status, set()).add(p.reason.value)
+        clauses = []
+        for st, reasons in by_status.items():
+            if st in (Status.PENDING, Status.FAILED):
+                clauses.append(sa.and_(j.c.status == st.value, j.c.reason.in_(sorted(reasons))))
+            else:
+                clauses.append(j.c.status == st.value)
+        return sa.or_(*clauses)
+
+    def transition(
+        self,
+        task_id: int,
+        expect: Phase | Sequence[Phase],
+        to: Phase,
+        message: str,
+        **fields: Any,
+    ) -> bool:
+        """Move a task from one of ``expect`` to ``to``; True when this write won."""
+        expect = [expect] if isinstance(expect, Phase) else list(expect)
+        for src in expect:
+            if not lc.allowed(src, to):
+                raise IllegalTransition(f"{src} -> {to} is not in the lifecycle table")
+        now = self.clock()
+        values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=_clip(message), updated_at=now)
+        if to.status in lc.TERMINAL:
+            values.setdefault("finished_at", now)
+        if to == lc.ABORTED:
+            values["aborted_at"] = now
+        values.update(fields)
+        with self.engine.begin() as c:
+            res = c.execute(
+                t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values)
+            )
+            won = res.rowcount == 1
+            if won:
+                c.execute(
+                    t.task_events.insert().values(
+                        task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message)
+                    )
+                )
+        return won
+
+    def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> bool:
+        """Change message and/or bookkeeping columns without changing the phase (CAS on phase)."""
+        expect = [expect] if isinstance(expect, Phase) else list(expect)
+        values: dict[str, Any] = dict(fields, updated_at=self.clock())
+        if message is not None:
+            values["message"] = _clip(message)
+        with self.engine.begin() as c:
+            res = c.execute(t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values))
+        return res.rowcount == 1
+
+    def refresh_messages(self, updates: Sequence[tuple[int, Phase, str]]) -> int:
+        """Batched message refresh: one statement for all rows, each guarded by its phase.
+
+        Rows whose phase moved meanwhile keep their message. Returns rows changed."""
+        if not updates:
+            return 0
+        j = t.jobs
+        now = self.clock()
+        whens = [(j.c.id == tid, _clip(msg)) for tid, _, msg in updates]
+        guard = sa.or_(*[sa.and_(j.c.id == tid, self._phase_predicate([ph])) for tid, ph, _ in updates])
+        with self.engine.begin() as c:
+            res = c.execute(
+                j.update().where(guard).values(message=sa.case(*whens, else_=j.c.message), updated_at=now)
+            )
+        return res.rowcount
+
+    def unassign(self, task_id: int, message: str) -> bool:
+        """Waiting -> Pending with no cluster (the cluster left service): the poller ranks it again."""
+        return self.transition(task_id, lc.WAITING, lc.NEW, message, cluster_id=None)
+
+    def events(self, task_id: int) -> list[TaskEvent]:
+        e = t.task_events
+        with self.engine.connect() as c:
+            rows = c.execute(e.select().where(e.c.task_id == task_id).order_by(e.c.id)).all()
+        return [_row(TaskEvent, r) for r in rows]
+
+    def events_since(self, since: dt.datetime) -> list[TaskEvent]:
+        e = t.task_events
+        with self.engine.connect() as c:
+            rows = c.execute(e.select().where(e.c.at >= since).order_by(e.c.id)).all()
+        return [_row(TaskEvent, r) for r in rows]
+
+    # --- node-pool leases ------------------------------------------------------------
+
+    def create_lease(
+        self, cluster_id: str, topology: str, name: str, supply_mode: str, task_id: int | None
+    ) -> Lease:
+        """Write the lease row (state Requested) before the create call; idempotent by name."""
+        now = self.clock()
+        try:
+            with self.engine.begin() as c:
+                c.execute(
+                    t.node_pool_leases.insert().values(
+                        cluster_id=cluster_id,
+                        topology=topology,
+                        name=name,
+                        supply_mode=supply_mode,
+                        state=LeaseState.REQUESTED.value,
+                        task_id=task_id,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+        except sa.exc.IntegrityError:
+            pass  # the same name was written before a crash: adopt it
+        lease = self.get_lease(cluster_id, name)
+        assert lease is not None
+        return lease
+
+    def get_lease(self, cluster_id: str, name: str) -> Lease | None:
+        q = t.node_pool_leases.select().where(
+            t.node_pool_leases.c.cluster_id == cluster_id, t.node_pool_leases.c.name == name
+        )
+        with self.engine.connect() as c:
+            r = c.execute(q).first()
+        return _row(Lease, r) if r else None
+
+    def leases(self, cluster_id: str | None = None, live_only: bool = True) -> list[Lease]:
+        q = t.node_pool_leases.select()
+        if cluster_id is not None:
+            q = q.where(t.node_pool_leases.c.cluster_id == cluster_id)
+        if live_only:
+            q = q.where(t.node_pool_leases.c.state != LeaseState.DELETED.value)
+        with self.engine.connect() as c:
+            rows = c.execute(q.order_by(t.node_pool_leases.c.id)).all()
+        return [_row(Lease, r) for r in rows]
+
+    def move_lease(
+        self, lease_id: int, expect: LeaseState | Sequence[LeaseState], to: LeaseState, **fields: Any
+    ) -> bool:
+        expect = [expect] if isinstance(expect, LeaseState) else list(expect)
+        for src in expect:
+            if not lc.lease_allowed(src, to):
+                raise IllegalTransition(f"lease {src} -> {to} is not in the lifecycle table")
+        now = self.clock()
+        values: dict[str, Any] = dict(state=to.value, updated_at=now)
+        if to == LeaseState.DELETED:
+            values["deleted_at"] = now
+        if to == LeaseState.IDLE:
+            values.setdefault("idle_since", now)
+            values.setdefault("task_id", None)
+        values.update(fields)
+        L = t.node_pool_leases
+        with self.engine.begin() as c:
+            res = c.execute(
+                L.update().where(L.c.id == lease_id, L.c.state.in_([s.value for s in expect])).values(**values)
+            )
+        return res.rowcount == 1
+
+    def touch_lease(self, lease_id: int, **fields: Any) -> None:
+        L = t.node_pool_leases
+        with self.engine.begin() as c:
+            c.execute(L.update().where(L.c.id == lease_id).values(updated_at=self.clock(), **fields))
+
+    # --- queue fairness ----------------------------------------------------------------
+
+    def last_granted(self, cluster_id: str, topology: str) -> str:
+        q = t.queue_state
+        with self.engine.connect() as c:
+            r = c.execute(
+                sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster_id, q.c.topology == topology)
+            ).first()
+        return r[0] if r else ""
+
+    def set_last_granted(self, cluster_id: str, topology: str, actor: str) -> None:
+        q = t.queue_state
+        now = self.clock()
+        with self.engine.begin() as c:
+            res = c.execute(
+                q.update()
+                .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
+                .values(last_granted_actor=actor, updated_at=now)
+            )
+            if res.rowcount == 0:
+                try:
+                    with c.begin_nested():
+                        c.execute(
+                            q.insert().values(
+                                cluster_id=cluster_id, topology=topology, last_granted_actor=actor, updated_at=now
+                            )
+                        )
+                except sa.exc.IntegrityError:
+                    c.execute(
+                        q.update()
+                        .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
+                        .values(last_granted_actor=actor, updated_at=now)
+                    )
+
+    # --- leader lease ----------------------------------------------------------------
+
+    def acquire_leader(self, holder: str, ttl_s: float, name: str = "controller") -> bool:
+        """Take or renew the leader lease; True when ``holder`` holds it afterwards."""
+        ll = t.leader_lease
+        now = self.clock()
+        expires = now + dt.timedelta(seconds=ttl_s)
+        with self.engine.begin() as c:
+            res = c.execute(
+                ll.update()
+                .where(ll.c.name == name, sa.or_(ll.c.holder == holder, ll.c.expires_at < now))
+                .values(holder=holder, expires_at=expires, renewed_at=now)
+            )
+            if res.rowcount == 1:
+                return True
+            exists = c.execute(sa.select(ll.c.holder).where(ll.c.name == name)).first()
+        if exists:
+            return False
+        try:
+            with self.engine.begin() as c:
+                c.execute(ll.insert().values(name=name, holder=holder, expires_at=expires, renewed_at=now))
+            return True
+        except sa.exc.IntegrityError:
+            return False
+
+    def release_leader(self, holder: str, name: str = "controller") -> None:
+        ll = t.leader_lease
+        with self.engine.begin() as c:
+            c.execute(ll.delete().where(ll.c.name == name, ll.c.holder == holder))
+
+    def leader(self, name: str = "controller") -> dict[str, Any] | None:
+        ll = t.leader_lease
+        with self.engine.connect() as c:
+            r = c.execute(ll.select().where(ll.c.name == name)).first()
+        return dict(r._mapping) if r else None
+
+
+__all__ = ["Store", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]

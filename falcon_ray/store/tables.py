@@ -1,0 +1,138 @@
+"""SQLAlchemy Core tables: the upper layer's ``jobs`` and Falcon's own tables.
+
+Contract
+--------
+This module is the single definition of the schema; the Alembic migrations in
+``falcon_ray/migrations`` create exactly these tables and indexes, and a test
+compares the two. ``jobs`` belongs to the upper layer: Falcon ships it as a
+reference migration (``--with-jobs-table``) and never alters it otherwise. Every
+timestamp is naive UTC with millisecond precision.
+
+Indexes and the queries they serve (docs/schema.md shows the SQL):
+- ``ix_jobs_status_cluster`` (status, cluster_id, id): the poller's intake
+  (``status='Pending' AND cluster_id IS NULL``) and abort routing
+  (``status='Aborting'``) read only live rows, however many finished rows pile up.
+- ``ix_jobs_cluster_status`` (cluster_id, status): a QueueActor's re-read of its
+  cluster's live tasks.
+- ``ix_jobs_updated`` (updated_at): operators' "what changed" queries.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+metadata = sa.MetaData()
+
+# Naive UTC, milliseconds. DATETIME(3) on MySQL/MariaDB, TEXT-backed on SQLite.
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=3), "mysql", "mariadb")
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+MESSAGE_WIDTH = 4000
+
+clusters = sa.Table(
+    "clusters",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True, comment="UUID"),
+    sa.Column("name", sa.String(63), nullable=False, unique=True, comment="GKE cluster name"),
+    sa.Column("project", sa.String(63), nullable=False, comment="GCP project id"),
+    sa.Column("location", sa.String(63), nullable=False, comment="GKE location (zone or region)"),
+    sa.Column("tpu_type", sa.String(16), nullable=False, comment="TPU type offered, e.g. v6e"),
+    sa.Column("gcs_bucket", sa.String(222), nullable=False, server_default="", comment="bucket for Job logs"),
+    sa.Column(
+        "default_reservation",
+        sa.String(128),
+        nullable=False,
+        server_default="",
+        comment="empty: flex-start by default; set: reservation by default",
+    ),
+    sa.Column("status", sa.String(16), nullable=False, server_default="active", comment="active|maintenance|offline"),
+    sa.Column("namespace", sa.String(63), nullable=False, server_default="falcon-jobs", comment="namespace for Jobs"),
+    sa.Column(
+        "service_account", sa.String(63), nullable=False, server_default="falcon-job", comment="KSA the Jobs run as"
+    ),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(255), nullable=False, server_default=""),
+    sa.Column("actor", sa.String(128), nullable=False, comment="who submitted; the fairness key"),
+    sa.Column("spec", LongText, nullable=False, comment="TaskSpec JSON text"),
+    sa.Column("status", sa.String(16), nullable=False, server_default="Pending"),
+    sa.Column("reason", sa.String(32), nullable=False, server_default=""),
+    sa.Column("message", sa.String(MESSAGE_WIDTH), nullable=False, server_default=""),
+    sa.Column("cluster_id", sa.String(36), nullable=True),
+    sa.Column("node_pool_name", sa.String(64), nullable=True),
+    sa.Column("job_uid", sa.String(64), nullable=True),
+    sa.Column("timeout_seconds", sa.Integer, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("dispatched_at", Timestamp, nullable=True),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("aborting_at", Timestamp, nullable=True),
+    sa.Column("aborted_at", Timestamp, nullable=True),
+    sa.Index("ix_jobs_status_cluster", "status", "cluster_id", "id"),
+    sa.Index("ix_jobs_cluster_status", "cluster_id", "status"),
+    sa.Index("ix_jobs_updated", "updated_at"),
+)
+
+node_pool_leases = sa.Table(
+    "falcon_node_pool_leases",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("cluster_id", sa.String(36), nullable=False),
+    sa.Column("topology", sa.String(16), nullable=False),
+    sa.Column("name", sa.String(40), nullable=False, comment="GKE node pool name, fixed before the create call"),
+    sa.Column("supply_mode", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("task_id", sa.BigInteger, nullable=True, comment="task holding the pool; null when idle"),
+    sa.Column("operation", sa.String(128), nullable=True, comment="last GKE operation name"),
+    sa.Column("delete_attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.String(1024), nullable=False, server_default=""),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("ready_at", Timestamp, nullable=True),
+    sa.Column("idle_since", Timestamp, nullable=True),
+    sa.Column("deleted_at", Timestamp, nullable=True),
+    sa.UniqueConstraint("cluster_id", "name", name="uq_lease_cluster_name"),
+    sa.Index("ix_lease_cluster_state", "cluster_id", "state"),
+)
+
+queue_state = sa.Table(
+    "falcon_queue_state",
+    metadata,
+    sa.Column("cluster_id", sa.String(36), primary_key=True),
+    sa.Column("topology", sa.String(16), primary_key=True),
+    sa.Column("last_granted_actor", sa.String(128), nullable=False, server_default=""),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+leader_lease = sa.Table(
+    "falcon_leader_lease",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("holder", sa.String(128), nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.Column("renewed_at", Timestamp, nullable=False),
+)
+
+task_events = sa.Table(
+    "falcon_task_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("task_id", sa.BigInteger, nullable=False),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("reason", sa.String(32), nullable=False, server_default=""),
+    sa.Column("message", sa.String(MESSAGE_WIDTH), nullable=False, server_default=""),
+    sa.Index("ix_events_task", "task_id", "id"),
+    sa.Index("ix_events_at", "at"),
+)
+
+FALCON_TABLES = (clusters, node_pool_leases, queue_state, leader_lease, task_events)
+UPPER_LAYER_TABLES = (jobs,)

@@ -39,6 +39,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Creating node pool {pool} (supply: {supply})...",
         "正在创建 node pool {pool} (supply: {supply})...",
     ),
+    "picked": (
+        "Selected to acquire resources (supply: {supply})...",
+        "已选中,开始获取资源 (supply: {supply})...",
+    ),
     "provisioning_reuse": (
         "Reusing idle node pool {pool} (supply: {supply})...",
         "复用空闲 node pool {pool} (supply: {supply})...",

@@ -1,0 +1,86 @@
+"""Controller settings: one frozen object, loaded from YAML, every default documented.
+
+Contract
+--------
+``Settings`` holds every tunable of the controller; ``load_settings(path)`` reads a
+YAML mapping (unknown keys are an error, so a typo never silently falls back to a
+default) and ``Settings()`` gives the production defaults. The same object is passed
+to every actor; decisions read their timeouts from it, never from constants of their
+own. docs/configuration.md lists every field; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- intake and queues
+    poll_interval_s: float = Field(1.0, gt=0, description="PollerActor: seconds between polls of the jobs table")
+    intake_batch: int = Field(500, gt=0, description="PollerActor: most new or aborting rows read per poll")
+    queue_tick_s: float = Field(1.0, gt=0, description="QueueActor: seconds between reconciles without a hint")
+    # --- node pools
+    node_pool_timeout_s: float = Field(
+        600.0, gt=0, description="control plane not RUNNING within this many seconds -> Failed/NodePoolTimeout"
+    )
+    create_visibility_grace_s: float = Field(
+        120.0, ge=0, description="a new pool that reads as 404 is kept (never deleted as an orphan) this long"
+    )
+    reservation_idle_s: int = Field(600, gt=0, description="autoscaler idle time for pools on a reservation")
+    on_demand_idle_s: int = Field(600, gt=0, description="autoscaler idle time for on-demand pools")
+    flex_start_idle_s: int = Field(21600, gt=0, description="autoscaler idle time for flex-start pools")
+    pool_refresh_s: float = Field(2.0, gt=0, description="ClusterActor: how stale its node-pool/node view may be")
+    operation_poll_s: float = Field(2.0, gt=0, description="ClusterActor: seconds between GKE operation polls")
+    pool_op_backoff_initial_s: float = Field(2.0, gt=0, description="first retry delay of a refused pool operation")
+    pool_op_backoff_max_s: float = Field(120.0, gt=0, description="longest retry delay of a pool operation")
+    pool_delete_report_after: int = Field(
+        3, ge=1, description="failed delete attempts after which the task's Message says the pool is not deleted"
+    )
+    orphan_scan_interval_s: float = Field(60.0, gt=0, description="ClusterActor: seconds between orphan scans")
+    v7x_workload_policy: str = Field(
+        "falcon-{topology}", description="name of the TPU7x workload policy per topology (UNVERIFIED field mapping)"
+    )
+    # --- Kubernetes
+    watch_timeout_s: int = Field(300, gt=0, description="server-side timeout of one Job watch request")
+    # --- endpoints (empty: Google's production endpoints)
+    gke_endpoint: str | None = Field(None, description="GKE API endpoint override (the simulated fleet)")
+    compute_endpoint: str | None = Field(None, description="Compute API endpoint override")
+    metadata_host: str | None = Field(
+        None, description="GCE/GKE metadata server host:port override for google.auth.default()"
+    )
+    kubernetes_scheme: str = Field("https", pattern="^https?$", description="scheme of the edge clusters' API")
+    api_retry_timeout_s: float = Field(30.0, gt=0, description="total retry budget of one GKE/Compute call")
+    # --- process
+    namespace: str = Field("falcon", description="Ray namespace of the actors")
+    leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
+    registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles")
+    health_port: int = Field(8080, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
+    lang: str = Field("en", pattern="^(en|zh)$", description="language of task Messages")
+    stuck_after_s: dict[str, float] = Field(
+        default_factory=lambda: {
+            "Waiting": 86400.0,
+            "Provisioning": 1200.0,
+            "ClusterBusy": 86400.0,
+            "WaitingForNode": 21600.0,
+            "Dispatching": 600.0,
+            "Aborting": 600.0,
+            "": 300.0,
+        },
+        description="health: a task whose Message has not changed this long in this Reason is reported stuck",
+    )
+
+
+def load_settings(path: str | Path | None = None, **overrides: object) -> Settings:
+    data: dict = {}
+    if path:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: settings must be a YAML mapping")
+        data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**data)

@@ -1,0 +1,165 @@
+"""Scheduling decisions as pure functions: the pick rule, cluster ranking, supply mode.
+
+Contract
+--------
+Nothing here does I/O or reads a clock; every function takes the state it decides
+on and returns the decision, so the tests drive them with plain values.
+
+Pick rule (original, section 4): collect the waiting tasks; group them by actor and
+take each actor's oldest; if more than one actor is left, drop the actor that was
+granted the slot last; take the oldest of the rest. ``pick_order`` applies the rule
+repeatedly to give every waiting task its position.
+
+Cluster ranking (original, section 3): candidates are the active clusters of the
+task's TPU type (with a reservation when the task asks for reservation supply);
+they are ordered by a list of composable scoring functions, each returning a sort
+key (lower is better): an idle pool of the same topology first, then the shortest
+queue, then the name for a stable order. Add a scorer to ``DEFAULT_SCORERS`` to
+change the policy.
+
+Supply mode (original, section 5): the task's ``supply_mode`` if given, else
+reservation when the cluster has a default reservation, else flex-start.
+Reservation headroom is counted in slices: ``(count - inUseCount) // hosts``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from falcon_ray.spec import SupplyMode, TaskSpec
+
+
+class Pickable(Protocol):
+    id: int
+    actor: str
+    created_at: dt.datetime
+
+
+T = TypeVar("T", bound="Pickable")
+
+
+def _age_key(t: Pickable) -> tuple[dt.datetime, int]:
+    return (t.created_at, t.id)
+
+
+def pick_next(waiting: Sequence[T], last_granted_actor: str) -> T | None:
+    """The task that gets the slot next, or None when nothing waits."""
+    heads: dict[str, T] = {}
+    for t in sorted(waiting, key=_age_key):
+        heads.setdefault(t.actor, t)
+    if not heads:
+        return None
+    candidates = list(heads.values())
+    if len(candidates) > 1:
+        candidates = [t for t in candidates if t.actor != last_granted_actor] or candidates
+    return min(candidates, key=_age_key)
+
+
+def pick_order(waiting: Sequence[T], last_granted_actor: str) -> list[T]:
+    """Every waiting task in the order the pick rule would grant the slot."""
+    left = list(waiting)
+    order: list[T] = []
+    last = last_granted_actor
+    while left:
+        nxt = pick_next(left, last)
+        assert nxt is not None
+        order.append(nxt)
+        left.remove(nxt)
+        last = nxt.actor
+    return order
+
+
+# --- supply mode --------------------------------------------------------------------
+
+
+def supply_mode_for(spec: TaskSpec, default_reservation: str) -> SupplyMode:
+    if spec.supply_mode is not None:
+        return spec.supply_mode
+    return SupplyMode.RESERVATION if default_reservation else SupplyMode.FLEX_START
+
+
+@dataclass(frozen=True)
+class Headroom:
+    remaining_slices: int
+    needed_slices: int
+
+    @property
+    def enough(self) -> bool:
+        return self.remaining_slices >= self.needed_slices
+
+
+def reservation_headroom(count: int, in_use: int, hosts_per_slice: int, slices: int = 1) -> Headroom:
+    return Headroom(max(0, count - in_use) // max(1, hosts_per_slice), slices)
+
+
+# --- cluster ranking ------------------------------------------------------------------
+
+
+class RankableCluster(Protocol):
+    id: str
+    name: str
+    tpu_type: str
+    status: str
+    default_reservation: str
+
+
+@dataclass(frozen=True)
+class FleetLoad:
+    """What the poller knows about the fleet when it ranks: per cluster id."""
+
+    queue_depth: dict[str, int] = field(default_factory=dict)  # live tasks not yet Running
+    idle_pools: dict[str, frozenset[str]] = field(default_factory=dict)  # topologies with an idle pool
+
+
+Scorer = Callable[[RankableCluster, TaskSpec, FleetLoad], float | str]
+
+
+def idle_pool_first(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> float:
+    return 0.0 if spec.topology in load.idle_pools.get(c.id, frozenset()) else 1.0
+
+
+def shortest_queue(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> float:
+    return float(load.queue_depth.get(c.id, 0))
+
+
+def by_name(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> str:
+    return c.name
+
+
+DEFAULT_SCORERS: tuple[Scorer, ...] = (idle_pool_first, shortest_queue, by_name)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The poller's verdict for one new task."""
+
+    clusters: tuple = ()  # ranked candidates, best first
+    verdict: str = "ok"  # ok | unsupported_tpu_type | only_inactive | no_candidate
+    detail: str = ""
+
+
+def place(
+    spec: TaskSpec,
+    clusters: Sequence[RankableCluster],
+    load: FleetLoad,
+    scorers: Sequence[Scorer] = DEFAULT_SCORERS,
+) -> Placement:
+    same_type = [c for c in clusters if c.tpu_type == spec.tpu_type]
+    if not same_type:
+        offered = sorted({c.tpu_type for c in clusters}) or ["none"]
+        return Placement(verdict="unsupported_tpu_type", detail=", ".join(offered))
+    active = [c for c in same_type if c.status == "active"]
+    if not active:
+        return Placement(verdict="only_inactive", detail=", ".join(sorted(c.name for c in same_type)))
+    if spec.supply_mode == SupplyMode.RESERVATION:
+        active = [c for c in active if c.default_reservation]
+        if not active:
+            return Placement(
+                verdict="no_candidate",
+                detail="the task asks for reservation supply and no active cluster has a reservation",
+            )
+    ranked = sorted(active, key=lambda c: tuple(score(c, spec, load) for score in scorers))
+    return Placement(clusters=tuple(ranked))

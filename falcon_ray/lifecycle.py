@@ -200,3 +200,37 @@ LEASE_LIVE = frozenset(set(LeaseState) - {LeaseState.DELETED})
 
 def lease_allowed(src: LeaseState, dst: LeaseState) -> bool:
     return (src, dst) in LEASE_TRANSITIONS
+
+
+# --- rendering (docs/schema.md embeds this output; a test keeps the two in step) -------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") or "—"
+
+
+def markdown_table() -> str:
+    """``TASK_TRANSITIONS`` as a Markdown table, in the table's own order."""
+    lines = [
+        "| From status | From reason | To status | To reason | Caused by |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for (src, dst), who in TASK_TRANSITIONS.items():
+        lines.append(
+            f"| {src.status} | {_cell(src.reason)} | {dst.status} | {_cell(dst.reason)} | {_cell(who)} |"
+        )
+    return "\n".join(lines)
+
+
+def lease_markdown_table() -> str:
+    """``LEASE_TRANSITIONS`` as a Markdown table."""
+    lines = ["| From | To | Caused by |", "| --- | --- | --- |"]
+    for (src, dst), who in LEASE_TRANSITIONS.items():
+        lines.append(f"| {src} | {dst} | {_cell(who)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m falcon_ray.lifecycle
+    print(markdown_table())
+    print()
+    print(lease_markdown_table())

@@ -375,17 +375,33 @@ class Store:
         if to == lc.ABORTED:
             values["aborted_at"] = now
         values.update(fields)
+        # A self-loop edge (e.g. ClusterBusy -> ClusterBusy) only refreshes the row: the
+        # event log records status/reason changes, so a move out of another phase is tried
+        # first and logged, and a row already in ``to`` is updated without an event.
+        moving = [p for p in expect if p != to]
+        staying = len(moving) < len(expect)
+        won = False
         with self.engine.begin() as c:
-            res = c.execute(
-                t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values)
-            )
-            won = res.rowcount == 1
-            if won:
-                c.execute(
-                    t.task_events.insert().values(
-                        task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message)
-                    )
+            if moving:
+                res = c.execute(
+                    t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
                 )
+                won = res.rowcount == 1
+                if won:
+                    c.execute(
+                        t.task_events.insert().values(
+                            task_id=task_id,
+                            at=now,
+                            status=to.status.value,
+                            reason=to.reason.value,
+                            message=_clip(message),
+                        )
+                    )
+            if not won and staying:
+                res = c.execute(
+                    t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
+                )
+                won = res.rowcount == 1
         return won
 
     def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> bool:

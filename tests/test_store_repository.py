@@ -1,0 +1,416 @@
+"""Store: compare-and-set task moves, events, batched messages, leases, leader lease, fairness state.
+
+Every test runs on SQLite and on MariaDB/MySQL (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import time
+from collections import deque
+
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
+from falcon_ray.store import IllegalTransition, Store
+
+SPEC = {"tpu_type": "v6e", "topology": "2x4", "image": "python:3.12", "command": ["true"]}
+CLUSTER = "00000000-0000-0000-0000-00000000c001"
+
+
+def new_task(store: Store, actor: str = "alice") -> int:
+    return store.submit_task(actor, SPEC, name="t")
+
+
+def path_to(target: Phase) -> list[Phase]:
+    """Shortest chain of Falcon moves from a freshly submitted task to ``target``."""
+    prev: dict[Phase, Phase | None] = {lc.NEW: None}
+    todo = deque([lc.NEW])
+    while todo:
+        cur = todo.popleft()
+        for src, dst in lc.TASK_TRANSITIONS:
+            if src == cur and dst not in prev and dst != lc.ABORTING:
+                prev[dst] = cur
+                todo.append(dst)
+    assert target in prev, f"{target} is unreachable"
+    chain: list[Phase] = []
+    node: Phase | None = target
+    while node is not None:
+        chain.append(node)
+        node = prev[node]
+    return chain[::-1]
+
+
+def drive(store: Store, task_id: int, target: Phase) -> None:
+    chain = path_to(target)
+    for src, dst in zip(chain, chain[1:], strict=False):
+        extra = {"cluster_id": CLUSTER} if dst == lc.WAITING else {}
+        assert store.transition(task_id, src, dst, f"to {dst}", **extra), (src, dst)
+    assert store.get_task(task_id).phase == target
+
+
+def row_phase(store: Store, task_id: int) -> Phase:
+    return store.get_task(task_id).phase
+
+
+def event_phases(store: Store, task_id: int) -> list[str]:
+    return [str(Phase(Status(e.status), Reason(e.reason))) for e in store.events(task_id)]
+
+
+# --- compare-and-set ----------------------------------------------------------------
+
+FALCON_EDGES_FROM_LIVE = [
+    (src, dst)
+    for (src, dst), who in lc.TASK_TRANSITIONS.items()
+    if src in lc.LIVE_PHASES and not who.startswith(lc.UPPER)
+]
+
+
+@pytest.mark.parametrize("src,dst", FALCON_EDGES_FROM_LIVE, ids=lambda p: str(p))
+def test_no_controller_write_overwrites_abort(store, src, dst):
+    tid = new_task(store)
+    drive(store, tid, src)
+    message_before = store.get_task(tid).message
+    assert store.request_abort(tid)
+    statements = store.statements
+
+    assert store.transition(tid, src, dst, "controller write") is False
+    assert store.update_task(tid, src, message="controller message") is False
+    assert store.refresh_messages([(tid, src, "refreshed")]) == 0
+
+    task = store.get_task(tid)
+    assert task.status == "Aborting" and task.aborting_at is not None
+    assert task.message == message_before
+    assert event_phases(store, tid)[-1] == "Aborting"
+    assert store.statements > statements  # the writes really ran and lost
+
+    assert store.transition(tid, lc.ABORTING, lc.ABORTED, "aborted")
+    task = store.get_task(tid)
+    assert task.status == "Aborted" and task.reason == "" and task.aborted_at and task.finished_at
+
+
+def test_lost_compare_and_set_returns_false_and_changes_nothing(store):
+    tid = new_task(store)
+    drive(store, tid, lc.WAITING)
+    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "creating") is True
+    before = store.get_task(tid)
+    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "again") is False
+    assert store.transition(tid, lc.WAITING, lc.DISPATCHING, "reuse") is False
+    after = store.get_task(tid)
+    assert after == before
+    assert event_phases(store, tid).count("Pending/Provisioning") == 1
+    assert store.transition(999_999, lc.WAITING, lc.PROVISIONING, "no such task") is False
+
+
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (lc.NEW, lc.RUNNING),
+        (lc.WAITING, lc.SUCCEEDED),
+        (lc.ABORTING, lc.WAITING),
+        (lc.ABORTING, lc.RUNNING),
+        (lc.ABORTED, lc.ABORTING),
+        (lc.SUCCEEDED, lc.RUNNING),
+        (lc.RUNNING, lc.PROVISIONING),
+        (lc.PROVISIONING, lc.WAITING),
+    ],
+    ids=str,
+)
+def test_illegal_transition_raises_before_any_sql(store, src, dst):
+    tid = new_task(store)
+    before = store.statements
+    with pytest.raises(IllegalTransition):
+        store.transition(tid, src, dst, "nope")
+    with pytest.raises(IllegalTransition):  # one bad source in a list is enough
+        store.transition(tid, [lc.WAITING, src] if src != lc.WAITING else [src], dst, "nope")
+    assert store.statements == before
+
+
+def test_race_abort_against_controller_writes(store):
+    """Thread A aborts while thread B hammers Waiting->Provisioning and the acquisition moves.
+    Whatever the interleaving, an abort is never overwritten."""
+    ids = []
+    for _ in range(12):
+        tid = new_task(store)
+        drive(store, tid, lc.WAITING)
+        ids.append(tid)
+    start = threading.Barrier(2)
+    done = threading.Event()
+    first_win = threading.Event()
+    wins = {tid: 0 for tid in ids}
+    errors: list[BaseException] = []
+
+    def controller():
+        try:
+            start.wait()
+            rounds = 0
+            while not done.is_set() or rounds < 2:
+                for tid in ids:
+                    for src, dst in (
+                        (lc.WAITING, lc.PROVISIONING),
+                        (lc.PROVISIONING, lc.CLUSTER_BUSY),
+                        (lc.CLUSTER_BUSY, lc.PROVISIONING),
+                    ):
+                        if store.transition(tid, src, dst, f"{dst}"):
+                            wins[tid] += 1
+                            first_win.set()
+                rounds += 1
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    def upper_layer():
+        try:
+            start.wait()
+            first_win.wait(timeout=30)  # abort while the controller is busy, not before it starts
+            order = ids[:]
+            random.Random(7).shuffle(order)
+            for tid in order:
+                assert store.request_abort(tid)
+                time.sleep(0.002)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=controller), threading.Thread(target=upper_layer)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    assert sum(wins.values()) > 0, "the controller never won a write: the race did not happen"
+
+    for tid in ids:
+        assert store.get_task(tid).status == "Aborting"
+        phases = event_phases(store, tid)
+        assert phases[-1] == "Aborting", phases  # nothing was written after the abort
+        assert phases.count("Aborting") == 1
+        # every controller win is in the log, before the abort
+        assert len(phases) - 3 == wins[tid], (phases, wins[tid])  # Pending, Waiting, ..., Aborting
+        assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "late") is False
+        assert store.transition(tid, lc.ABORTING, lc.ABORTED, "aborted")
+        assert store.get_task(tid).status == "Aborted"
+
+
+def test_abort_only_live_tasks(store):
+    tid = new_task(store)
+    drive(store, tid, lc.SUCCEEDED)
+    assert store.request_abort(tid) is False
+    assert store.get_task(tid).status == "Succeeded"
+    assert store.request_abort(424242) is False
+    live = new_task(store)
+    assert store.request_abort(live) is True
+    assert store.request_abort(live) is False  # already Aborting
+
+
+# --- events -----------------------------------------------------------------------
+
+
+def test_events_only_on_status_or_reason_changes(store):
+    tid = new_task(store)
+    assert event_phases(store, tid) == ["Pending"]
+    drive(store, tid, lc.PROVISIONING)
+    assert event_phases(store, tid) == ["Pending", "Pending/Waiting", "Pending/Provisioning"]
+
+    store.update_task(tid, lc.PROVISIONING, message="still creating", node_pool_name="falcon-abc")
+    store.refresh_messages([(tid, lc.PROVISIONING, "creating, 2 min")])
+    store.transition(tid, lc.WAITING, lc.PROVISIONING, "lost")  # lost CAS: no event
+    assert len(store.events(tid)) == 3
+
+    assert store.transition(tid, [lc.PROVISIONING, lc.CLUSTER_BUSY], lc.CLUSTER_BUSY, "busy 1")
+    assert len(store.events(tid)) == 4
+    # the self-loop ClusterBusy -> ClusterBusy refreshes the message, logs nothing
+    assert store.transition(tid, [lc.PROVISIONING, lc.CLUSTER_BUSY], lc.CLUSTER_BUSY, "busy 2")
+    assert store.transition(tid, lc.CLUSTER_BUSY, lc.CLUSTER_BUSY, "busy 3")
+    assert store.get_task(tid).message == "busy 3"
+    assert event_phases(store, tid)[-1] == "Pending/ClusterBusy"
+    assert len(store.events(tid)) == 4
+
+    assert store.transition(tid, lc.CLUSTER_BUSY, lc.PROVISIONING, "headroom back")
+    events = store.events(tid)
+    assert [e.message for e in events][-2:] == ["busy 1", "headroom back"]
+    assert all(a.at <= b.at for a, b in zip(events, events[1:], strict=False))
+
+
+def test_event_and_row_agree_on_terminal_moves(store):
+    tid = new_task(store)
+    drive(store, tid, lc.RUNNING)
+    assert store.transition(tid, lc.RUNNING, lc.failed(Reason.TIMEOUT), "Task timed out (5s)")
+    task = store.get_task(tid)
+    assert (task.status, task.reason) == ("Failed", "Timeout") and task.finished_at is not None
+    last = store.events(tid)[-1]
+    assert (last.status, last.reason, last.message) == ("Failed", "Timeout", "Task timed out (5s)")
+
+
+def test_messages_are_clipped_to_the_column(store):
+    tid = new_task(store)
+    assert store.transition(tid, lc.NEW, lc.failed(Reason.INVALID_SPEC), "x" * 10_000)
+    assert len(store.get_task(tid).message) == 4000
+    assert len(store.events(tid)[-1].message) == 4000
+
+
+# --- batched message refresh ----------------------------------------------------------
+
+
+def test_refresh_messages_is_one_statement_and_skips_moved_rows(store):
+    ids = []
+    for _ in range(5):
+        tid = new_task(store)
+        drive(store, tid, lc.WAITING)
+        ids.append(tid)
+    # the last one moved on before the refresh
+    assert store.transition(ids[-1], lc.WAITING, lc.PROVISIONING, "creating")
+    events_before = {tid: len(store.events(tid)) for tid in ids}
+    store.get_task(ids[0])  # warm the connection pool
+
+    before = store.statements
+    changed = store.refresh_messages([(tid, lc.WAITING, f"Queue position #{i + 1}") for i, tid in enumerate(ids)])
+    assert store.statements - before == 1
+    assert changed == 4
+    for i, tid in enumerate(ids[:-1]):
+        assert store.get_task(tid).message == f"Queue position #{i + 1}"
+    assert store.get_task(ids[-1]).message == "creating"
+    assert {tid: len(store.events(tid)) for tid in ids} == events_before
+    assert store.refresh_messages([]) == 0
+
+
+# --- reads ------------------------------------------------------------------------------
+
+
+def test_intake_and_live_tasks(store):
+    a, b, c = (new_task(store) for _ in range(3))
+    drive(store, b, lc.WAITING)
+    store.request_abort(c)
+    new, aborting = store.intake()
+    assert [x.id for x in new] == [a]
+    assert [x.id for x in aborting] == [c]
+    assert [x.id for x in store.live_tasks(CLUSTER)] == [b]
+    assert [x.id for x in store.recent_tasks(2)] == [c, b]
+
+
+# --- node-pool leases -----------------------------------------------------------------
+
+
+def test_lease_compare_and_set(store):
+    lease = store.create_lease(CLUSTER, "2x4", "falcon-2x4-aaaa", "flex-start", task_id=7)
+    assert lease.state == "Requested" and lease.task_id == 7
+    again = store.create_lease(CLUSTER, "2x4", "falcon-2x4-aaaa", "flex-start", task_id=7)
+    assert again.id == lease.id  # idempotent by name: a crash before the create adopts the row
+
+    assert store.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.CREATING, operation="op-1")
+    assert not store.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.CREATING)  # lost
+    with pytest.raises(IllegalTransition):
+        store.move_lease(lease.id, LeaseState.CREATING, LeaseState.REQUESTED)
+    with pytest.raises(IllegalTransition):
+        store.move_lease(lease.id, LeaseState.DELETED, LeaseState.IN_USE)
+
+    assert store.move_lease(lease.id, LeaseState.CREATING, LeaseState.IN_USE)
+    assert store.move_lease(lease.id, LeaseState.IN_USE, LeaseState.IDLE)
+    idle = store.get_lease(CLUSTER, "falcon-2x4-aaaa")
+    assert idle.state == "Idle" and idle.task_id is None and idle.idle_since is not None
+    assert idle.operation == "op-1"
+
+    assert store.move_lease(lease.id, LeaseState.IDLE, LeaseState.DELETING)
+    assert store.move_lease(lease.id, LeaseState.DELETING, LeaseState.DELETING, delete_attempts=1)
+    assert store.move_lease(lease.id, [LeaseState.DELETING], LeaseState.DELETED)
+    gone = store.get_lease(CLUSTER, "falcon-2x4-aaaa")
+    assert gone.state == "Deleted" and gone.deleted_at is not None and gone.delete_attempts == 1
+    assert store.leases(CLUSTER) == []
+    assert [x.id for x in store.leases(CLUSTER, live_only=False)] == [lease.id]
+
+
+def test_same_pool_name_on_two_clusters_is_two_leases(store):
+    a = store.create_lease(CLUSTER, "2x4", "falcon-x", "reservation", None)
+    b = store.create_lease("other-cluster", "2x4", "falcon-x", "reservation", None)
+    assert a.id != b.id
+
+
+# --- leader lease -----------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = dt.datetime(2030, 1, 1, 12, 0, 0)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+
+
+def test_leader_lease_refuses_a_second_holder_until_expiry(store):
+    clock = FakeClock()
+    s = Store(store.url, clock=clock)
+    try:
+        assert s.acquire_leader("ctl-a", ttl_s=30)
+        assert not s.acquire_leader("ctl-b", ttl_s=30)
+        clock.advance(20)
+        assert s.acquire_leader("ctl-a", ttl_s=30)  # renewal pushes expiry to +50
+        clock.advance(29)
+        assert not s.acquire_leader("ctl-b", ttl_s=30)
+        assert s.leader()["holder"] == "ctl-a"
+        clock.advance(2)  # a's lease expired
+        assert s.acquire_leader("ctl-b", ttl_s=30)
+        assert not s.acquire_leader("ctl-a", ttl_s=30)  # the old holder cannot take it back
+        assert s.leader()["holder"] == "ctl-b"
+        s.release_leader("ctl-a")  # not the holder: no effect
+        assert s.leader()["holder"] == "ctl-b"
+        s.release_leader("ctl-b")
+        assert s.leader() is None
+        assert s.acquire_leader("ctl-a", ttl_s=30)
+    finally:
+        s.dispose()
+
+
+# --- queue fairness state ------------------------------------------------------------
+
+
+def test_set_last_granted_upserts(store):
+    assert store.last_granted(CLUSTER, "2x4") == ""
+    store.set_last_granted(CLUSTER, "2x4", "alice")
+    assert store.last_granted(CLUSTER, "2x4") == "alice"
+    store.set_last_granted(CLUSTER, "2x4", "bob")
+    store.set_last_granted(CLUSTER, "2x4", "bob")  # same value again is fine
+    assert store.last_granted(CLUSTER, "2x4") == "bob"
+    store.set_last_granted(CLUSTER, "4x4", "carol")
+    assert store.last_granted(CLUSTER, "2x4") == "bob"
+    assert store.last_granted(CLUSTER, "4x4") == "carol"
+
+
+def test_set_last_granted_concurrent_first_writes(store):
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def grant(actor: str) -> None:
+        try:
+            start.wait()
+            store.set_last_granted(CLUSTER, "8x8", actor)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=grant, args=(f"actor-{i}",)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert not errors, errors
+    assert store.last_granted(CLUSTER, "8x8") in {f"actor-{i}" for i in range(4)}
+
+
+# --- clusters --------------------------------------------------------------------------
+
+
+def test_clusters_registry(store):
+    c = store.add_cluster("edge-1", "proj", "us-central1", "v6e", default_reservation="res-1")
+    assert store.get_cluster("edge-1") == c == store.get_cluster(c.id)
+    assert c.namespace == "falcon-jobs" and c.active
+    assert store.set_cluster_status("edge-1", "maintenance")
+    assert store.get_cluster("edge-1").status == "maintenance"
+    assert not store.set_cluster_status("nope", "offline")
+    with pytest.raises(ValueError):
+        store.set_cluster_status("edge-1", "broken")
+    with pytest.raises(ValueError):
+        store.add_cluster("edge-2", "p", "l", "v6e", status="dead")

@@ -89,10 +89,11 @@ class TaskSpec(BaseModel):
     @field_validator("supply_mode", mode="before")
     @classmethod
     def _empty_supply_mode(cls, v: Any) -> Any:
-        if v == "":
+        if v is None or v == "":
             return None
-        if v is not None and v not in {m.value for m in SupplyMode}:
-            raise ValueError(f"must be one of {', '.join(m.value for m in SupplyMode)} or empty, got {v!r}")
+        # check the type first: an unhashable value (list, object) must not reach the set lookup
+        if not isinstance(v, str) or v not in {m.value for m in SupplyMode}:
+            raise ValueError(f"must be one of {', '.join(m.value for m in SupplyMode)} or empty, got {v!r:.60}")
         return v
 
     @field_validator("tpu_type")

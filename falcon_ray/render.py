@@ -1,0 +1,463 @@
+"""What Falcon asks GKE and Kubernetes for: node-pool requests, Jobs and Services as plain dicts.
+
+Contract
+--------
+Pure functions, no I/O: the same (task id, spec, cluster, pool) always renders the same
+objects, so every create is idempotent by name and a repeated create meets 409 and adopts.
+
+- Names: ``node_pool_name(task_id, topology)`` (``falcon-t42-2x4``; a valid GKE name,
+  at most 40 characters) and ``job_name(task_id)`` (``falcon-task-42``; DNS-1123). The
+  headless Service of a multi-host Job has the Job's name.
+- Marks: node pools carry the ``falcon-`` prefix and the resource label
+  ``managed-by=falcon``; Jobs, their pods and Services carry ``managed-by=falcon``,
+  ``falcon.dev/task-id`` and (Jobs and pods) ``falcon.dev/queue``. The ClusterActor's
+  single watch selects on ``managed-by=falcon``.
+- ``node_pool_request`` returns a NodePool in the GKE v1 REST JSON shape (camelCase field
+  names, enum names), accepted by ``container_v1.NodePool.from_json(json.dumps(...))``.
+  Machine type, host count, node labels and placement come from the TPU catalogue only.
+- ``job_manifest`` returns a batch/v1 Job. Only image, command, args, env, working
+  directory, cpu and memory come from the spec; namespace, service account, node
+  placement, security settings and volumes come from the cluster registry and from here,
+  and nothing in a spec can change them. Spec text is only ever placed in argv and env
+  values, never inside a shell script.
+
+Logs (original section 7)
+-------------------------
+When the cluster has a ``gcs_bucket`` and the spec gives a ``command``, the pod mounts
+the bucket's ``logs/<task id>/`` subtree through the GCS FUSE CSI driver at
+``LOG_MOUNT_PATH`` and runs the command under a fixed POSIX ``sh`` wrapper
+(``LOG_WRAPPER_SCRIPT``) that copies stdout and stderr, merged, both to the container's
+own stdout and to ``<mount>/<pod name>.log``, i.e. ``log_path(cluster, task, pod)``. The
+user's argv is handed to the wrapper as positional parameters, so no spec content is
+ever parsed by a shell. The wrapper keeps the command's exit status (a signal death
+stays 128+N, e.g. 137), forwards SIGTERM (what Kubernetes sends on delete), and falls back to running the command
+unwrapped when the image lacks ``tee``/``mkfifo`` or has no writable ``$TMPDIR``. The
+image needs ``/bin/sh`` (distroless images without a shell cannot be wrapped).
+
+If the spec gives only ``args`` (the image's own entrypoint runs), Falcon cannot wrap a
+command it does not know: the Job runs unwrapped, without the log volume, and its output
+is only in the container log. Such a Job carries the annotation
+``falcon.dev/log-capture: "off"`` so operators can tell.
+
+Unverified against real GKE (see docs): ``placementPolicy.policyName`` for TPU7x
+workload policies, ``consolidationDelay`` on TPU pools, flex-start for multi-host pools,
+whether the ``google.com/tpu`` toleration is required.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from falcon_ray.spec import SupplyMode, TaskSpec
+from falcon_ray.store.repository import Cluster
+from falcon_ray.tpu import NODEPOOL_LABEL, TPU_RESOURCE, Placement, SliceShape
+
+# --- labels and names ------------------------------------------------------------------
+
+LABEL_MANAGED_BY = "managed-by"
+MANAGED_BY_VALUE = "falcon"
+LABEL_TASK_ID = "falcon.dev/task-id"
+LABEL_QUEUE = "falcon.dev/queue"
+RESOURCE_LABEL_TASK = "falcon-task"  # GCE resource label on node pools (no '/' allowed there)
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"
+ANNOTATION_LOG_PATH = "falcon.dev/log-path"
+ANNOTATION_LOG_CAPTURE = "falcon.dev/log-capture"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+POOL_NAME_PREFIX = "falcon-"
+MAX_POOL_NAME = 40
+MAX_LABEL_VALUE = 63
+
+# --- autoscaler idle time per supply mode (original section 5) -------------------------
+
+RESERVATION_IDLE_SECONDS = 600  # short: reserved capacity comes back when asked for
+ON_DEMAND_IDLE_SECONDS = 600  # short: nothing is held for Falcon anyway
+FLEX_START_IDLE_SECONDS = 6 * 3600  # long: scarce capacity, hard to get back once released
+FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600  # flex-start VMs live at most seven days
+
+# --- node pool constants ---------------------------------------------------------------
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+DEFAULT_WORKLOAD_POLICY = "falcon-{topology}"  # matches config.Settings.v7x_workload_policy
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+
+# --- pod constants ---------------------------------------------------------------------
+
+CONTAINER_NAME = "task"
+LOG_VOLUME = "falcon-logs"
+LOG_MOUNT_PATH = "/falcon/logs"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+GCSFUSE_ANNOTATION = "gke-gcsfuse/volumes"
+ENV_TASK_ID = "FALCON_TASK_ID"
+ENV_POD_NAME = "FALCON_POD_NAME"
+ENV_LOG_DIR = "FALCON_LOG_DIR"
+ENV_WORKER_ID = "TPU_WORKER_ID"
+ENV_WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
+WRAPPER_ARGV0 = "falcon-log-wrapper"  # $0 of the wrapper script; the user's argv follows as "$@"
+LOG_DRAIN_SECONDS = 10  # after the command exits, how long tee may drain before it is stopped
+
+# The log wrapper. Fixed text: nothing from a spec is ever inserted here (the user's argv
+# arrives as "$@"). It avoids "$(" and "$$" because the kubelet expands $(VAR) and turns
+# $$ into $ in command and args. Steps: make a fifo; tee reads it into the log file and
+# its own stdout; the command writes stdout+stderr into the fifo; wait for the command
+# (forwarding TERM, re-waiting after a trapped signal); give tee a bounded time to
+# drain (a leftover background process may hold the fifo open), then exit with the
+# command's status.
+LOG_WRAPPER_SCRIPT = f"""\
+log="${ENV_LOG_DIR}/${ENV_POD_NAME}.log"
+fifo="${{TMPDIR:-/tmp}}/falcon-log.fifo"
+if ! command -v tee >/dev/null 2>&1 || ! {{ rm -f "$fifo" && mkfifo "$fifo"; }} 2>/dev/null; then
+  echo "falcon: cannot copy output to $log (no tee, mkfifo or writable TMPDIR); running without it" >&2
+  exec "$@"
+fi
+tee "$log" <"$fifo" &
+tee_pid=$!
+"$@" >"$fifo" 2>&1 &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' TERM
+wait "$pid"
+rc=$?
+while kill -0 "$pid" 2>/dev/null; do
+  wait "$pid"
+  rc=$?
+done
+(sleep {LOG_DRAIN_SECONDS}; kill "$tee_pid" 2>/dev/null) </dev/null >/dev/null 2>&1 &
+watchdog=$!
+wait "$tee_pid"
+kill "$watchdog" 2>/dev/null
+rm -f "$fifo"
+exit "$rc"
+"""
+
+
+def _short_hash(text: str, n: int = 6) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def label_value(text: str) -> str:
+    """A Kubernetes label value for any text: at most 63 characters of [A-Za-z0-9._-],
+    starting and ending alphanumeric; deterministic, with a hash suffix when cut."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("._-")
+    if len(safe) > MAX_LABEL_VALUE:
+        safe = f"{safe[: MAX_LABEL_VALUE - 7].rstrip('._-')}-{_short_hash(text)}"
+    return safe
+
+
+def queue_label(cluster_name: str, topology: str) -> str:
+    return label_value(f"{cluster_name}.{topology}")
+
+
+def node_pool_name(task_id: int, topology: str) -> str:
+    """``falcon-t<task>-<topology>``: lowercase letters, digits, hyphens; <= 40 characters."""
+    if task_id < 0:
+        raise ValueError(f"task id must not be negative, got {task_id}")
+    topo = re.sub(r"[^a-z0-9]+", "-", topology.lower()).strip("-") or "x"
+    name = f"{POOL_NAME_PREFIX}t{task_id}-{topo}"
+    if len(name) > MAX_POOL_NAME:
+        name = f"{POOL_NAME_PREFIX}t{task_id}-{_short_hash(topology)}"[:MAX_POOL_NAME].rstrip("-")
+    return name
+
+
+def job_name(task_id: int) -> str:
+    if task_id < 0:
+        raise ValueError(f"task id must not be negative, got {task_id}")
+    return f"falcon-task-{task_id}"
+
+
+def service_name(task_id: int) -> str:
+    """The headless Service of a multi-host Job; pods resolve as ``<job>-<i>.<service>``."""
+    return job_name(task_id)
+
+
+def worker_hostnames(task_id: int, hosts: int) -> list[str]:
+    job, svc = job_name(task_id), service_name(task_id)
+    return [f"{job}-{i}.{svc}" for i in range(hosts)]
+
+
+# --- supply modes and reservations -----------------------------------------------------
+
+
+def autoscaler_idle_seconds(supply_mode: SupplyMode | str, settings: Any = None) -> int:
+    """Idle time before the autoscaler may remove a pool's nodes, by the supply mode used.
+
+    ``settings`` may be anything with ``reservation_idle_s``, ``on_demand_idle_s`` and
+    ``flex_start_idle_s`` (e.g. ``config.Settings``) or a mapping from supply mode to
+    seconds; missing values fall back to the module defaults.
+    """
+    mode = SupplyMode(supply_mode)
+    defaults = {
+        SupplyMode.RESERVATION: ("reservation_idle_s", RESERVATION_IDLE_SECONDS),
+        SupplyMode.ON_DEMAND: ("on_demand_idle_s", ON_DEMAND_IDLE_SECONDS),
+        SupplyMode.FLEX_START: ("flex_start_idle_s", FLEX_START_IDLE_SECONDS),
+    }
+    attr, default = defaults[mode]
+    if settings is None:
+        return default
+    if isinstance(settings, Mapping):
+        return int(settings.get(mode.value, settings.get(mode, default)))
+    return int(getattr(settings, attr, default))
+
+
+def reservation_slices_needed(shape: SliceShape) -> int:
+    """Reserved VMs one slice of this shape consumes: one per host."""
+    return shape.hosts
+
+
+def headroom_slices(count: int, in_use: int, hosts_per_slice: int) -> int:
+    """Whole slices that still fit in a reservation of ``count`` VMs with ``in_use`` taken."""
+    return max(0, count - in_use) // max(1, hosts_per_slice)
+
+
+def cluster_zone(cluster: Cluster) -> str | None:
+    """The cluster's zone when its location is a zone (``us-east5-b``), else None (regional)."""
+    return cluster.location if _ZONE_RE.match(cluster.location) else None
+
+
+# --- node pools --------------------------------------------------------------------------
+
+
+def _placement_policy(shape: SliceShape, workload_policy: str | None) -> dict[str, Any] | None:
+    if shape.placement == Placement.COMPACT:
+        return {"type": "COMPACT", "tpuTopology": shape.topology}
+    if shape.placement == Placement.WORKLOAD_POLICY:
+        # UNVERIFIED: gcloud's --placement-policy=NAME for TPU7x maps to policyName; the
+        # workload policy (HIGH_THROUGHPUT, accelerator topology T) replaces COMPACT and
+        # tpuTopology and must exist in the cluster's region (created by the operator).
+        return {"policyName": workload_policy or DEFAULT_WORKLOAD_POLICY.format(topology=shape.topology)}
+    # Single host: the machine type fixes the slice, and GKE asks for a TPU topology only
+    # for multi-host slices, so no placement policy is sent.
+    return None
+
+
+def node_pool_request(
+    spec: TaskSpec,
+    cluster: Cluster,
+    supply_mode: SupplyMode | str,
+    name: str,
+    task_id: int,
+    *,
+    idle_seconds: int | None = None,
+    workload_policy: str | None = None,
+) -> dict[str, Any]:
+    """The NodePool to create for one slice of ``spec``'s shape, in GKE v1 REST JSON."""
+    shape = spec.shape
+    mode = SupplyMode(supply_mode)
+    idle = autoscaler_idle_seconds(mode) if idle_seconds is None else int(idle_seconds)
+    config: dict[str, Any] = {
+        "machineType": shape.machine_type,
+        "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE},
+        "resourceLabels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE, RESOURCE_LABEL_TASK: str(task_id)},
+        # Workload Identity for the pods and the GCS FUSE driver.
+        "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+        # The closest GKE field to a per-pool scale-down-unneeded time (NodeConfig
+        # consolidation_delay). UNVERIFIED for TPU pools; Falcon also deletes idle pools itself.
+        "consolidationDelay": f"{idle}s",
+    }
+    flex = mode == SupplyMode.FLEX_START
+    if mode == SupplyMode.RESERVATION:
+        if not cluster.default_reservation:
+            raise ValueError(f"cluster {cluster.name} has no default_reservation for supply mode reservation")
+        config["reservationAffinity"] = {
+            "consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": RESERVATION_KEY,
+            "values": [cluster.default_reservation],
+        }
+    else:
+        # On-demand and flex-start must not quietly eat a reservation's capacity.
+        config["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
+    if flex:
+        # As xpk creates flex-start pools: --flex-start --num-nodes=0 --enable-autoscaling
+        # --location-policy=ANY --reservation-affinity=none --no-enable-autorepair.
+        config["flexStart"] = True
+        # The pool may be handed over to later tasks, so ask for the longest lifetime
+        # rather than this task's timeout.
+        config["maxRunDuration"] = f"{FLEX_START_MAX_RUN_SECONDS}s"
+    pool: dict[str, Any] = {
+        "name": name,
+        "config": config,
+        # A multi-host slice is atomic: all hosts or none.
+        "initialNodeCount": 0 if flex else shape.hosts,
+        # Autoscaling 0..hosts in every mode, so the idle time above has an effect.
+        "autoscaling": {
+            "enabled": True,
+            "totalMinNodeCount": 0,
+            "totalMaxNodeCount": shape.hosts,
+            "locationPolicy": "ANY",
+        },
+        # Auto-repair recreates broken TPU VMs; flex-start pools go without it (as xpk).
+        # Auto-upgrade is GKE's default for new pools and required on release channels.
+        "management": {"autoRepair": not flex, "autoUpgrade": True},
+    }
+    zone = cluster_zone(cluster)
+    if zone:
+        pool["locations"] = [zone]
+    placement = _placement_policy(shape, workload_policy)
+    if placement:
+        pool["placementPolicy"] = placement
+    return pool
+
+
+# --- Jobs ------------------------------------------------------------------------------
+
+
+def bucket_name(cluster: Cluster) -> str:
+    """The registry's bucket without a ``gs://`` prefix or slashes; empty when unset."""
+    return cluster.gcs_bucket.strip().removeprefix("gs://").strip("/")
+
+
+def log_path(cluster: Cluster, task_id: int, pod_name: str) -> str | None:
+    """``gs://<bucket>/logs/<task>/<pod>.log``, or None when the cluster has no bucket."""
+    bucket = bucket_name(cluster)
+    return f"gs://{bucket}/logs/{task_id}/{pod_name}.log" if bucket else None
+
+
+def logs_captured(spec: TaskSpec, cluster: Cluster) -> bool:
+    """Whether the Job for ``spec`` on ``cluster`` writes its output to GCS."""
+    return bool(bucket_name(cluster)) and bool(spec.command)
+
+
+def job_labels(task_id: int, queue: str | None = None) -> dict[str, str]:
+    labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_TASK_ID: str(task_id)}
+    if queue:
+        labels[LABEL_QUEUE] = label_value(queue)
+    return labels
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _container_env(task_id: int, spec: TaskSpec, capture: bool) -> list[dict[str, Any]]:
+    shape = spec.shape
+    falcon_env: list[dict[str, Any]] = [
+        {"name": ENV_TASK_ID, "value": str(task_id)},
+        _field_env(ENV_POD_NAME, "metadata.name"),
+    ]
+    if capture:
+        falcon_env.append({"name": ENV_LOG_DIR, "value": LOG_MOUNT_PATH})
+    if shape.multi_host:
+        # GKE may inject these itself for Indexed Jobs; the values are the same.
+        falcon_env.append(_field_env(ENV_WORKER_ID, f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"))
+        falcon_env.append(
+            {"name": ENV_WORKER_HOSTNAMES, "value": ",".join(worker_hostnames(task_id, shape.hosts))}
+        )
+    owned = {e["name"] for e in falcon_env}
+    # The spec's variables first; a name Falcon sets is Falcon's (the spec validator
+    # refuses most of them already).
+    user_env = [{"name": k, "value": v} for k, v in spec.env.items() if k not in owned]
+    return user_env + falcon_env
+
+
+def _resources(spec: TaskSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {TPU_RESOURCE: spec.shape.chips_per_host}
+    if spec.cpu:
+        amounts["cpu"] = spec.cpu
+    if spec.memory:
+        amounts["memory"] = spec.memory
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def job_manifest(task_id: int, spec: TaskSpec, cluster: Cluster, pool: str, queue: str) -> dict[str, Any]:
+    """The batch/v1 Job that runs task ``task_id`` on node pool ``pool``."""
+    shape = spec.shape
+    name = job_name(task_id)
+    namespace = cluster.namespace
+    labels = job_labels(task_id, queue)
+    capture = logs_captured(spec, cluster)
+
+    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
+    if capture:
+        container["command"] = ["/bin/sh", "-c", LOG_WRAPPER_SCRIPT, WRAPPER_ARGV0]
+        container["args"] = [*spec.command, *spec.args]
+        container["volumeMounts"] = [{"name": LOG_VOLUME, "mountPath": LOG_MOUNT_PATH}]
+    else:
+        if spec.command:
+            container["command"] = list(spec.command)
+        if spec.args:
+            container["args"] = list(spec.args)
+    if spec.working_dir:
+        container["workingDir"] = spec.working_dir
+    container["env"] = _container_env(task_id, spec, capture)
+    container["resources"] = _resources(spec)
+    container["securityContext"] = {"privileged": False, "allowPrivilegeEscalation": False}
+
+    pod_annotations: dict[str, str] = {}
+    job_annotations: dict[str, str] = {}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": cluster.service_account,
+        # Workload Identity works through the GKE metadata server and the GCS FUSE driver
+        # asks for its own token, so the pod needs no Kubernetes API token.
+        "automountServiceAccountToken": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "nodeSelector": {**shape.node_selector, NODEPOOL_LABEL: pool},
+        # GKE taints TPU nodes with google.com/tpu; samples tolerate it explicitly.
+        # UNVERIFIED whether GKE would add this toleration by itself.
+        "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+    }
+    if capture:
+        pod_annotations[GCSFUSE_ANNOTATION] = "true"
+        pod_spec["volumes"] = [
+            {
+                "name": LOG_VOLUME,
+                "csi": {
+                    "driver": GCSFUSE_DRIVER,
+                    "volumeAttributes": {
+                        "bucketName": bucket_name(cluster),
+                        # Only this task's subtree is mounted (and writable through the mount).
+                        "mountOptions": f"implicit-dirs,only-dir=logs/{task_id}",
+                    },
+                },
+            }
+        ]
+        job_annotations[ANNOTATION_LOG_PATH] = f"gs://{bucket_name(cluster)}/logs/{task_id}/"
+    else:
+        job_annotations[ANNOTATION_LOG_CAPTURE] = "off"
+
+    job_spec: dict[str, Any] = {
+        # Falcon does not retry a failed pod: the task fails with the pod's reason.
+        "backoffLimit": 0,
+        "completions": shape.hosts,
+        "parallelism": shape.hosts,
+        # No activeDeadlineSeconds: Falcon enforces the task timeout itself (Failed/Timeout);
+        # no ttlSecondsAfterFinished: Falcon deletes the Job once it has read the outcome.
+    }
+    if shape.multi_host:
+        job_spec["completionMode"] = "Indexed"
+        pod_spec["subdomain"] = service_name(task_id)
+    pod_metadata: dict[str, Any] = {"labels": dict(labels)}
+    if pod_annotations:
+        pod_metadata["annotations"] = pod_annotations
+    job_spec["template"] = {"metadata": pod_metadata, "spec": pod_spec}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": job_annotations},
+        "spec": job_spec,
+    }
+
+
+def headless_service(task_id: int, spec: TaskSpec | None, cluster: Cluster) -> dict[str, Any]:
+    """The headless Service giving a multi-host Job's pods stable DNS names."""
+    del spec  # the Service does not depend on the spec; kept for a uniform call shape
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(task_id),
+            "namespace": cluster.namespace,
+            "labels": job_labels(task_id),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"job-name": job_name(task_id)},
+            # Workers look each other up while starting, before any is Ready.
+            "publishNotReadyAddresses": True,
+        },
+    }

@@ -242,8 +242,7 @@ def _fmt_limit(seconds: float) -> str:
     return f"{int(seconds // 60)}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
 
 
-def queue_label(cluster_name: str, topology: str) -> str:
-    return f"{cluster_name}.{topology}"
+queue_label = render.queue_label
 
 
 class _Decider:

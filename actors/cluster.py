@@ -1,0 +1,561 @@
+"""ClusterActor: one per edge cluster; the only holder of its GKE and Kubernetes clients.
+
+Contract
+--------
+Hard state: none. Everything here is a cache of the cluster (node pools, nodes,
+Jobs labelled ``managed-by=falcon``, reservation use) or of work in flight (the
+node-pool operation queue). After a restart the caches refill from a full list and
+the QueueActors re-request any create they still need; a create that meets 409
+adopts the existing pool, a delete that meets 404 is done. So every method is
+idempotent and may be retried.
+
+- Clients: credentials from ``google.auth.default()`` only; the Kubernetes client is
+  built from the GKE endpoint and CA with a bearer token that refreshes itself.
+- Node-pool operations on this cluster run strictly one at a time from a FIFO
+  (GKE refuses concurrent ones). Incompatible-operation, 429 and transient errors
+  are retried with exponential backoff and jitter; a create refused for quota or
+  stockout fails; a delete is retried until it succeeds, each failure counted so
+  the QueueActor can report it.
+- One Job watch (list, then watch from the list's resourceVersion, re-list on 410)
+  keeps the Job cache and wakes the QueueActor of the Job's queue.
+- The orphan scan deletes a pool named ``falcon-...`` with the ``managed-by=falcon``
+  label when no live lease manages it, no non-terminal task holds it, and it is
+  older than the create-visibility grace; it also deletes Jobs whose task is over.
+
+Blocking client calls run on the actor's thread pool (a threaded actor), never on
+an event loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from actors import names
+from falcon_ray import lifecycle as lc
+from falcon_ray import metrics, render
+from falcon_ray.config import Settings
+from falcon_ray.errors import CloudError, ErrorKind
+from falcon_ray.reconcile import ClusterView, JobView, OpView, PoolView, ReservationView
+from falcon_ray.store import Store, utcnow
+
+log = logging.getLogger("falcon.cluster")
+
+POOL_PREFIX = "falcon-"
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+RETRYABLE = (ErrorKind.INCOMPATIBLE_OPERATION, ErrorKind.TOO_MANY_OPERATIONS, ErrorKind.TRANSIENT)
+
+
+@dataclass
+class PoolOp:
+    name: str
+    kind: str  # create | delete
+    request: dict[str, Any] | None = None
+    state: str = "queued"  # queued | running | done | failed | cancelled
+    attempts: int = 0
+    error_kind: str = ""
+    error: str = ""
+    next_at: float = 0.0
+    operation: str = ""
+    queued_at: float = field(default_factory=time.monotonic)
+
+    def view(self) -> OpView:
+        return OpView(self.kind, self.state, self.attempts, self.error_kind, self.error)
+
+
+@ray.remote
+class ClusterActor:
+    def __init__(self, cluster_name: str, settings: Settings, db_url: str) -> None:
+        self.s = settings
+        self.name = cluster_name
+        self.store = Store(db_url)
+        if settings.metadata_host:  # the simulated fleet's metadata server (configuration, not a branch)
+            os.environ["GCE_METADATA_HOST"] = settings.metadata_host
+            os.environ["GCE_METADATA_IP"] = settings.metadata_host
+        self.cluster = self.store.get_cluster(cluster_name)
+        self.lock = threading.RLock()
+        self.stop = threading.Event()
+        self.gke = None
+        self.compute = None
+        self.kube = None
+        self.watcher = None
+        self.connect_error = ""
+        self.pools: dict[str, PoolView] = {}
+        self.pool_labels: dict[str, dict[str, str]] = {}
+        self.pool_first_seen: dict[str, float] = {}
+        self.pools_at = 0.0
+        self.pools_synced = False
+        self.refresh_lock = threading.Lock()
+        self.jobs: dict[int, JobView] = {}
+        self.job_queue: dict[int, str] = {}
+        self.jobs_synced = False
+        self.failure_detail: dict[str, str] = {}
+        self.ops: dict[str, PoolOp] = {}
+        self.op_fifo: deque[PoolOp] = deque()
+        self.op_wake = threading.Event()
+        self.reservation: ReservationView | None = None
+        self.reservation_at = 0.0
+        self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
+        self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
+        self.queue_handles: dict[str, Any] = {}
+        self.threads = [
+            threading.Thread(target=target, daemon=True, name=target.__name__)
+            for target in (self._connect_and_watch, self._op_worker, self._orphan_loop)
+        ]
+        for th in self.threads:
+            th.start()
+
+    # ---- clients -----------------------------------------------------------------
+
+    def _connect(self) -> None:
+        import google.auth
+        from falcon_ray.gcp import ComputeApi, GkeApi
+        from falcon_ray.kube import KubeApi, api_client
+
+        c = self.cluster
+        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
+        ep = gke.get_cluster(c.project, c.location, c.name)
+        self.last_ok["gke"] = time.time()
+        self.kube = KubeApi(api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme))
+        self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds)
+        self.gke = gke
+
+    def _connect_and_watch(self) -> None:
+        from falcon_ray.kube import JobWatcher
+
+        delay = 1.0
+        while not self.stop.is_set():
+            try:
+                self._connect()
+                self.connect_error = ""
+                break
+            except Exception as e:  # keep trying: an unreachable cluster must not kill the actor
+                self.connect_error = f"{type(e).__name__}: {e}"[:500]
+                log.warning("cluster %s: connect failed: %s", self.name, self.connect_error)
+                self.stop.wait(delay + random.random())
+                delay = min(delay * 2, 60.0)
+        if self.stop.is_set():
+            return
+        self.op_wake.set()
+        self.watcher = JobWatcher(
+            self.kube, self.cluster.namespace, label_selector="managed-by=falcon", timeout_seconds=self.s.watch_timeout_s
+        )
+        self.watcher.run(self._on_job, self.stop, on_resync=self._on_resync)
+
+    # ---- Job watch -----------------------------------------------------------------
+
+    def _job_view(self, obs) -> JobView | None:
+        if obs.task_id is None:
+            return None
+        message = obs.message
+        if obs.phase == "Failed":
+            detail = self.failure_detail.get(obs.uid)
+            if detail is None:
+                try:
+                    detail = self.kube.job_failure_message(obs.namespace, obs.name)
+                except Exception as e:
+                    detail = ""
+                    log.warning("cluster %s: failure detail of %s: %s", self.name, obs.name, e)
+                if detail:
+                    self.failure_detail[obs.uid] = detail
+            message = detail or message
+        return JobView(
+            task_id=int(obs.task_id),
+            name=obs.name,
+            namespace=obs.namespace,
+            uid=obs.uid or "",
+            phase=obs.phase,
+            active=obs.active,
+            ready=obs.ready,
+            expected=obs.expected,
+            message=message or "",
+        )
+
+    def _on_job(self, obs) -> None:
+        jv = self._job_view(obs)
+        if jv is None:
+            return
+        self.last_ok["kubernetes"] = time.time()
+        queue = (obs.labels or {}).get(render.LABEL_QUEUE, "") if hasattr(obs, "labels") else ""
+        with self.lock:
+            if jv.phase == "Deleted":
+                self.jobs.pop(jv.task_id, None)
+            else:
+                self.jobs[jv.task_id] = jv
+            if queue:
+                self.job_queue[jv.task_id] = queue
+        self._wake_queue(queue)
+
+    def _on_resync(self, observations) -> None:
+        views = {}
+        queues = {}
+        for obs in observations:
+            jv = self._job_view(obs)
+            if jv is not None:
+                views[jv.task_id] = jv
+                q = (getattr(obs, "labels", None) or {}).get(render.LABEL_QUEUE, "")
+                if q:
+                    queues[jv.task_id] = q
+        with self.lock:
+            self.jobs = views
+            self.job_queue.update(queues)
+            self.jobs_synced = True
+        self.last_ok["kubernetes"] = time.time()
+        metrics.watch_relist(self.name)
+        for q in set(queues.values()):
+            self._wake_queue(q)
+
+    def _wake_queue(self, queue_label: str) -> None:
+        """Hint the QueueActor behind a queue label (labels are ``<cluster>.<topology>``)."""
+        if not queue_label.startswith(self.name + "."):
+            return
+        topology = queue_label[len(self.name) + 1 :]
+        h = self.queue_handles.get(queue_label) or names.lookup(names.queue_name(self.name, topology), self.s.namespace)
+        if h is not None:
+            self.queue_handles[queue_label] = h
+            h.hint.remote()
+
+    # ---- node pools: view --------------------------------------------------------------
+
+    def _refresh_pools(self, force: bool = False) -> None:
+        if self.gke is None or self.kube is None:
+            return
+        with self.refresh_lock:
+            if not force and time.monotonic() - self.pools_at < self.s.pool_refresh_s:
+                return
+            c = self.cluster
+            try:
+                infos = self.gke.list_node_pools(c.project, c.location, c.name)
+                self.last_ok["gke"] = time.time()
+                nodes = self.kube.list_nodes(POOL_LABEL)
+                self.last_ok["kubernetes"] = time.time()
+            except Exception as e:
+                log.warning("cluster %s: pool refresh failed: %s", self.name, e)
+                return
+            registered: dict[str, int] = {}
+            ready: dict[str, int] = {}
+            for n in nodes:
+                registered[n.pool] = registered.get(n.pool, 0) + 1
+                ready[n.pool] = ready.get(n.pool, 0) + (1 if n.ready else 0)
+            pools = {}
+            labels = {}
+            now = time.monotonic()
+            for p in infos:
+                pools[p.name] = PoolView(p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0))
+                labels[p.name] = dict(p.resource_labels or {})
+                self.pool_first_seen.setdefault(p.name, now)
+            with self.lock:
+                self.pools = pools
+                self.pool_labels = labels
+                self.pools_at = time.monotonic()
+                self.pools_synced = True
+            metrics.pools_alive(self.name, sum(1 for n in pools if n.startswith(POOL_PREFIX)))
+
+    def _refresh_reservation(self) -> None:
+        c = self.cluster
+        if not c.default_reservation or self.compute is None:
+            return
+        if self.reservation is not None and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
+            return
+        try:
+            r = self.compute.reservation(c.project, c.location, c.default_reservation)
+            self.last_ok["compute"] = time.time()
+        except Exception as e:
+            log.warning("cluster %s: reservation read failed: %s", self.name, e)
+            return
+        self.reservation = ReservationView(r.count, r.in_use)
+        self.reservation_at = time.monotonic()
+        metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
+
+    def observe(self, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
+        """What a QueueActor needs for one decision: its pools, their operations, its Jobs."""
+        self._refresh_pools()
+        if want_reservation:
+            self._refresh_reservation()
+        with self.lock:
+            jobs = {
+                tid: jv
+                for tid, jv in self.jobs.items()
+                if self.job_queue.get(tid, queue_label) == queue_label
+            }
+            return ClusterView(
+                pools={n: self.pools[n] for n in pool_names if n in self.pools},
+                ops={n: self.ops[n].view() for n in pool_names if n in self.ops},
+                jobs=jobs,
+                reservation=self.reservation,
+                synced=self.pools_synced and self.jobs_synced,
+                error=self.connect_error,
+            )
+
+    # ---- node pools: operations ------------------------------------------------------
+
+    def ensure_pool(self, name: str, request: dict[str, Any]) -> str:
+        """Queue a create for ``name`` unless one is queued, running or done."""
+        with self.lock:
+            op = self.ops.get(name)
+            if op is not None and op.kind == "create" and op.state in ("queued", "running", "done"):
+                return op.state
+            op = PoolOp(name, "create", request)
+            self.ops[name] = op
+            self.op_fifo.append(op)
+        self.op_wake.set()
+        return "queued"
+
+    def delete_pool(self, name: str) -> str:
+        """Queue a delete for ``name`` (cancelling a create that has not started)."""
+        with self.lock:
+            op = self.ops.get(name)
+            if op is not None and op.kind == "delete" and op.state in ("queued", "running"):
+                return op.state
+            if op is not None and op.kind == "create" and op.state == "queued":
+                op.state = "cancelled"
+            op = PoolOp(name, "delete")
+            self.ops[name] = op
+            self.op_fifo.append(op)
+        self.op_wake.set()
+        return "queued"
+
+    def _next_op(self) -> PoolOp | None:
+        with self.lock:
+            now = time.monotonic()
+            for _ in range(len(self.op_fifo)):
+                op = self.op_fifo[0]
+                if op.state == "cancelled" or self.ops.get(op.name) is not op:
+                    self.op_fifo.popleft()
+                    continue
+                if op.next_at <= now:
+                    self.op_fifo.popleft()
+                    return op
+                self.op_fifo.rotate(-1)
+        return None
+
+    def _op_worker(self) -> None:
+        while not self.stop.is_set():
+            if self.gke is None:
+                self.op_wake.wait(0.5)
+                self.op_wake.clear()
+                continue
+            op = self._next_op()
+            if op is None:
+                self.op_wake.wait(0.2)
+                self.op_wake.clear()
+                continue
+            op.state = "running"
+            try:
+                self._run_op(op)
+                op.state = "done"
+                op.error_kind = ""
+                self.pools_at = 0.0  # next observe re-lists
+            except CloudError as e:
+                self._op_failed(op, e)
+            except Exception as e:  # never let the worker die
+                self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
+            metrics.pool_op(self.name, op.kind, op.state, op.error_kind)
+            wake = self.queue_for_pool(op.name)
+            if wake:
+                self._wake_queue(wake)
+
+    def queue_for_pool(self, name: str) -> str:
+        lease = self.store.get_lease(self.cluster.id, name)
+        return render.queue_label(self.name, lease.topology) if lease else ""
+
+    def _run_op(self, op: PoolOp) -> None:
+        c = self.cluster
+        try:
+            if op.kind == "create":
+                op.operation = self.gke.create_node_pool(c.project, c.location, c.name, op.request)
+            else:
+                name = self.gke.delete_node_pool(c.project, c.location, c.name, op.name)
+                if name is None:
+                    return
+                op.operation = name
+        except CloudError as e:
+            if op.kind == "create" and e.kind == ErrorKind.ALREADY_EXISTS:
+                return  # created before a crash: adopt it
+            if op.kind == "delete" and e.kind == ErrorKind.NOT_FOUND:
+                return
+            raise
+        self.last_ok["gke"] = time.time()
+        while not self.stop.is_set():
+            info = self.gke.get_operation(c.project, c.location, op.operation)
+            self.last_ok["gke"] = time.time()
+            if info.done:
+                if info.error is not None:
+                    if op.kind == "delete" and info.error.kind == ErrorKind.NOT_FOUND:
+                        return
+                    raise info.error
+                return
+            self.stop.wait(self.s.operation_poll_s)
+
+    def _op_failed(self, op: PoolOp, e: CloudError) -> None:
+        op.attempts += 1
+        op.error_kind = e.kind.value
+        op.error = e.message[:1000]
+        log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
+        if op.kind == "create" and e.kind not in RETRYABLE:
+            op.state = "failed"
+            self.counters["ops_failed"] += 1
+            return
+        # retry: creates on busy/transient errors, deletes always
+        delay = min(self.s.pool_op_backoff_initial_s * (2 ** (op.attempts - 1)), self.s.pool_op_backoff_max_s)
+        op.next_at = time.monotonic() + delay * (0.5 + random.random() / 2)
+        op.state = "queued"
+        self.counters["ops_retried"] += 1
+        with self.lock:
+            if self.ops.get(op.name) is op:
+                self.op_fifo.append(op)
+
+    # ---- Jobs ------------------------------------------------------------------------
+
+    def submit_job(self, manifest: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
+        """Create the Job (and its headless Service); 409 adopts. Returns {uid} or {error_kind, error}."""
+        if self.kube is None:
+            return {"error_kind": ErrorKind.TRANSIENT.value, "error": self.connect_error or "cluster not connected"}
+        try:
+            if service is not None:
+                self.kube.create_service(service)
+            ref = self.kube.create_job(manifest)
+            self.last_ok["kubernetes"] = time.time()
+            return {"uid": ref.uid, "created": ref.created}
+        except CloudError as e:
+            return {"error_kind": e.kind.value, "error": e.message}
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        if self.kube is None:
+            raise CloudError(ErrorKind.TRANSIENT, self.connect_error or "cluster not connected")
+        gone = self.kube.delete_job(namespace, name)
+        try:
+            self.kube.delete_service(namespace, name)
+        except CloudError:
+            pass
+        self.last_ok["kubernetes"] = time.time()
+        return gone
+
+    # ---- orphan scan ------------------------------------------------------------------
+
+    def _orphan_loop(self) -> None:
+        while not self.stop.wait(self.s.orphan_scan_interval_s):
+            try:
+                self.orphan_scan()
+            except Exception as e:
+                log.warning("cluster %s: orphan scan failed: %s", self.name, e)
+
+    def orphan_scan(self) -> dict[str, list[str]]:
+        """Delete leaked pools and Jobs; returns what it found and queued for deletion."""
+        if self.gke is None:
+            return {"pools": [], "jobs": []}
+        self._refresh_pools(force=True)
+        leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
+        live = self.store.live_tasks(self.cluster.id)
+        held = {t.node_pool_name for t in live if t.node_pool_name}
+        grace = self.s.create_visibility_grace_s
+        now = time.monotonic()
+        found: list[str] = []
+        with self.lock:
+            names_labels = list(self.pool_labels.items())
+        for name, labels in names_labels:
+            if not name.startswith(POOL_PREFIX) or labels.get("managed-by") != "falcon":
+                continue
+            lease = leases.get(name)
+            if lease is not None and lease.state != lc.LeaseState.DELETING.value:
+                continue  # a QueueActor manages it
+            if name in held:
+                continue
+            if lease is not None:
+                age = (utcnow() - lease.created_at).total_seconds()
+            else:
+                age = now - self.pool_first_seen.get(name, now)
+            if age < grace:
+                continue
+            op = self.ops.get(name)
+            if op is not None and op.kind == "delete" and op.state in ("queued", "running"):
+                continue
+            found.append(name)
+            self.counters["orphans_found"] += 1
+            self.delete_pool(name)
+            self.counters["orphans_deleted"] += 1
+            log.warning("cluster %s: orphan pool %s queued for deletion", self.name, name)
+        metrics.orphans(self.name, len(found))
+        # Jobs whose task is over (a crash between the terminal write and the Job delete)
+        with self.lock:
+            jobs = dict(self.jobs)
+        stale: list[str] = []
+        if jobs:
+            terminal = {t.id for t in self.store.get_tasks(jobs) if t.terminal}
+            known = {t.id for t in self.store.get_tasks(jobs)}
+            for tid, jv in jobs.items():
+                if tid in terminal or tid not in known:
+                    try:
+                        self.delete_job(jv.namespace, jv.name)
+                        stale.append(jv.name)
+                        self.counters["jobs_collected"] += 1
+                    except Exception as e:
+                        log.warning("cluster %s: delete stale Job %s: %s", self.name, jv.name, e)
+        return {"pools": found, "jobs": stale}
+
+    # ---- operator surface ---------------------------------------------------------------
+
+    def refresh_cluster(self) -> None:
+        c = self.store.get_cluster(self.name)
+        if c is not None:
+            self.cluster = c
+
+    def ping(self) -> bool:
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            w = self.watcher
+            return {
+                "cluster": self.name,
+                "status": self.cluster.status if self.cluster else "unknown",
+                "connected": self.gke is not None,
+                "connect_error": self.connect_error,
+                "pools": {n: vars(p) for n, p in self.pools.items()},
+                "pool_ops": {n: {"kind": o.kind, "state": o.state, "attempts": o.attempts, "error": o.error} for n, o in self.ops.items()},
+                "ops_queued": sum(1 for o in self.op_fifo if o.state == "queued"),
+                "jobs": {t: vars(j) for t, j in self.jobs.items()},
+                "reservation": vars(self.reservation) if self.reservation else None,
+                "last_ok": dict(self.last_ok),
+                "watch": {
+                    "reconnects": getattr(w, "reconnects", 0),
+                    "relists": getattr(w, "relists", 0),
+                    "last_event_at": getattr(w, "last_event_at", None),
+                    "last_ok_at": getattr(w, "last_ok_at", None),
+                },
+                "counters": dict(self.counters),
+                "db_statements": self.store.statements,
+            }
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.op_wake.set()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Let the running pool operation finish (its GKE call returns), then stop."""
+        self.shutdown()
+        deadline = time.monotonic() + timeout
+        for th in self.threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        return not any(th.is_alive() for th in self.threads[1:])
+
+    def __repr__(self) -> str:
+        c = self.cluster
+        with self.lock:
+            alive = sum(1 for n in self.pools if n.startswith(POOL_PREFIX))
+            busy = sum(1 for o in self.ops.values() if o.state in ("queued", "running"))
+        return f"ClusterActor({self.name} {c.tpu_type if c else '?'} {c.status if c else '?'}: {alive} pools, {busy} ops, {len(self.jobs)} jobs)"
+
+
+def utc_iso(ts: float | None) -> str | None:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat() if ts else None

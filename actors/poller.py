@@ -1,0 +1,194 @@
+"""PollerActor: intake. Reads new and aborting tasks, assigns clusters, wakes queues.
+
+Contract
+--------
+Hard state: none (the ``jobs`` table is the queue of work). Every poll reads only
+live rows -- unassigned Pending tasks and Aborting tasks, through the
+``(status, cluster_id, id)`` index -- so its cost does not grow with finished rows.
+
+For each new task: validate the spec (InvalidSpec), find the clusters of its TPU
+type (UnsupportedTPUType when none is registered; stays Pending with a message
+when all are in maintenance or offline; NoCandidateCluster when none can take it,
+e.g. no reservation), rank them with ``scheduling.place`` and record the choice
+with a compare-and-set (Pending -> Pending/Waiting with the cluster). Then hint the
+QueueActor, creating it if needed. A lost compare-and-set (the upper layer aborted
+meanwhile) is simply re-read next poll. The poller never talks to GCP or
+Kubernetes; Aborting tasks go to their queue, or are finished here when no cluster
+was ever assigned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+from actors import names
+from falcon_ray import lifecycle as lc
+from falcon_ray import messages, metrics, scheduling
+from falcon_ray.config import Settings
+from falcon_ray.lifecycle import LeaseState, Reason
+from falcon_ray.spec import SpecError, parse_spec
+from falcon_ray.store import Store
+
+log = logging.getLogger("falcon.poller")
+
+
+@ray.remote
+class PollerActor:
+    def __init__(self, settings: Settings, db_url: str) -> None:
+        self.s = settings
+        self.db_url = db_url
+        self.store = Store(db_url)
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.polls = 0
+        self.last_poll_at: float | None = None
+        self.last_poll_s = 0.0
+        self.last_error = ""
+        self.rows_read = 0
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="poll")
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.poll_once()
+                self.last_error = ""
+            except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"[:500]
+                log.exception("poll failed")
+            self.last_poll_s = time.monotonic() - t0
+            self.last_poll_at = time.time()
+            self.polls += 1
+            self.wake.wait(self.s.poll_interval_s)
+            self.wake.clear()
+
+    def poll_now(self) -> None:
+        self.wake.set()
+
+    def ping(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.wake.set()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Finish the step in progress, then stop; True when the loop has ended."""
+        self.shutdown()
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def msg(self, key: str, **kw: object) -> str:
+        return messages.text(key, self.s.lang, **kw)
+
+    def poll_once(self) -> dict[str, int]:
+        t0 = time.monotonic()
+        new, aborting = self.store.intake(self.s.intake_batch)
+        counts = {"new": len(new), "aborting": len(aborting), "assigned": 0, "failed": 0}
+        self.rows_read += len(new) + len(aborting)
+        if new:
+            clusters = self.store.list_clusters()
+            load = self._fleet_load(clusters)
+            for task in new:
+                try:
+                    outcome = self._intake(task, clusters, load)
+                    counts[outcome] = counts.get(outcome, 0) + 1
+                except Exception as e:  # one bad row never stops the poll
+                    log.exception("task %s: intake failed: %s", task.id, e)
+        if aborting:
+            clusters_by_id = {c.id: c for c in self.store.list_clusters()}
+            for task in aborting:
+                self._route_abort(task, clusters_by_id)
+        metrics.poll(time.monotonic() - t0, len(new) + len(aborting))
+        return counts
+
+    def _fleet_load(self, clusters) -> scheduling.FleetLoad:
+        depth: dict[str, int] = {}
+        for t in self.store.live_tasks():
+            if t.cluster_id and t.status == lc.Status.PENDING.value:
+                depth[t.cluster_id] = depth.get(t.cluster_id, 0) + 1
+        idle: dict[str, set[str]] = {}
+        for lease in self.store.leases():
+            if lease.state == LeaseState.IDLE.value:
+                idle.setdefault(lease.cluster_id, set()).add(lease.topology)
+        return scheduling.FleetLoad(depth, {k: frozenset(v) for k, v in idle.items()})
+
+    def _intake(self, task, clusters, load: scheduling.FleetLoad) -> str:
+        try:
+            spec = parse_spec(task.spec)
+        except SpecError as e:
+            self.store.transition(task.id, lc.NEW, lc.failed(Reason.INVALID_SPEC), self.msg("invalid_spec", detail=str(e)))
+            metrics.task_transition("", "", lc.failed(Reason.INVALID_SPEC))
+            return "failed"
+        placement = scheduling.place(spec, clusters, load)
+        if placement.verdict == "unsupported_tpu_type":
+            self.store.transition(
+                task.id,
+                lc.NEW,
+                lc.failed(Reason.UNSUPPORTED_TPU_TYPE),
+                self.msg("unsupported_tpu_type", tpu_type=spec.tpu_type, offered=placement.detail),
+            )
+            return "failed"
+        if placement.verdict == "no_candidate":
+            self.store.transition(
+                task.id,
+                lc.NEW,
+                lc.failed(Reason.NO_CANDIDATE_CLUSTER),
+                self.msg("no_candidate_cluster", tpu_type=spec.tpu_type, detail=placement.detail),
+            )
+            return "failed"
+        if placement.verdict == "only_inactive":
+            text = self.msg("only_inactive_clusters", tpu_type=spec.tpu_type, clusters=placement.detail)
+            if text != task.message:
+                self.store.update_task(task.id, lc.NEW, text)
+            return "held"
+        target = placement.clusters[0]
+        won = self.store.transition(
+            task.id,
+            lc.NEW,
+            lc.WAITING,
+            self.msg("waiting_first", cluster=target.name, topology=spec.topology),
+            cluster_id=target.id,
+        )
+        if not won:
+            return "lost"
+        load.queue_depth[target.id] = load.queue_depth.get(target.id, 0) + 1
+        log.info("task %s assigned to %s/%s", task.id, target.name, spec.topology, extra={"task_id": task.id})
+        metrics.task_transition(target.name, spec.topology, lc.WAITING)
+        names.ensure_queue(target.name, spec.topology, self.s, self.db_url).hint.remote()
+        return "assigned"
+
+    def _route_abort(self, task, clusters_by_id) -> None:
+        if task.cluster_id is None:
+            if self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted")):
+                metrics.task_transition("", "", lc.ABORTED)
+            return
+        cluster = clusters_by_id.get(task.cluster_id)
+        try:
+            spec = parse_spec(task.spec)
+        except SpecError:
+            self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted"))
+            return
+        if cluster is None:  # its cluster was removed from the registry: nothing left to clean here
+            self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted"))
+            return
+        names.ensure_queue(cluster.name, spec.topology, self.s, self.db_url).hint.remote()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "polls": self.polls,
+            "last_poll_at": self.last_poll_at,
+            "last_poll_s": self.last_poll_s,
+            "last_error": self.last_error,
+            "rows_read": self.rows_read,
+            "db_statements": self.store.statements,
+        }
+
+    def __repr__(self) -> str:
+        return f"PollerActor(polls={self.polls}, rows_read={self.rows_read}, last_error={self.last_error or '-'})"

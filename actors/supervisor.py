@@ -1,0 +1,205 @@
+"""The supervisor: leader lease, actor creation and adoption, registry changes, health.
+
+Contract
+--------
+``Supervisor`` runs in the ``falcon-ray run`` process (and in ``falcon-ray demo``).
+It acts only while it holds the leader lease row in the database; a second
+controller on the same database waits for the lease. Holding it, it makes the set
+of actors match the registry: the poller, a ClusterActor per registered cluster,
+and a QueueActor per (cluster, topology) that has live tasks or live leases. It
+uses get-if-exists, so starting again adopts the actors already running (they are
+detached and outlive this process). A cluster removed from the registry has its
+actors retired once nothing of it is live. Registry status changes reach the
+actors on the next reconcile: a cluster in maintenance or offline gets no new
+tasks (the poller ranks only active ones), its queues re-rank their waiting tasks
+and delete idle pools, and running tasks finish.
+
+``shutdown(drain=True)`` asks every actor to finish its current step, then stops
+them and releases the lease: the clean stop of ``falcon-ray run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import ray
+
+from actors import names
+from falcon_ray.config import Settings
+from falcon_ray.spec import SpecError, parse_spec
+from falcon_ray.store import Store
+
+log = logging.getLogger("falcon.supervisor")
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, db_url: str, holder: str | None = None) -> None:
+        self.s = settings
+        self.db_url = db_url
+        self.store = Store(db_url)
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.leader = False
+        self.lease_renewed_at: float | None = None
+        self.started_at = time.time()
+        self.known: dict[str, ray.actor.ActorHandle] = {}
+        self.retired: list[str] = []
+        self.stop = threading.Event()
+        self.last_registry_at: float | None = None
+        self.last_error = ""
+
+    # ---- leadership ---------------------------------------------------------------------
+
+    def try_lead(self) -> bool:
+        try:
+            self.leader = self.store.acquire_leader(self.holder, self.s.leader_ttl_s)
+        except Exception as e:
+            self.last_error = f"leader lease: {type(e).__name__}: {e}"[:500]
+            log.warning("leader lease renewal failed: %s", e)
+            self.leader = False
+        if self.leader:
+            self.lease_renewed_at = time.time()
+        return self.leader
+
+    def wait_for_lead(self, stop: threading.Event | None = None, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stop = stop or self.stop
+        announced = False
+        while not stop.is_set():
+            if self.try_lead():
+                log.info("leader lease taken by %s", self.holder)
+                return True
+            if not announced:
+                held = self.store.leader()
+                log.warning("waiting for the leader lease held by %s", held and held["holder"])
+                announced = True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            stop.wait(max(0.2, self.s.leader_ttl_s / 3))
+        return False
+
+    # ---- actors ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create or adopt every actor the registry calls for (requires the lease)."""
+        self.known[names.POLLER] = names.ensure_poller(self.s, self.db_url)
+        self.reconcile_registry()
+
+    def reconcile_registry(self) -> dict[str, list[str]]:
+        clusters = self.store.list_clusters()
+        wanted: dict[str, tuple] = {}
+        for c in clusters:
+            wanted[names.cluster_name(c.name)] = ("cluster", c.name)
+        by_id = {c.id: c for c in clusters}
+        for t in self.store.live_tasks():
+            c = by_id.get(t.cluster_id or "")
+            if c is None:
+                continue
+            try:
+                topology = parse_spec(t.spec).topology
+            except SpecError:
+                continue
+            wanted[names.queue_name(c.name, topology)] = ("queue", c.name, topology)
+        for lease in self.store.leases():
+            c = by_id.get(lease.cluster_id)
+            if c is not None:
+                wanted[names.queue_name(c.name, lease.topology)] = ("queue", c.name, lease.topology)
+        created = []
+        for name, what in sorted(wanted.items()):
+            if what[0] == "cluster":
+                h = names.ensure_cluster(what[1], self.s, self.db_url)
+                h.refresh_cluster.remote()
+            else:
+                h = names.ensure_queue(what[1], what[2], self.s, self.db_url)
+                h.hint.remote()
+            if name not in self.known:
+                created.append(name)
+            self.known[name] = h
+        retired = []
+        for name in list(self.known):
+            if name == names.POLLER or name in wanted:
+                continue
+            # a queue with nothing live, or a cluster gone from the registry: retire it
+            self._kill(name)
+            retired.append(name)
+        self.last_registry_at = time.time()
+        return {"created": created, "retired": retired}
+
+    def _kill(self, name: str) -> None:
+        h = self.known.pop(name, None) or names.lookup(name, self.s.namespace)
+        if h is not None:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception as e:
+                log.warning("retire %s: %s", name, e)
+        names.forget(self.s.namespace, name)
+        self.retired.append(name)
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Lead until ``stop`` is set: renew the lease, keep actors in step with the registry."""
+        stop = stop or self.stop
+        if not self.wait_for_lead(stop):
+            return
+        self.start()
+        next_registry = time.monotonic() + self.s.registry_interval_s
+        while not stop.wait(self.s.leader_ttl_s / 3):
+            if not self.try_lead():
+                log.error("leader lease lost; waiting to take it again")
+                if not self.wait_for_lead(stop):
+                    return
+                self.start()
+            if time.monotonic() >= next_registry:
+                try:
+                    self.reconcile_registry()
+                    self.last_error = ""
+                except Exception as e:
+                    self.last_error = f"registry: {type(e).__name__}: {e}"[:500]
+                    log.exception("registry reconcile failed")
+                next_registry = time.monotonic() + self.s.registry_interval_s
+
+    def actor_names(self) -> list[str]:
+        names_now = set(self.known)
+        try:
+            names_now.update(names.list_falcon_actors(self.s.namespace))
+        except Exception:
+            pass
+        return sorted(names_now)
+
+    def shutdown(self, drain: bool = True, kill: bool = True, timeout: float = 30.0) -> None:
+        """Stop leading. With ``drain``, each actor finishes its current step first."""
+        self.stop.set()
+        handles = {n: self.known.get(n) or names.lookup(n, self.s.namespace) for n in self.actor_names()}
+        if drain:
+            refs = [h.drain.remote() for h in handles.values() if h is not None]
+            try:
+                ray.get(refs, timeout=timeout)
+            except Exception as e:
+                log.warning("drain: %s", e)
+        if kill:
+            for h in handles.values():
+                if h is not None:
+                    try:
+                        ray.kill(h, no_restart=True)
+                    except Exception:
+                        pass
+            names.forget(self.s.namespace)
+            self.known.clear()
+        try:
+            self.store.release_leader(self.holder)
+        except Exception as e:
+            log.warning("release leader lease: %s", e)
+        self.leader = False
+
+    # ---- health -----------------------------------------------------------------------------------
+
+    def health(self, probe_timeout: float = 5.0) -> dict[str, Any]:
+        from falcon_ray import health
+
+        return health.check(self, probe_timeout)

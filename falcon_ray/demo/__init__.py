@@ -1,0 +1,317 @@
+"""The embedded default: a whole Falcon-Ray on one machine, and the scenario harness.
+
+Contract
+--------
+``DemoRun`` starts, in this process, the simulated fleet, a database (a fresh
+SQLite file unless a URL is given, migrated with the reference ``jobs`` table), a
+local Ray (unless one is already initialised), registers the fleet's clusters with
+their registry status, and runs the controller through the same ``Supervisor``
+that ``falcon-ray run`` uses. It then plays tasks as the upper layer would
+(``submit`` / ``abort`` write the rows directly) and reports each task with its
+event log and the fleet's own accounting. ``falcon-ray demo`` and the scenario
+tests both drive this class; nothing in it is a shortcut the real controller
+would not take: the actors talk to the fleet over HTTP through the real clients.
+
+Times in a tasks file count from the moment the controller is up and polling.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.config import Settings, load_settings
+from falcon_ray.store import Store
+from falcon_ray.store.migrate import upgrade
+
+log = logging.getLogger("falcon.demo")
+
+
+def _pkg_file(name: str) -> str:
+    return str(resources.files("falcon_ray.demo").joinpath(name))
+
+
+def demo_settings(config: str | None = None, **overrides: Any) -> Settings:
+    """The demo profile (seconds instead of minutes), then ``config``, then overrides."""
+    data = yaml.safe_load(Path(_pkg_file("settings.yaml")).read_text())
+    if config:
+        data.update(yaml.safe_load(Path(config).read_text()) or {})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return load_settings(None, **data)
+
+
+def load_tasks(path: str | None) -> list[dict[str, Any]]:
+    text = Path(path or _pkg_file("sample_tasks.jsonl")).read_text()
+    tasks = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path or 'sample tasks'}:{n}: not JSON: {e}") from None
+        if not isinstance(item, dict) or "actor" not in item or "spec" not in item:
+            raise ValueError(f"{path or 'sample tasks'}:{n}: each line needs at least 'actor' and 'spec'")
+        tasks.append(item)
+    return tasks
+
+
+def iso_ms(t: dt.datetime | None) -> str | None:
+    if t is None:
+        return None
+    return t.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+class DemoRun:
+    """One controller + one simulated fleet + one database, for a demo or a test."""
+
+    def __init__(
+        self,
+        fleet: Any = None,
+        settings: Settings | None = None,
+        db_url: str | None = None,
+        ray_address: str | None = None,
+    ) -> None:
+        from falcon_ray.sim.fleet import FleetConfig, load_fleet
+
+        self.fleet_config = fleet if isinstance(fleet, FleetConfig) else load_fleet(fleet)
+        base = settings or demo_settings()
+        if base.namespace == "falcon":
+            base = base.model_copy(update={"namespace": f"falcon-demo-{uuid.uuid4().hex[:8]}"})
+        self._tmp = None
+        if db_url is None:
+            self._tmp = tempfile.mkdtemp(prefix="falcon-demo-")
+            db_url = f"sqlite:///{os.path.join(self._tmp, 'falcon.db')}"
+        self.db_url = db_url
+        self.ray_address = ray_address
+        self.base_settings = base
+        self.settings: Settings | None = None
+        self.sim = None
+        self.store: Store | None = None
+        self.supervisor = None
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.t0: float | None = None
+        self.ids: list[int] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> DemoRun:
+        import ray
+
+        from actors.supervisor import Supervisor
+        from falcon_ray.sim.server import SimFleet
+
+        self.sim = SimFleet(self.fleet_config)
+        ep = self.sim.start()
+        self.settings = self.base_settings.model_copy(
+            update={
+                "gke_endpoint": ep["gke"],
+                "compute_endpoint": ep["compute"],
+                "metadata_host": ep["metadata"],
+                "kubernetes_scheme": "http",
+            }
+        )
+        os.environ["GCE_METADATA_HOST"] = ep["metadata"]
+        os.environ["GCE_METADATA_IP"] = ep["metadata"]
+        upgrade(self.db_url, with_jobs_table=True)
+        self.store = Store(self.db_url)
+        existing = {c.name for c in self.store.list_clusters()}
+        for c in self.fleet_config.clusters:
+            if c.name in existing:
+                continue
+            self.store.add_cluster(
+                c.name,
+                c.project,
+                c.location,
+                c.tpu_type,
+                gcs_bucket=c.gcs_bucket or "",
+                default_reservation=c.reservation.name if c.reservation else "",
+                status=c.status,
+            )
+        if not ray.is_initialized():
+            ray.init(
+                address=self.ray_address,
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        self.supervisor = Supervisor(self.settings, self.db_url)
+        if not self.supervisor.wait_for_lead(timeout=60):
+            raise RuntimeError("could not take the leader lease")
+        self.supervisor.start()
+        ray.get(self.supervisor.known["poller"].ping.remote(), timeout=120)
+        self.thread = threading.Thread(target=self.supervisor.run, args=(self.stop_event,), daemon=True)
+        self.thread.start()
+        self.t0 = time.monotonic()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.supervisor is not None:
+            try:
+                self.supervisor.shutdown(drain=False, kill=True)
+            except Exception as e:
+                log.warning("shutdown: %s", e)
+        if self.thread is not None:
+            self.thread.join(10)
+        if self.sim is not None:
+            self.sim.stop()
+        if self.store is not None:
+            self.store.dispose()
+
+    def __enter__(self) -> DemoRun:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- the upper layer ----------------------------------------------------------------------
+
+    def submit(self, actor: str, spec: dict | str, name: str = "") -> int:
+        assert self.store is not None
+        timeout = spec.get("timeout_seconds") if isinstance(spec, dict) else None
+        tid = self.store.submit_task(actor, spec, name=name, timeout_seconds=timeout if isinstance(timeout, int) else None)
+        self.ids.append(tid)
+        self.poke()
+        return tid
+
+    def abort(self, task_id: int) -> bool:
+        assert self.store is not None
+        ok = self.store.request_abort(task_id)
+        self.poke()
+        return ok
+
+    def poke(self) -> None:
+        if self.supervisor is not None and "poller" in self.supervisor.known:
+            self.supervisor.known["poller"].poll_now.remote()
+
+    def play(self, tasks: list[dict[str, Any]], on_tick: Callable[[], None] | None = None, timeout: float = 300) -> None:
+        """Submit and abort on the tasks' schedule, then wait until everything is over."""
+        assert self.t0 is not None
+        t0 = time.monotonic()
+        pending = sorted(enumerate(tasks), key=lambda x: float(x[1].get("submit_at") or 0))
+        aborts: list[tuple[float, int]] = []
+        while pending or aborts:
+            now = time.monotonic() - t0
+            while pending and float(pending[0][1].get("submit_at") or 0) <= now:
+                _, item = pending.pop(0)
+                tid = self.submit(item["actor"], item["spec"], name=item.get("name", ""))
+                if item.get("abort_at") is not None:
+                    aborts.append((float(item["abort_at"]), tid))
+            for at, tid in list(aborts):
+                if at <= now:
+                    self.abort(tid)
+                    aborts.remove((at, tid))
+            if on_tick:
+                on_tick()
+            if time.monotonic() - t0 > timeout:
+                return
+            time.sleep(0.1)
+
+    # ---- observation ------------------------------------------------------------------------------
+
+    def tasks(self) -> list:
+        assert self.store is not None
+        return self.store.get_tasks(self.ids)
+
+    def all_terminal(self) -> bool:
+        return all(t.terminal for t in self.tasks())
+
+    def falcon_pools_alive(self) -> list[str]:
+        stats = self.sim.stats()
+        return [
+            p["name"]
+            for c in stats["clusters"].values()
+            for p in c["node_pools"]
+            if p.get("deleted_at") is None and p["name"].startswith("falcon-")
+        ]
+
+    def wait(self, predicate: Callable[[], bool], timeout: float, on_tick: Callable[[], None] | None = None) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            if on_tick:
+                on_tick()
+            time.sleep(0.2)
+        return predicate()
+
+    def wait_done(self, timeout: float, on_tick: Callable[[], None] | None = None) -> bool:
+        """Every task terminal and no Falcon pool left in the fleet."""
+        return self.wait(lambda: self.all_terminal() and not self.falcon_pools_alive(), timeout, on_tick)
+
+    def report(self) -> dict[str, Any]:
+        assert self.store is not None
+        clusters = {c.id: c.name for c in self.store.list_clusters()}
+        out = []
+        for t in self.tasks():
+            out.append(
+                {
+                    "id": t.id,
+                    "name": t.name,
+                    "actor": t.actor,
+                    "status": t.status,
+                    "reason": t.reason,
+                    "message": t.message,
+                    "cluster": clusters.get(t.cluster_id or ""),
+                    "node_pool": t.node_pool_name,
+                    "created_at": iso_ms(t.created_at),
+                    "dispatched_at": iso_ms(t.dispatched_at),
+                    "finished_at": iso_ms(t.finished_at),
+                    "events": [
+                        {"at": iso_ms(e.at), "status": e.status, "reason": e.reason, "message": e.message}
+                        for e in self.store.events(t.id)
+                    ],
+                }
+            )
+        return {"tasks": out, "fleet": self.sim.stats()}
+
+
+def progress_printer(run: DemoRun, stream) -> Callable[[], None]:
+    """A tick callback that prints one line per task whenever its status, reason or message changes."""
+    seen: dict[int, tuple[str, str, str]] = {}
+
+    def tick() -> None:
+        for t in run.tasks():
+            key = (t.status, t.reason, t.message)
+            if seen.get(t.id) != key:
+                seen[t.id] = key
+                el = time.monotonic() - (run.t0 or time.monotonic())
+                state = f"{t.status}/{t.reason}" if t.reason else t.status
+                print(f"[{el:6.1f}s] task {t.id:<3} {t.actor:>6}: {t.name:<16} {state:<24} {t.message}", file=stream, flush=True)
+
+    return tick
+
+
+def summarize(report: dict[str, Any]) -> str:
+    lines = ["", f"{'id':>3}  {'actor':<6} {'name':<16} {'status':<10} {'reason':<20} {'cluster':<8} message"]
+    for t in report["tasks"]:
+        lines.append(
+            f"{t['id']:>3}  {t['actor']:<6} {t['name']:<16} {t['status']:<10} {t['reason']:<20} {t['cluster'] or '-':<8} {t['message'][:90]}"
+        )
+    pools = [
+        p for c in report["fleet"]["clusters"].values() for p in c["node_pools"] if p["name"].startswith("falcon-")
+    ]
+    alive = [p["name"] for p in pools if p.get("deleted_at") is None]
+    jobs = sum(j["creates"] for c in report["fleet"]["clusters"].values() for j in c["jobs"])
+    lines.append("")
+    lines.append(f"fleet: {len(pools)} node pool(s) created, {len(alive)} still alive, {jobs} Job create(s)")
+    return "\n".join(lines)
+
+
+TERMINAL_STATUSES = {s.value for s in lc.TERMINAL}

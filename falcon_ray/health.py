@@ -1,0 +1,147 @@
+"""Health: what a probe or an operator needs to know to trust the controller.
+
+Contract
+--------
+``check(supervisor)`` returns one JSON-able report: the leader lease, the database,
+every actor's answer to ``ping`` (with a deadline, so one hung actor cannot hang
+the probe), each ClusterActor's last successful GKE / Kubernetes call and watch
+age, and the live tasks whose row has not changed for longer than their state
+allows (``Settings.stuck_after_s``). ``healthy`` is the liveness verdict (leader
+held or waiting, database reachable, actors answering); ``ready`` adds that the
+lease is held. ``stuck_tasks`` are reported, not fatal: a stuck task is the
+operator's business, not a reason to restart the controller.
+``serve(supervisor, port)`` exposes ``/healthz`` and ``/readyz`` over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import ray
+
+from actors import names
+from falcon_ray.store import utcnow
+
+
+def stuck_tasks(store, stuck_after: dict[str, float], now=None) -> list[dict[str, Any]]:
+    now = now or utcnow()
+    out = []
+    for t in store.live_tasks():
+        key = t.reason if t.status == "Pending" and t.reason else ("Aborting" if t.status == "Aborting" else "")
+        if t.status == "Running":
+            continue  # a running task is bounded by its own timeout
+        limit = stuck_after.get(key)
+        if limit is None:
+            continue
+        age = (now - t.updated_at).total_seconds()
+        if age > limit:
+            out.append(
+                {"id": t.id, "status": t.status, "reason": t.reason, "unchanged_s": round(age, 1), "message": t.message}
+            )
+    return out
+
+
+def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
+    report: dict[str, Any] = {"holder": sup.holder, "checked_at": time.time()}
+    try:
+        sup.store.ping()
+        report["database"] = {"ok": True}
+    except Exception as e:
+        report["database"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+    lease = None
+    if report["database"]["ok"]:
+        try:
+            lease = sup.store.leader()
+        except Exception:
+            lease = None
+    report["leader"] = {
+        "held": bool(sup.leader),
+        "holder": lease["holder"] if lease else None,
+        "expires_at": lease["expires_at"].isoformat() if lease else None,
+        "renewed_at": sup.lease_renewed_at,
+    }
+    actors: dict[str, Any] = {}
+    refs = {}
+    for name in sup.actor_names():
+        h = sup.known.get(name) or names.lookup(name, sup.s.namespace)
+        if h is None:
+            actors[name] = {"ok": False, "error": "not found"}
+            continue
+        refs[name] = h.snapshot.remote()
+    deadline = time.monotonic() + probe_timeout
+    for name, ref in refs.items():
+        try:
+            snap = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            entry: dict[str, Any] = {"ok": True}
+            if name.startswith("cluster/"):
+                now = time.time()
+                last = snap.get("last_ok", {})
+                watch = snap.get("watch", {})
+                entry.update(
+                    connected=snap.get("connected"),
+                    connect_error=snap.get("connect_error"),
+                    last_gke_ok_age_s=round(now - last["gke"], 1) if last.get("gke") else None,
+                    last_kubernetes_ok_age_s=round(now - last["kubernetes"], 1) if last.get("kubernetes") else None,
+                    watch_age_s=round(now - watch["last_ok_at"], 1) if watch.get("last_ok_at") else None,
+                    watch_reconnects=watch.get("reconnects"),
+                    watch_relists=watch.get("relists"),
+                )
+                if not snap.get("connected"):
+                    entry["ok"] = False
+            else:
+                entry["last_error"] = snap.get("last_error") or ""
+            actors[name] = entry
+        except Exception as e:
+            actors[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+    report["actors"] = actors
+    try:
+        report["stuck_tasks"] = stuck_tasks(sup.store, sup.s.stuck_after_s) if report["database"]["ok"] else []
+    except Exception as e:
+        report["stuck_tasks"] = []
+        report["stuck_error"] = str(e)[:300]
+    actors_ok = all(a.get("ok") for a in actors.values()) if actors else False
+    report["healthy"] = report["database"]["ok"] and (actors_ok or not sup.leader)
+    report["ready"] = report["healthy"] and sup.leader and actors_ok
+    return report
+
+
+def serve(sup, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve /healthz (liveness) and /readyz (readiness) on a daemon thread."""
+    cache: dict[str, Any] = {"at": 0.0, "report": None}
+    lock = threading.Lock()
+
+    def current() -> dict[str, Any]:
+        with lock:
+            if cache["report"] is None or time.monotonic() - cache["at"] > 2.0:
+                cache["report"] = check(sup)
+                cache["at"] = time.monotonic()
+            return cache["report"]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?")[0]
+            if path not in ("/healthz", "/readyz"):
+                self.send_error(404)
+                return
+            try:
+                report = current()
+                ok = report["healthy"] if path == "/healthz" else report["ready"]
+            except Exception as e:
+                report, ok = {"error": str(e)}, False
+            body = json.dumps(report, default=str).encode()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args) -> None:
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="health").start()
+    return server

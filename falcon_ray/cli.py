@@ -1,0 +1,541 @@
+"""`falcon-ray`: the operator's command line.
+
+Commands that need only the database live here: ``db upgrade``, ``clusters``,
+``submit``, ``abort`` and ``status``. ``sim`` and the Ray commands (``run``, ``demo``,
+``queues``, ...) are attached at the bottom from their own modules.
+
+Every command takes ``--db URL`` (default: ``$FALCON_DB_URL``, else
+``sqlite:///falcon.db``) and prints a table, or JSON with ``--json``. Errors are
+one line on stderr and a non-zero exit: 1 for a refused operation or a database
+problem, 2 for invalid input (click's usage errors and an invalid task spec).
+Other command modules may reuse ``db_option``, ``json_option``, ``open_store``,
+``render_table`` and ``echo_json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import sqlalchemy as sa
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import tpu
+from falcon_ray.spec import SpecError, parse_spec
+from falcon_ray.store import DEFAULT_DB_URL, Store, Task, migrate
+from falcon_ray.store.repository import CLUSTER_STATUSES
+
+STATUS_LIMIT = 50
+TABLE_MESSAGE_WIDTH = 60
+
+
+class CliError(click.ClickException):
+    """A refused operation or an unusable database: one line, exit code 1."""
+
+
+class InvalidInput(click.ClickException):
+    """Input that can never succeed (e.g. an invalid spec): exit code 2, like a usage error."""
+
+    exit_code = 2
+
+
+# --- shared options and helpers --------------------------------------------------------
+
+
+def db_option(f: Callable) -> Callable:
+    return click.option(
+        "--db",
+        "db_url",
+        envvar="FALCON_DB_URL",
+        default=DEFAULT_DB_URL,
+        show_default=True,
+        show_envvar=True,
+        metavar="URL",
+        help="SQLAlchemy database URL, e.g. mysql+pymysql://user@host:3306/falcon.",
+    )(f)
+
+
+def json_option(f: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def safe_url(db_url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return sa.engine.make_url(db_url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return db_url
+
+
+def _first_line(e: BaseException) -> str:
+    orig = getattr(e, "orig", None)
+    text = str(orig if orig is not None else e).strip()
+    return (text.splitlines() or [type(e).__name__])[0][:300]
+
+
+def check_database(db_url: str, need_jobs: bool = True) -> None:
+    """Raise CliError unless the database exists and holds the tables the caller needs."""
+    try:
+        url = sa.engine.make_url(db_url)
+    except sa.exc.ArgumentError as e:
+        raise CliError(f"not a database URL: {db_url!r} ({e})") from None
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        if not Path(url.database).exists():
+            raise CliError(f"database file {url.database} does not exist; run `falcon-ray db upgrade` first")
+    missing = migrate.missing_tables(db_url, with_jobs_table=need_jobs)
+    falcon_missing = [name for name in missing if name != "jobs"]
+    if falcon_missing:
+        raise CliError(
+            f"database {safe_url(db_url)} is not migrated (missing: {', '.join(falcon_missing)}); "
+            "run `falcon-ray db upgrade` first"
+        )
+    if missing:
+        raise CliError(
+            f"database {safe_url(db_url)} has no jobs table; the upper layer creates it, "
+            "or run `falcon-ray db upgrade --with-jobs-table`"
+        )
+
+
+@contextlib.contextmanager
+def open_store(db_url: str, need_jobs: bool = True) -> Iterator[Store]:
+    """A Store on a checked database, disposed afterwards."""
+    check_database(db_url, need_jobs=need_jobs)
+    store = Store(db_url)
+    try:
+        yield store
+    finally:
+        store.dispose()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat(timespec="milliseconds") + ("Z" if value.tzinfo is None else "")
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, default=_json_default, indent=2, ensure_ascii=False))
+
+
+def _cell(value: Any, width: int | None = None) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, dt.datetime):
+        text = value.strftime("%Y-%m-%d %H:%M:%S")
+    else:
+        text = " ".join(str(value).split())  # one line per row
+    if width is not None and len(text) > width:
+        text = text[: width - 3] + "..."
+    return text
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], widths: dict | None = None) -> str:
+    """A plain aligned table; ``columns`` are (key, header) pairs."""
+    widths = widths or {}
+    cells = [[_cell(row.get(key), widths.get(key)) for key, _ in columns] for row in rows]
+    heads = [head for _, head in columns]
+    size = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(size[i]) for i, h in enumerate(heads)).rstrip()]
+    lines += ["  ".join(c.ljust(size[i]) for i, c in enumerate(r)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def human_duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(round(seconds))
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+# --- the group -------------------------------------------------------------------------
+
+
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except sa.exc.SQLAlchemyError as e:  # never a traceback for a database problem
+            raise CliError(f"database error: {_first_line(e)}") from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Falcon-Ray: TPU tasks from a MySQL jobs table to node pools and Kubernetes Jobs on GKE."""
+
+
+# --- db ----------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@db_option
+@click.option(
+    "--with-jobs-table",
+    is_flag=True,
+    help="Also create the reference jobs table (demo and tests; in production the upper layer owns it).",
+)
+@json_option
+def db_upgrade(db_url: str, with_jobs_table: bool, as_json: bool) -> None:
+    """Create or update Falcon's tables (running it again is a no-op)."""
+    try:
+        applied = migrate.upgrade(db_url, with_jobs_table=with_jobs_table)
+    except RuntimeError as e:  # a revision refusing to run, e.g. over an existing jobs table
+        raise CliError(str(e)) from None
+    current = migrate.current(db_url)
+    if as_json:
+        echo_json({"database": safe_url(db_url), "applied": applied, "current": current})
+    elif applied:
+        click.echo(f"{safe_url(db_url)}: applied {', '.join(applied)}")
+    else:
+        click.echo(f"{safe_url(db_url)}: already up to date ({', '.join(current)})")
+
+
+# --- clusters ----------------------------------------------------------------------------
+
+CLUSTER_COLUMNS = [
+    ("name", "NAME"),
+    ("tpu_type", "TPU"),
+    ("status", "STATUS"),
+    ("project", "PROJECT"),
+    ("location", "LOCATION"),
+    ("default_reservation", "RESERVATION"),
+    ("gcs_bucket", "BUCKET"),
+    ("namespace", "NAMESPACE"),
+    ("service_account", "SERVICE ACCOUNT"),
+]
+
+
+@main.group()
+def clusters() -> None:
+    """The edge-cluster registry."""
+
+
+def _tpu_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value not in tpu.tpu_types():
+        raise click.BadParameter(f"unknown TPU type {value!r}; allowed: {', '.join(tpu.tpu_types())}")
+    return value
+
+
+@clusters.command("add")
+@click.argument("name")
+@click.option("--project", required=True, help="GCP project of the cluster.")
+@click.option("--location", required=True, help="GKE location (zone or region).")
+@click.option("--tpu-type", required=True, callback=_tpu_type, help=f"One of {', '.join(tpu.tpu_types())}.")
+@click.option("--gcs-bucket", default="", help="Bucket for the Jobs' logs.")
+@click.option("--reservation", default="", help="Default reservation (empty: flex-start by default).")
+@click.option("--status", type=click.Choice(CLUSTER_STATUSES), default="active", show_default=True)
+@click.option("--namespace", default="falcon-jobs", show_default=True, help="Namespace the Jobs run in.")
+@click.option("--service-account", default="falcon-job", show_default=True, help="Kubernetes SA the Jobs run as.")
+@db_option
+@json_option
+def clusters_add(
+    name: str,
+    project: str,
+    location: str,
+    tpu_type: str,
+    gcs_bucket: str,
+    reservation: str,
+    status: str,
+    namespace: str,
+    service_account: str,
+    db_url: str,
+    as_json: bool,
+) -> None:
+    """Register an edge cluster."""
+    if not name or len(name) > 63:
+        raise click.BadParameter("a cluster name has 1 to 63 characters", param_hint="NAME")
+    with open_store(db_url, need_jobs=False) as store:
+        if store.get_cluster(name) is not None:
+            raise CliError(f"cluster {name!r} already exists")
+        try:
+            cluster = store.add_cluster(
+                name,
+                project,
+                location,
+                tpu_type,
+                gcs_bucket=gcs_bucket,
+                default_reservation=reservation,
+                status=status,
+                namespace=namespace,
+                service_account=service_account,
+            )
+        except sa.exc.IntegrityError:
+            raise CliError(f"cluster {name!r} already exists") from None
+    if as_json:
+        echo_json(cluster.to_dict())
+    else:
+        click.echo(render_table([cluster.to_dict()], CLUSTER_COLUMNS))
+
+
+@clusters.command("list")
+@db_option
+@json_option
+def clusters_list(db_url: str, as_json: bool) -> None:
+    """List the registered clusters."""
+    with open_store(db_url, need_jobs=False) as store:
+        rows = [c.to_dict() for c in store.list_clusters()]
+    if as_json:
+        echo_json(rows)
+    elif rows:
+        click.echo(render_table(rows, CLUSTER_COLUMNS))
+    else:
+        click.echo("no clusters registered (falcon-ray clusters add ...)")
+
+
+@clusters.command("set-status")
+@click.argument("name")
+@click.argument("status", type=click.Choice(CLUSTER_STATUSES))
+@db_option
+@json_option
+def clusters_set_status(name: str, status: str, db_url: str, as_json: bool) -> None:
+    """Put a cluster in service (active) or take it out (maintenance, offline)."""
+    with open_store(db_url, need_jobs=False) as store:
+        before = store.get_cluster(name)
+        if before is None or not store.set_cluster_status(before.name, status):
+            raise CliError(f"no cluster named {name!r}")
+        after = store.get_cluster(before.name)
+    if as_json:
+        echo_json(after.to_dict())
+    else:
+        click.echo(f"{after.name}: {before.status} -> {after.status}")
+
+
+# --- tasks -------------------------------------------------------------------------------
+
+
+def _env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@click.option("--actor", required=True, help="Who submits (the fairness key).")
+@click.option("--name", default="", help="A name for the task.")
+@click.option("--tpu-type", required=True, help=f"One of {', '.join(tpu.tpu_types())}.")
+@click.option("--topology", required=True, help="Slice topology, e.g. 2x4 (v6e) or 2x2x2 (v7x).")
+@click.option("--image", required=True, help="Container image.")
+@click.option("--supply-mode", default=None, help="reservation, on-demand or flex-start (default: the cluster's).")
+@click.option("--timeout", "timeout_seconds", type=int, default=None, help="Run-time limit in seconds.")
+@click.option("--env", "env", multiple=True, callback=_env_pairs, metavar="NAME=VALUE", help="Repeatable.")
+@click.option("--cpu", default=None, help="CPU request, e.g. 8 or 500m.")
+@click.option("--memory", default=None, help="Memory request, e.g. 64Gi.")
+@click.option("--working-dir", default=None, help="Absolute working directory in the container.")
+@db_option
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    actor: str,
+    name: str,
+    tpu_type: str,
+    topology: str,
+    image: str,
+    supply_mode: str | None,
+    timeout_seconds: int | None,
+    env: dict[str, str],
+    cpu: str | None,
+    memory: str | None,
+    working_dir: str | None,
+    db_url: str,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Write a Pending task as the upper layer would; prints its id.
+
+    Options come first, then the command: falcon-ray submit --actor a ... -- python train.py
+    """
+    spec: dict[str, Any] = {"tpu_type": tpu_type, "topology": topology, "image": image, "command": list(command)}
+    optional = {
+        "supply_mode": supply_mode,
+        "timeout_seconds": timeout_seconds,
+        "env": env or None,
+        "cpu": cpu,
+        "memory": memory,
+        "working_dir": working_dir,
+    }
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    try:
+        parsed = parse_spec(spec)
+    except SpecError as e:
+        raise InvalidInput(f"invalid task spec: {e}") from None
+    with open_store(db_url) as store:
+        task_id = store.submit_task(
+            actor,
+            spec,
+            name=name,
+            timeout_seconds=parsed.timeout_seconds if timeout_seconds is not None else None,
+        )
+    if as_json:
+        echo_json({"id": task_id})
+    else:
+        click.echo(task_id)
+
+
+@main.command()
+@click.argument("task_id", type=int)
+@db_option
+@json_option
+def abort(task_id: int, db_url: str, as_json: bool) -> None:
+    """Ask Falcon to abort a task (sets Aborting, as the upper layer does)."""
+    with open_store(db_url) as store:
+        task = store.get_task(task_id)
+        if task is None:
+            raise CliError(f"task {task_id} not found")
+        if task.terminal:
+            raise CliError(f"task {task_id} already finished ({task.phase}); nothing to abort")
+        if task.status == lc.Status.ABORTING:
+            result = {"id": task_id, "status": "Aborting", "previous": "Aborting", "changed": False}
+        elif store.request_abort(task_id):
+            result = {"id": task_id, "status": "Aborting", "previous": str(task.phase), "changed": True}
+        else:  # it moved meanwhile: report what it is now
+            now = store.get_task(task_id)
+            if now.terminal:
+                raise CliError(f"task {task_id} finished meanwhile ({now.phase}); nothing to abort")
+            result = {"id": task_id, "status": now.status, "previous": str(task.phase), "changed": False}
+    if as_json:
+        echo_json(result)
+    elif result["changed"]:
+        click.echo(f"task {task_id}: {result['previous']} -> Aborting (Falcon deletes the Job and the pool)")
+    else:
+        click.echo(f"task {task_id} is already being aborted")
+
+
+TASK_COLUMNS = [
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("actor", "ACTOR"),
+    ("status", "STATUS"),
+    ("reason", "REASON"),
+    ("cluster_name", "CLUSTER"),
+    ("node_pool_name", "NODE POOL"),
+    ("created_at", "CREATED"),
+    ("dispatched_at", "DISPATCHED"),
+    ("finished_at", "FINISHED"),
+    ("message", "MESSAGE"),
+]
+
+
+def _task_row(task: Task, cluster_names: dict[str, str]) -> dict[str, Any]:
+    row = task.to_dict()
+    row["reason"] = task.phase.reason.value  # a reason left behind by an abort is not shown
+    row["cluster_name"] = cluster_names.get(task.cluster_id or "", task.cluster_id)
+    return row
+
+
+def _timeline(store: Store, task: Task) -> list[dict[str, Any]]:
+    events = store.events(task.id)
+    now = store.clock()
+    steps = []
+    for i, e in enumerate(events):
+        ended = events[i + 1].at if i + 1 < len(events) else (None if task.terminal else now)
+        steps.append(
+            {
+                "at": e.at,
+                "status": e.status,
+                "reason": e.reason,
+                "step": str(lc.Phase(lc.Status(e.status), lc.Reason(e.reason))),
+                "message": e.message,
+                "seconds": None if ended is None else round((ended - e.at).total_seconds(), 3),
+                "ongoing": ended is not None and i + 1 == len(events),
+            }
+        )
+    return steps
+
+
+def _print_timeline(task: Task, cluster_name: str | None, steps: list[dict[str, Any]]) -> None:
+    title = f"task {task.id}"
+    if task.name:
+        title += f" {task.name!r}"
+    title += f" by {task.actor}: {task.phase}"
+    if cluster_name:
+        title += f" on {cluster_name}"
+    if task.node_pool_name:
+        title += f" (node pool {task.node_pool_name})"
+    click.echo(title)
+    rows = []
+    for s in steps:
+        spent = "-" if s["seconds"] is None else human_duration(s["seconds"])
+        rows.append(
+            {
+                "at": s["at"].strftime("%Y-%m-%d %H:%M:%S.") + f"{s['at'].microsecond // 1000:03d}",
+                "step": s["step"],
+                "spent": spent + (" so far" if s["ongoing"] else ""),
+                "message": s["message"],
+            }
+        )
+    click.echo(render_table(rows, [("at", "TIME (UTC)"), ("step", "STEP"), ("spent", "SPENT"), ("message", "MESSAGE")]))
+    if steps:
+        end = task.finished_at if task.terminal and task.finished_at else None
+        total = ((end or steps[-1]["at"]) - steps[0]["at"]).total_seconds()
+        if not task.terminal:
+            total += steps[-1]["seconds"] or 0.0
+        click.echo(f"total: {human_duration(total)}{'' if task.terminal else ' so far'}")
+
+
+@main.command()
+@click.argument("task_ids", nargs=-1, type=int)
+@click.option("--events", is_flag=True, help="Show the event timeline of one task.")
+@click.option("--limit", default=STATUS_LIMIT, show_default=True, help="How many recent tasks without ids.")
+@db_option
+@json_option
+def status(task_ids: tuple[int, ...], events: bool, limit: int, db_url: str, as_json: bool) -> None:
+    """Show tasks (the most recent ones without ids), or one task's timeline with --events."""
+    if events and len(task_ids) != 1:
+        raise click.UsageError("--events takes exactly one task id")
+    with open_store(db_url) as store:
+        names = {c.id: c.name for c in store.list_clusters()}
+        tasks = store.get_tasks(task_ids) if task_ids else store.recent_tasks(limit)
+        found = {t.id for t in tasks}
+        missing = [i for i in dict.fromkeys(task_ids) if i not in found]
+        if events and tasks:
+            steps = _timeline(store, tasks[0])
+    if events and tasks:
+        task = tasks[0]
+        if as_json:
+            echo_json({"task": _task_row(task, names), "events": steps})
+        else:
+            _print_timeline(task, names.get(task.cluster_id or "", task.cluster_id), steps)
+    else:
+        rows = [_task_row(t, names) for t in tasks]
+        if task_ids:
+            order = {i: n for n, i in enumerate(task_ids)}
+            rows.sort(key=lambda r: order[r["id"]])
+        if as_json:
+            echo_json(rows)
+        elif rows:
+            click.echo(render_table(rows, TASK_COLUMNS, widths={"message": TABLE_MESSAGE_WIDTH}))
+        elif not task_ids:
+            click.echo("no tasks")
+    if missing:
+        raise CliError(f"not found: task {', '.join(str(i) for i in missing)}")
+
+
+# --- commands from other modules (keep at the very end) ----------------------------------
+
+from falcon_ray.sim.cli import sim as _sim_group  # noqa: E402
+
+main.add_command(_sim_group)
+
+from falcon_ray import controller_cli  # noqa: E402
+
+controller_cli.register(main)

@@ -59,7 +59,7 @@ class Settings(BaseModel):
     namespace: str = Field("falcon", description="Ray namespace of the actors")
     leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
     registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles")
-    health_port: int = Field(8080, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
+    health_port: int = Field(8088, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
     lang: str = Field("en", pattern="^(en|zh)$", description="language of task Messages")
     stuck_after_s: dict[str, float] = Field(
         default_factory=lambda: {

@@ -17,14 +17,17 @@ Retries (google.api_core.retry.Retry, exponential with jitter, configurable)
 ----------------------------------------------------------------------------
 - Reads (get cluster / node pool / operation / reservation, list node pools): retried
   on TRANSIENT and TOO_MANY_OPERATIONS within the ``timeout`` budget.
-- ``delete_node_pool``: idempotent, so also retried on INCOMPATIBLE_OPERATION (GKE
-  refuses while another operation runs on the cluster); a repeat after a lost response
-  meets 404 and returns None.
-- ``create_node_pool``: retried only when the request certainly did nothing: 429,
-  INCOMPATIBLE_OPERATION (both are refusals) and failures before the request left
-  (connection refused, no token). A 5xx or read timeout is ambiguous -- the pool may
-  exist -- so it is raised as TRANSIENT; the controller re-observes, and a later create
-  of the same deterministic name meets ALREADY_EXISTS and adopts the pool.
+- ``delete_node_pool``: idempotent, so retried like a read; a repeat after a lost
+  response meets 404 and returns None.
+- ``create_node_pool``: retried only when the request certainly did nothing: 429 (a
+  refusal) and failures before the request left (connection refused, no token). A 5xx
+  or read timeout is ambiguous -- the pool may exist -- so it is raised as TRANSIENT;
+  the controller re-observes, and a later create of the same deterministic name meets
+  ALREADY_EXISTS and adopts the pool.
+- INCOMPATIBLE_OPERATION (another operation runs on the cluster, possibly for minutes)
+  is raised at once from create and delete: the caller serializes the cluster's pool
+  operations and knows when to try again; retrying blindly here would only block its
+  thread and hammer the API.
 - QUOTA_OR_STOCKOUT and PERMANENT are never retried here.
 """
 
@@ -134,8 +137,8 @@ def _kinds(*kinds: ErrorKind) -> Callable[[Exception], bool]:
 
 
 _READ_RETRY = _kinds(ErrorKind.TRANSIENT, ErrorKind.TOO_MANY_OPERATIONS)
-_DELETE_RETRY = _kinds(ErrorKind.TRANSIENT, ErrorKind.TOO_MANY_OPERATIONS, ErrorKind.INCOMPATIBLE_OPERATION)
-_REFUSED = _kinds(ErrorKind.TOO_MANY_OPERATIONS, ErrorKind.INCOMPATIBLE_OPERATION)
+_DELETE_RETRY = _READ_RETRY
+_REFUSED = _kinds(ErrorKind.TOO_MANY_OPERATIONS)
 
 
 def _create_retry(exc: Exception) -> bool:

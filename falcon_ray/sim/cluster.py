@@ -1,0 +1,266 @@
+"""One simulated GKE cluster: its node pools, its Kubernetes objects, its faults and its accounting.
+
+Contract
+--------
+:class:`SimCluster` ties together, for one fleet entry:
+
+* ``pools`` (:class:`~falcon_ray.sim.node_pools.NodePools`): the GKE side;
+* ``store`` (:class:`~falcon_ray.sim.kube_store.ObjectStore`) and
+  ``workloads`` (:class:`~falcon_ray.sim.workloads.Workloads`): the Kubernetes side;
+* ``faults`` / ``timings``: live, validated copies of the fleet file's values,
+  replaced wholesale by :meth:`set_faults` / :meth:`set_timings`;
+* a private ``random.Random`` seeded from the fleet seed and the cluster name,
+  so one cluster's traffic never shifts another's fault draws;
+* accounting that does not trust any client: Job create counts and manifests,
+  idle chip-seconds per pool (chips of a pool whose VMs exist - RUNNING or
+  STOPPING - while no pod on its nodes is Running).
+
+Every method must run on the simulator's event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import GoogleError
+from .fleet import ClusterConfig, Faults, Timings
+from .kube_store import ObjectStore, clone, rfc3339
+from .machines import family_for_type
+from .node_pools import NodePool, NodePools, node_object
+from .workloads import Workloads
+
+log = logging.getLogger(__name__)
+
+MAX_EVENTS = 500
+
+
+class SimCluster:
+    def __init__(self, config: ClusterConfig, index: int, seed: int, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        self.index = index
+        self.loop = loop
+        self.faults: Faults = config.faults.model_copy(deep=True)
+        self.timings: Timings = config.timings.model_copy(deep=True)
+        self.rng = random.Random(f"{seed}:{config.name}")
+        self.store = ObjectStore(config.watch_history)
+        self.pools = NodePools(self)
+        self.workloads = Workloads(self)
+        self.kube_url = ""  # set once its HTTP site is listening
+        self.job_records: dict[tuple[str, str], dict[str, Any]] = {}
+        self._node_seq = 0
+        self._event_names: list[tuple[str, str]] = []
+
+    # ---- time and timers -----------------------------------------------------------------------
+    @staticmethod
+    def mono() -> float:
+        return time.monotonic()
+
+    def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        self.loop.call_later(max(0.0, delay), self._guarded, fn, args)
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        self.loop.call_soon(self._guarded, fn, args)
+
+    def _guarded(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a simulator bug must not stop the loop
+            log.exception("sim cluster %s: timer %s failed", self.config.name, getattr(fn, "__name__", fn))
+
+    # ---- faults --------------------------------------------------------------------------------
+    def set_faults(self, **changes: Any) -> Faults:
+        self.faults = Faults.model_validate({**self.faults.model_dump(), **changes})
+        self.store.poke_watchers()  # watch_drop_every may have changed
+        return self.faults
+
+    def set_timings(self, **changes: Any) -> Timings:
+        self.timings = Timings.model_validate({**self.timings.model_dump(), **changes})
+        self.store.poke_watchers()
+        return self.timings
+
+    def reset_faults(self) -> None:
+        self.faults = self.config.faults.model_copy(deep=True)
+        self.timings = self.config.timings.model_copy(deep=True)
+        self.store.poke_watchers()
+
+    def inject_api_fault(self) -> None:
+        """Raise the 503 or 429 the fault rates ask for (one draw per GKE/Compute call)."""
+        f = self.faults
+        if not f.api_error_rate and not f.too_many_requests_rate:
+            return
+        draw = self.rng.random()
+        if draw < f.api_error_rate:
+            raise GoogleError(503, "The service is currently unavailable.", "UNAVAILABLE")
+        if draw < f.api_error_rate + f.too_many_requests_rate:
+            raise GoogleError(
+                429, "Too many operations: the request rate for this cluster is limited. Try again later.",
+                "RESOURCE_EXHAUSTED",
+            )
+
+    # ---- GKE-facing views ----------------------------------------------------------------------
+    def reservation_machine_type(self) -> str | None:
+        res = self.config.reservation
+        if res is None:
+            return None
+        return res.machine_type or family_for_type(self.config.tpu_type).host_machine
+
+    def reservation_json(self) -> dict[str, Any]:
+        c = self.config
+        res = c.reservation
+        assert res is not None
+        zone_url = f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.location}"
+        return {
+            "kind": "compute#reservation",
+            "id": str(int(hashlib.sha256(f"{c.project}/{c.location}/{res.name}".encode()).hexdigest()[:15], 16)),
+            "name": res.name,
+            "zone": zone_url,
+            "selfLink": f"{zone_url}/reservations/{res.name}",
+            "specificReservationRequired": True,
+            "specificReservation": {
+                "count": str(res.count),
+                "inUseCount": str(self.pools.reservation_in_use()),
+                "instanceProperties": {"machineType": self.reservation_machine_type()},
+            },
+            "status": "READY",
+        }
+
+    def cluster_json(self, ca_b64: str, enums_as_int: bool) -> dict[str, Any]:
+        c = self.config
+        host = self.kube_url.split("://", 1)[-1]
+        return {
+            "name": c.name,
+            "location": c.location,
+            "zone": c.location,
+            "endpoint": host,
+            "masterAuth": {"clusterCaCertificate": ca_b64},
+            "status": 2 if enums_as_int else "RUNNING",
+            "currentMasterVersion": "1.33.5-gke.1080000",
+            "currentNodeVersion": "1.33.5-gke.1080000",
+            "selfLink": (
+                f"https://container.googleapis.com/v1/projects/{c.project}/locations/{c.location}/clusters/{c.name}"
+            ),
+            "locations": [c.location],
+            "workloadIdentityConfig": {"workloadPool": f"{c.project}.svc.id.goog"},
+            "resourceLabels": {"falcon-sim": "true", "registry-status": c.status},
+            "nodePools": [p.to_json(self, enums_as_int) for p in self.pools.visible()],
+        }
+
+    # ---- nodes (called by NodePools) -----------------------------------------------------------
+    def add_node(self, pool: NodePool) -> str:
+        self._node_seq += 1
+        digest = "".join(self.rng.choice("0123456789abcdef") for _ in range(8))
+        tail = "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(4))
+        name = f"gke-{self.config.name[:16]}-{pool.name[:20]}-{digest}-{tail}"
+        self.store.create("nodes", node_object(self, pool, name, self._node_seq))
+        return name
+
+    def remove_node(self, name: str) -> None:
+        for pod in list(self.store.list("pods")):
+            if (pod.get("spec") or {}).get("nodeName") == name:
+                md = pod["metadata"]
+                self.store.delete("pods", md["namespace"], md["name"])
+        self.store.delete("nodes", "", name)
+
+    # ---- accounting ----------------------------------------------------------------------------
+    def refresh_idle(self) -> None:
+        running_nodes = {
+            (p.get("spec") or {}).get("nodeName")
+            for p in self.store.list("pods")
+            if (p.get("status") or {}).get("phase") == "Running"
+        }
+        now = self.mono()
+        for pool in self.pools.history:
+            idle = pool.billed and not any(n in running_nodes for n in pool.node_names)
+            if idle and pool.idle_since is None:
+                pool.idle_since = now
+            elif not idle and pool.idle_since is not None:
+                pool.idle_seconds += now - pool.idle_since
+                pool.idle_since = None
+
+    def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
+        md = job["metadata"]
+        key = (md.get("namespace", ""), md["name"])
+        rec = self.job_records.get(key)
+        if rec is None:
+            rec = self.job_records[key] = {
+                "name": md["name"],
+                "namespace": key[0],
+                "creates": 0,
+                "first_created_at": time.time(),
+            }
+        rec["creates"] += 1
+        rec["manifest"] = clone(manifest)
+        rec["last_created_at"] = time.time()
+        rec["uid"] = md["uid"]
+
+    def record_event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        md = obj["metadata"]
+        ns = md.get("namespace") or "default"
+        suffix = "".join(self.rng.choice("0123456789abcdef") for _ in range(16))
+        now = rfc3339()
+        event = {
+            "metadata": {"name": f"{md['name']}.{suffix}", "namespace": ns},
+            "involvedObject": {
+                "kind": obj.get("kind"),
+                "apiVersion": obj.get("apiVersion"),
+                "namespace": ns,
+                "name": md["name"],
+                "uid": md.get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": etype,
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "source": {"component": "falcon-sim"},
+            "reportingComponent": "falcon-sim",
+        }
+        self.store.create("events", event)
+        self._event_names.append((ns, event["metadata"]["name"]))
+        while len(self._event_names) > MAX_EVENTS:
+            old_ns, old_name = self._event_names.pop(0)
+            self.store.delete("events", old_ns, old_name)
+
+    def idle_chip_seconds(self) -> float:
+        now = self.mono()
+        total = 0.0
+        for pool in self.pools.history:
+            idle = pool.idle_seconds + (now - pool.idle_since if pool.idle_since is not None else 0.0)
+            total += idle * pool.chips
+        return round(total, 3)
+
+    def stats(self) -> dict[str, Any]:
+        self.refresh_idle()
+        c = self.config
+        pools = self.pools.stats()
+        jobs = sorted(self.job_records.values(), key=lambda r: r["first_created_at"])
+        return {
+            "project": c.project,
+            "location": c.location,
+            "status": c.status,
+            "tpu_type": c.tpu_type,
+            "chips": c.chips,
+            "chips_committed": self.pools.chips_committed(),
+            "reservation": (
+                {"name": c.reservation.name, "count": c.reservation.count, "in_use": self.pools.reservation_in_use()}
+                if c.reservation
+                else None
+            ),
+            **pools,
+            "jobs": [clone(r) for r in jobs],
+            "idle_chip_seconds": self.idle_chip_seconds(),
+            "kubernetes": {
+                "resource_version": self.store.rv,
+                "open_watches": self.store.watcher_count,
+                "objects": {p: self.store.count(p) for p in ("jobs", "pods", "nodes", "services", "events")},
+            },
+            "faults": self.faults.model_dump(),
+            "timings": self.timings.model_dump(),
+        }

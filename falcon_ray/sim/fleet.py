@@ -1,0 +1,230 @@
+"""Fleet file: the YAML that describes a simulated fleet, validated by pydantic.
+
+Contract
+--------
+``load_fleet(path)`` reads a YAML fleet file (``None`` -> the built-in
+``default_fleet.yaml`` shipped in this package) and returns a validated
+:class:`FleetConfig`, or raises :class:`FleetConfigError` whose message lists
+every problem as ``location: reason`` (e.g. ``clusters[0].chips: Input should
+be greater than or equal to 0``). Every model forbids unknown keys, so a typo
+in a fleet file is an error, not a silently ignored setting.
+
+The same :class:`Faults` and :class:`Timings` models validate the runtime
+control calls (``SimFleet.set_faults`` / ``set_timings`` and the
+``POST /sim/clusters/{name}/faults|timings`` endpoints), so a fault can only be
+set to a value the fleet file would also accept. All durations are seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# GKE resource names: lower-case letter first, then letters, digits and dashes, no trailing dash.
+_GKE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+# Compute resource names (reservations): same shape, up to 63 characters.
+_COMPUTE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+KNOWN_TPU_TYPES = ("v5e", "v5p", "v6e", "v7x")
+
+
+class FleetConfigError(ValueError):
+    """The fleet file could not be read or is invalid; the message says where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Timings(_Strict):
+    """How long simulated things take, in seconds (scaled down from real minutes)."""
+
+    node_pool_create: float = Field(2.0, ge=0, description="create call -> operation DONE, pool RUNNING")
+    node_register: float = Field(1.0, ge=0, description="pool RUNNING -> its v1 Nodes appear Ready")
+    flex_visibility_lag: float = Field(
+        1.0, ge=0, description="flex-start pools answer 404 to get/list this long after the create call"
+    )
+    node_pool_delete: float = Field(1.0, ge=0, description="delete call -> pool, nodes and pods gone")
+    pod_start: float = Field(0.1, ge=0, description="pod bound to a node -> container Running")
+    watch_bookmark_interval: float = Field(
+        5.0, gt=0, description="period of BOOKMARK events on watches that allow them"
+    )
+
+
+class Faults(_Strict):
+    """Injected failures; all can be changed while the fleet runs."""
+
+    api_error_rate: float = Field(0.0, ge=0, le=1, description="fraction of GKE/Compute calls answered 503")
+    too_many_requests_rate: float = Field(
+        0.0, ge=0, le=1, description="fraction of GKE/Compute calls answered 429"
+    )
+    create_error: str | None = Field(
+        None, description="when set, every node-pool create ends as a DONE operation with this error"
+    )
+    watch_drop_every: float | None = Field(
+        None, gt=0, description="cut every watch stream this many seconds after it opened"
+    )
+    token_ttl: float | None = Field(
+        None, gt=0, description="this cluster rejects tokens older than this (seconds since issue)"
+    )
+    deny_images: list[str] = Field(
+        default_factory=list, description="image prefixes an admission webhook refuses"
+    )
+
+    @model_validator(mode="after")
+    def _rates_fit(self) -> Faults:
+        if self.api_error_rate + self.too_many_requests_rate > 1.0:
+            raise ValueError("api_error_rate + too_many_requests_rate must not exceed 1.0")
+        return self
+
+
+class ReservationConfig(_Strict):
+    """A specific Compute reservation in the cluster's zone."""
+
+    name: str
+    count: int = Field(ge=0, description="size of the reservation in VMs (TPU hosts)")
+    machine_type: str | None = Field(
+        None, description="machine type the reservation holds; default: the 4-chip type of tpu_type"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, v: str) -> str:
+        if not _COMPUTE_NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid reservation name (lower-case letters, digits, dashes)")
+        return v
+
+
+class ClusterConfig(_Strict):
+    """One simulated GKE cluster: its identity, capacity, timings and faults."""
+
+    name: str
+    project: str
+    location: str = Field(description="zone, e.g. us-east5-b (node pools and reservation live here)")
+    tpu_type: str = "v6e"
+    gcs_bucket: str | None = None
+    status: Literal["active", "maintenance", "offline"] = "active"
+    reservation: ReservationConfig | None = None
+    chips: int = Field(64, ge=0, description="TPU chips available to on-demand, spot and flex-start pools")
+    timings: Timings = Field(default_factory=Timings)
+    faults: Faults = Field(default_factory=Faults)
+    watch_history: int = Field(
+        1000, ge=1, description="watch events kept for resumption; older resourceVersions get 410"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, v: str) -> str:
+        if not _GKE_NAME.match(v):
+            raise ValueError(
+                f"{v!r} is not a valid GKE cluster name (1-40 lower-case letters, digits, dashes; "
+                "starts with a letter)"
+            )
+        return v
+
+    @field_validator("tpu_type")
+    @classmethod
+    def _known_tpu(cls, v: str) -> str:
+        if v not in KNOWN_TPU_TYPES:
+            raise ValueError(f"unknown tpu_type {v!r}; allowed: {', '.join(KNOWN_TPU_TYPES)}")
+        return v
+
+    @field_validator("project", "location")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v or "/" in v:
+            raise ValueError("must be a non-empty name without '/'")
+        return v
+
+
+class AuthConfig(_Strict):
+    """Fleet-wide authentication of the GKE, Compute and Kubernetes APIs."""
+
+    required: bool = Field(True, description="false: accept requests without a bearer token")
+    token_ttl: float = Field(3600.0, gt=0, description="expires_in of tokens the metadata server hands out")
+
+
+class MetadataConfig(_Strict):
+    """Identity the metadata server reports (the controller's Workload Identity)."""
+
+    project_id: str = "falcon-central"
+    numeric_project_id: str = "100000000001"
+    service_account: str = "falcon-controller@falcon-central.iam.gserviceaccount.com"
+    zone: str = "us-central1-a"
+
+
+class FleetConfig(_Strict):
+    """The whole simulated fleet."""
+
+    seed: int = 0
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    metadata: MetadataConfig = Field(default_factory=MetadataConfig)
+    clusters: list[ClusterConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> FleetConfig:
+        names = [c.name for c in self.clusters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"cluster names must be unique; repeated: {', '.join(dupes)}")
+        seen: dict[tuple[str, str, str], str] = {}
+        for c in self.clusters:
+            if c.reservation is None:
+                continue
+            key = (c.project, c.location, c.reservation.name)
+            if key in seen:
+                raise ValueError(
+                    f"reservation {c.reservation.name!r} in {c.project}/{c.location} is declared by both "
+                    f"{seen[key]} and {c.name}"
+                )
+            seen[key] = c.name
+        return self
+
+    def cluster(self, name: str) -> ClusterConfig:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ""
+        for part in e["loc"]:
+            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+        lines.append(f"  {where or '(top level)'}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_fleet(data: object, source: str = "fleet") -> FleetConfig:
+    """Validate already-parsed YAML/JSON data as a fleet."""
+    if not isinstance(data, dict):
+        raise FleetConfigError(f"{source}: the top level must be a mapping with a 'clusters' list")
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as e:
+        raise FleetConfigError(f"{source} is not a valid fleet:\n{_format_errors(e)}") from None
+
+
+def load_fleet(path: str | None) -> FleetConfig:
+    """Load a fleet file; ``None`` loads the built-in two-cluster default fleet."""
+    if path is None:
+        text = resources.files("falcon_ray.sim").joinpath("default_fleet.yaml").read_text("utf-8")
+        source = "built-in default fleet"
+    else:
+        try:
+            text = Path(path).read_text("utf-8")
+        except OSError as e:
+            raise FleetConfigError(f"cannot read fleet file {path}: {e.strerror or e}") from None
+        source = path
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise FleetConfigError(f"{source} is not valid YAML: {e}") from None
+    return parse_fleet(data, source)

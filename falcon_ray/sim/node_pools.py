@@ -1,0 +1,546 @@
+"""Node pools and their long-running operations on one simulated GKE cluster.
+
+Contract
+--------
+:class:`NodePools` is the GKE side of a :class:`~falcon_ray.sim.cluster.SimCluster`:
+
+* ``create(request)`` validates a NodePool body as GKE would (400
+  INVALID_ARGUMENT for a bad name or an inconsistent TPU size, 409
+  ALREADY_EXISTS for a taken name, 400 FAILED_PRECONDITION "Cluster is running
+  incompatible operation ..." while another pool operation runs) and returns a
+  RUNNING :class:`Operation`. ``timings.node_pool_create`` later the operation
+  is DONE and the pool RUNNING, or - when the cluster is out of chips, the
+  reservation is short, or the ``create_error`` fault is set - the operation
+  is DONE with ``error`` and the pool stays in status ERROR (this is how GKE
+  reports quota and stockouts found mid-create; the pool must be deleted).
+* ``timings.node_register`` after RUNNING, one v1 Node per host appears in the
+  cluster's Kubernetes store.
+* ``delete(name)`` moves the pool to STOPPING and returns a RUNNING operation;
+  ``timings.node_pool_delete`` later nodes, the pods on them and the pool are gone.
+* Flex-start pools are hidden from ``get``/``visible`` for
+  ``timings.flex_visibility_lag`` after the create call returned.
+* Capacity: reservation pools (SPECIFIC_RESERVATION affinity) count hosts
+  against the reservation from the create call until their deletion finishes;
+  all other TPU pools count chips against the cluster's ``chips`` for the same
+  span. Failed (ERROR) pools hold nothing.
+* ``max_concurrent_pool_ops`` records the most pool operations that were
+  running or attempted at the same moment: a create/delete refused because
+  another one runs counts as 2, so it stays 1 only if the caller serializes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import GoogleError
+from .kube_store import clone, rfc3339
+from .machines import TpuFamily, chips_per_host, default_topology, tpu_family
+
+if TYPE_CHECKING:
+    from .cluster import SimCluster
+
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+GKE_VERSION = "1.33.5-gke.1080000"
+
+_POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+# proto enum numbers (google.container.v1); the client sends and accepts either form
+POOL_STATUS = {"PROVISIONING": 1, "RUNNING": 2, "RUNNING_WITH_ERROR": 3, "RECONCILING": 4, "STOPPING": 5, "ERROR": 6}
+OP_STATUS = {"PENDING": 1, "RUNNING": 2, "DONE": 3, "ABORTING": 4}
+OP_TYPE = {"CREATE_NODE_POOL": 7, "DELETE_NODE_POOL": 8}
+RESERVATION_TYPE = {
+    0: "UNSPECIFIED",
+    1: "NO_RESERVATION",
+    2: "ANY_RESERVATION",
+    3: "SPECIFIC_RESERVATION",
+    4: "ANY_RESERVATION_THEN_FAIL",
+}
+TAINT_EFFECT = {1: "NoSchedule", 2: "PreferNoSchedule", 3: "NoExecute"}
+TAINT_EFFECT_NAMES = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+
+# google.rpc.Code values used in operation errors
+CODE_NOT_FOUND = 5
+CODE_RESOURCE_EXHAUSTED = 8
+CODE_FAILED_PRECONDITION = 9
+
+
+def enum_name(value: Any, numbers: dict[int, str]) -> str:
+    """An enum given as int or name, as its name ('' when unset or unknown)."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, int):
+        return numbers.get(value, "")
+    if isinstance(value, str):
+        return value
+    return ""
+
+
+def google_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _int_field(value: Any, where: str) -> int:
+    if value is None:
+        return 0
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise GoogleError(400, f"Invalid value at '{where}': {value!r} is not an integer") from None
+    if out < 0:
+        raise GoogleError(400, f"Invalid value at '{where}': must not be negative")
+    return out
+
+
+@dataclass
+class Operation:
+    name: str
+    op_type: str  # CREATE_NODE_POOL | DELETE_NODE_POOL
+    pool: str
+    cluster: SimCluster
+    started_at: float  # wall clock
+    status: str = "RUNNING"
+    ended_at: float | None = None
+    error: dict[str, Any] | None = None
+
+    def to_json(self, enums_as_int: bool) -> dict[str, Any]:
+        c = self.cluster.config
+        base = f"projects/{c.project}/locations/{c.location}"
+        body: dict[str, Any] = {
+            "name": self.name,
+            "zone": c.location,
+            "location": c.location,
+            "operationType": OP_TYPE[self.op_type] if enums_as_int else self.op_type,
+            "status": OP_STATUS[self.status] if enums_as_int else self.status,
+            "selfLink": f"https://container.googleapis.com/v1/{base}/operations/{self.name}",
+            "targetLink": f"https://container.googleapis.com/v1/{base}/clusters/{c.name}/nodePools/{self.pool}",
+            "startTime": google_time(self.started_at),
+        }
+        if self.ended_at is not None:
+            body["endTime"] = google_time(self.ended_at)
+        if self.error is not None:
+            body["error"] = dict(self.error)
+            body["statusMessage"] = self.error["message"]
+        return body
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "operation": self.name,
+            "type": self.op_type,
+            "pool": self.pool,
+            "status": self.status,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "error": dict(self.error) if self.error else None,
+        }
+
+
+@dataclass
+class NodePool:
+    name: str
+    request: dict[str, Any]  # the NodePool JSON exactly as received
+    supply: str  # reservation | flex-start | spot | on-demand
+    machine_type: str
+    family: TpuFamily | None
+    hosts: int
+    chips_per_host: int
+    topology: str | None
+    reservation: str | None
+    created_at: float  # wall clock of the create call
+    visible_after: float  # monotonic; get/list answer 404 before this
+    status: str = "PROVISIONING"
+    status_message: str = ""
+    ready_at: float | None = None
+    delete_requested_at: float | None = None
+    deleted_at: float | None = None
+    error: dict[str, Any] | None = None
+    doomed: dict[str, Any] | None = None  # error decided at create time, reported when the op ends
+    node_names: list[str] = field(default_factory=list)
+    idle_since: float | None = None  # monotonic
+    idle_seconds: float = 0.0
+
+    @property
+    def chips(self) -> int:
+        return self.hosts * self.chips_per_host
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self.deleted_at is None and self.doomed is None and self.status != "ERROR"
+
+    @property
+    def billed(self) -> bool:
+        """VMs exist: from RUNNING until the deletion has finished."""
+        return self.status in ("RUNNING", "STOPPING") and self.deleted_at is None
+
+    def to_json(self, cluster: SimCluster, enums_as_int: bool) -> dict[str, Any]:
+        c = cluster.config
+        body = clone(self.request)
+        body["name"] = self.name
+        body.setdefault("config", {}).setdefault("machineType", self.machine_type)
+        body.setdefault("locations", [c.location])
+        body["initialNodeCount"] = self.request.get("initialNodeCount", 0)
+        body["selfLink"] = (
+            f"https://container.googleapis.com/v1/projects/{c.project}/locations/{c.location}"
+            f"/clusters/{c.name}/nodePools/{self.name}"
+        )
+        body["version"] = GKE_VERSION
+        body["status"] = POOL_STATUS[self.status] if enums_as_int else self.status
+        if self.status_message:
+            body["statusMessage"] = self.status_message
+        body["instanceGroupUrls"] = [
+            f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.location}"
+            f"/instanceGroupManagers/gke-{c.name[:20]}-{self.name[:20]}-grp"
+        ]
+        body.setdefault("podIpv4CidrSize", 24)
+        body["etag"] = f"sim-{int(self.created_at * 1000)}-{self.status.lower()}"
+        return body
+
+    def stats(self, now_mono: float) -> dict[str, Any]:
+        idle = self.idle_seconds + (now_mono - self.idle_since if self.idle_since is not None else 0.0)
+        return {
+            "name": self.name,
+            "request": clone(self.request),
+            "created_at": self.created_at,
+            "ready_at": self.ready_at,
+            "delete_requested_at": self.delete_requested_at,
+            "deleted_at": self.deleted_at,
+            "status": "DELETED" if self.deleted_at is not None else self.status,
+            "supply": self.supply,
+            "machine_type": self.machine_type,
+            "hosts": self.hosts,
+            "chips": self.chips,
+            "topology": self.topology,
+            "reservation": self.reservation,
+            "error": dict(self.error) if self.error else None,
+            "nodes": list(self.node_names),
+            "idle_chip_seconds": round(idle * self.chips, 3),
+        }
+
+
+class NodePools:
+    """All node pools (alive and deleted) and pool operations of one cluster."""
+
+    def __init__(self, cluster: SimCluster):
+        self.cluster = cluster
+        self.pools: dict[str, NodePool] = {}  # alive pools by name (ERROR pools included)
+        self.history: list[NodePool] = []  # every pool ever accepted, for stats
+        self.operations: dict[str, Operation] = {}
+        self.running_op: Operation | None = None
+        self.max_concurrent_ops = 0
+        self.rejected_ops = 0
+
+    # ---- queries -------------------------------------------------------------------------------
+    def visible(self) -> list[NodePool]:
+        now = self.cluster.mono()
+        return [p for n, p in sorted(self.pools.items()) if now >= p.visible_after]
+
+    def get(self, name: str) -> NodePool:
+        pool = self.pools.get(name)
+        if pool is None or self.cluster.mono() < pool.visible_after:
+            c = self.cluster.config
+            raise GoogleError(
+                404,
+                f"Not found: projects/{c.project}/locations/{c.location}/clusters/{c.name}/nodePools/{name}.",
+            )
+        return pool
+
+    def chips_committed(self) -> int:
+        return sum(p.chips for p in self.pools.values() if p.holds_capacity and p.supply != "reservation")
+
+    def reservation_in_use(self) -> int:
+        return sum(p.hosts for p in self.pools.values() if p.holds_capacity and p.supply == "reservation")
+
+    # ---- create --------------------------------------------------------------------------------
+    def create(self, body: dict[str, Any]) -> Operation:
+        request = body.get("nodePool")
+        if not isinstance(request, dict):
+            raise GoogleError(400, "Invalid request: 'nodePool' must be an object.")
+        name = request.get("name")
+        if not isinstance(name, str) or not _POOL_NAME.match(name):
+            raise GoogleError(
+                400,
+                f"Invalid node pool name {name!r}: must be 1-40 lower-case letters, digits or dashes, "
+                "start with a letter and not end with a dash.",
+            )
+        pool = self._describe(name, request)
+        if name in self.pools:
+            c = self.cluster.config
+            raise GoogleError(
+                409,
+                f"Already exists: projects/{c.project}/locations/{c.location}/clusters/{c.name}/nodePools/{name}.",
+            )
+        self._claim_operation_slot()
+        pool.doomed = self._capacity_error(pool)
+        op = self._start_op("CREATE_NODE_POOL", name)
+        self.pools[name] = pool
+        self.history.append(pool)
+        self.cluster.call_later(self.cluster.timings.node_pool_create, self._finish_create, pool, op)
+        return op
+
+    def _describe(self, name: str, request: dict[str, Any]) -> NodePool:
+        """Validate the request and work out supply, size and placement."""
+        c = self.cluster.config
+        config = request.get("config") or {}
+        if not isinstance(config, dict):
+            raise GoogleError(400, "Invalid value at 'node_pool.config': must be an object.")
+        machine_type = config.get("machineType") or "e2-medium"
+        family = tpu_family(machine_type)
+        per_host = chips_per_host(machine_type)
+        locations = request.get("locations") or [c.location]
+        if locations != [c.location]:
+            raise GoogleError(
+                400,
+                f"Invalid node locations {locations}: cluster {c.name} is zonal in {c.location}.",
+            )
+        initial = _int_field(request.get("initialNodeCount"), "node_pool.initial_node_count")
+        flex = bool(config.get("flexStart"))
+        autoscaling = request.get("autoscaling") or {}
+        max_nodes = _int_field(
+            autoscaling.get("totalMaxNodeCount") or autoscaling.get("maxNodeCount"),
+            "node_pool.autoscaling.total_max_node_count",
+        )
+        hosts = initial if initial > 0 else (max_nodes if flex else 0)
+
+        affinity = config.get("reservationAffinity") or {}
+        affinity_type = enum_name(affinity.get("consumeReservationType"), RESERVATION_TYPE)
+        reservation = None
+        if affinity_type == "SPECIFIC_RESERVATION":
+            values = affinity.get("values") or []
+            if affinity.get("key") != RESERVATION_KEY or len(values) != 1:
+                raise GoogleError(
+                    400,
+                    "Invalid reservation affinity: SPECIFIC_RESERVATION needs "
+                    f"key '{RESERVATION_KEY}' and exactly one reservation name in 'values'.",
+                )
+            reservation = values[0].rsplit("/", 1)[-1]
+            if flex:
+                raise GoogleError(400, "Flex-start node pools cannot consume a specific reservation.")
+        spot = bool(config.get("spot") or config.get("preemptible"))
+        supply = "reservation" if reservation else "flex-start" if flex else "spot" if spot else "on-demand"
+
+        labels = config.get("labels") or {}
+        topology = None
+        if family is not None:
+            placement = request.get("placementPolicy") or {}
+            topology = placement.get("tpuTopology") or labels.get(TOPOLOGY_LABEL)
+            if topology:
+                try:
+                    topo_chips = 1
+                    for side in topology.split("x"):
+                        topo_chips *= int(side)
+                except ValueError:
+                    raise GoogleError(400, f"Invalid TPU topology {topology!r}.") from None
+                expected_hosts = max(1, topo_chips // per_host) if per_host else 0
+                if hosts != expected_hosts:
+                    raise GoogleError(
+                        400,
+                        f"Invalid node pool size: TPU topology {topology} with machine type {machine_type} "
+                        f"needs {expected_hosts} node(s), but the request has {hosts}.",
+                    )
+            else:
+                topology = default_topology(family, hosts * per_host or per_host)
+
+        now_mono = self.cluster.mono()
+        lag = self.cluster.timings.flex_visibility_lag if flex else 0.0
+        return NodePool(
+            name=name,
+            request=clone(request),
+            supply=supply,
+            machine_type=machine_type,
+            family=family,
+            hosts=hosts,
+            chips_per_host=per_host,
+            topology=topology,
+            reservation=reservation,
+            created_at=time.time(),
+            visible_after=now_mono + lag,
+        )
+
+    def _capacity_error(self, pool: NodePool) -> dict[str, Any] | None:
+        """The error this create will end with (None if it fits)."""
+        c = self.cluster.config
+        faults = self.cluster.faults
+        if faults.create_error:
+            return {"code": CODE_RESOURCE_EXHAUSTED, "message": faults.create_error}
+        if pool.supply == "reservation":
+            res = c.reservation
+            if res is None or res.name != pool.reservation:
+                return {
+                    "code": CODE_NOT_FOUND,
+                    "message": (
+                        f"Reservation 'projects/{c.project}/zones/{c.location}/reservations/{pool.reservation}' "
+                        "was not found."
+                    ),
+                }
+            res_machine = self.cluster.reservation_machine_type()
+            if res_machine != pool.machine_type:
+                return {
+                    "code": CODE_FAILED_PRECONDITION,
+                    "message": (
+                        f"Reservation {res.name} holds {res_machine} VMs; the node pool asks for {pool.machine_type}."
+                    ),
+                }
+            free = res.count - self.reservation_in_use()
+            if pool.hosts > free:
+                return {
+                    "code": CODE_RESOURCE_EXHAUSTED,
+                    "message": (
+                        f"Reservation {res.name} does not have enough resources: {pool.hosts} VM(s) requested, "
+                        f"{free} of {res.count} available."
+                    ),
+                }
+            return None
+        free_chips = c.chips - self.chips_committed()
+        if pool.chips > free_chips:
+            return {
+                "code": CODE_RESOURCE_EXHAUSTED,
+                "message": (
+                    f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone '{c.location}' does not have enough resources "
+                    f"available to fulfill the request ({pool.machine_type} x {pool.hosts}; stockout). "
+                    "Try a different zone, or try again later."
+                ),
+            }
+        return None
+
+    def _finish_create(self, pool: NodePool, op: Operation) -> None:
+        if pool.doomed is not None:
+            pool.status = "ERROR"
+            pool.error = pool.doomed
+            pool.doomed = None
+            pool.status_message = pool.error["message"]
+            self._end_op(op, pool.error)
+            return
+        pool.status = "RUNNING"
+        pool.ready_at = time.time()
+        self._end_op(op, None)
+        self.cluster.refresh_idle()
+        self.cluster.call_later(self.cluster.timings.node_register, self._register_nodes, pool)
+
+    def _register_nodes(self, pool: NodePool) -> None:
+        if pool.status != "RUNNING" or pool.deleted_at is not None:
+            return
+        for _ in range(pool.hosts):
+            pool.node_names.append(self.cluster.add_node(pool))
+
+    # ---- delete --------------------------------------------------------------------------------
+    def delete(self, name: str) -> Operation:
+        pool = self.get(name)
+        self._claim_operation_slot()
+        op = self._start_op("DELETE_NODE_POOL", name)
+        pool.status = "STOPPING"
+        pool.delete_requested_at = time.time()
+        self.cluster.call_later(self.cluster.timings.node_pool_delete, self._finish_delete, pool, op)
+        return op
+
+    def _finish_delete(self, pool: NodePool, op: Operation) -> None:
+        for node in pool.node_names:
+            self.cluster.remove_node(node)
+        pool.deleted_at = time.time()
+        self.pools.pop(pool.name, None)
+        self.cluster.refresh_idle()
+        self._end_op(op, None)
+
+    # ---- operations ----------------------------------------------------------------------------
+    def _claim_operation_slot(self) -> None:
+        if self.running_op is not None:
+            self.max_concurrent_ops = max(self.max_concurrent_ops, 2)
+            self.rejected_ops += 1
+            raise GoogleError(
+                400,
+                f"Cluster is running incompatible operation {self.running_op.name}. "
+                "Please wait and try again.",
+                "FAILED_PRECONDITION",
+            )
+
+    def _start_op(self, op_type: str, pool: str) -> Operation:
+        suffix = "".join(self.cluster.rng.choice("0123456789abcdef") for _ in range(8))
+        name = f"operation-{int(time.time() * 1000)}-{suffix}"
+        op = Operation(name, op_type, pool, self.cluster, started_at=time.time())
+        self.operations[name] = op
+        self.running_op = op
+        self.max_concurrent_ops = max(self.max_concurrent_ops, 1)
+        return op
+
+    def _end_op(self, op: Operation, error: dict[str, Any] | None) -> None:
+        op.status = "DONE"
+        op.ended_at = time.time()
+        op.error = error
+        if self.running_op is op:
+            self.running_op = None
+
+    def stats(self) -> dict[str, Any]:
+        now = self.cluster.mono()
+        return {
+            "node_pools": [p.stats(now) for p in self.history],
+            "pool_ops": [o.stats() for o in self.operations.values()],
+            "max_concurrent_pool_ops": self.max_concurrent_ops,
+            "rejected_pool_ops": self.rejected_ops,
+        }
+
+
+def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int) -> dict[str, Any]:
+    """The v1 Node GKE registers for one host of a pool."""
+    c = cluster.config
+    config = pool.request.get("config") or {}
+    labels: dict[str, str] = {str(k): str(v) for k, v in (config.get("labels") or {}).items()}
+    labels.update(
+        {
+            NODEPOOL_LABEL: pool.name,
+            "cloud.google.com/gke-boot-disk": "pd-balanced",
+            "cloud.google.com/gke-os-distribution": "cos",
+            "kubernetes.io/arch": "amd64",
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/hostname": node_name,
+            "node.kubernetes.io/instance-type": pool.machine_type,
+            "topology.kubernetes.io/zone": c.location,
+            "topology.kubernetes.io/region": c.location.rsplit("-", 1)[0],
+        }
+    )
+    if pool.supply == "spot":
+        labels["cloud.google.com/gke-spot"] = "true"
+    if pool.supply == "flex-start":
+        labels["cloud.google.com/gke-flex-start"] = "true"
+    taints: list[dict[str, str]] = []
+    for t in config.get("taints") or []:
+        effect = t.get("effect")
+        effect_name = TAINT_EFFECT.get(effect) if isinstance(effect, int) else TAINT_EFFECT_NAMES.get(effect)
+        taints.append({"key": t.get("key", ""), "value": t.get("value", ""), "effect": effect_name or "NoSchedule"})
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    if pool.family is not None:
+        labels[ACCELERATOR_LABEL] = pool.family.accelerator
+        labels[TOPOLOGY_LABEL] = pool.topology or ""
+        capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+        capacity[TPU_RESOURCE] = str(pool.chips_per_host)
+        taints.append({"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"})
+    now = rfc3339()
+    ip = f"10.128.{len(cluster.pools.history) % 250}.{index % 250 + 2}"
+    return {
+        "metadata": {"name": node_name, "labels": labels, "annotations": {"sim.falcon/pool": pool.name}},
+        "spec": {
+            "providerID": f"gce://{c.project}/{c.location}/{node_name}",
+            "taints": taints,
+        },
+        "status": {
+            "capacity": dict(capacity),
+            "allocatable": dict(capacity),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": node_name}],
+            "nodeInfo": {"kubeletVersion": "v" + GKE_VERSION.split("-")[0], "architecture": "amd64"},
+        },
+    }

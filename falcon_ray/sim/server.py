@@ -1,0 +1,304 @@
+"""SimFleet: the whole simulated fleet in one process, served on loopback from a background thread.
+
+Contract
+--------
+``SimFleet(config, host="127.0.0.1", port=0)``; ``start()`` runs an asyncio
+loop on a daemon thread, binds every listener and returns :attr:`endpoints`::
+
+    {"gke": "http://127.0.0.1:P", "compute": "http://127.0.0.1:P",
+     "metadata": "127.0.0.1:P", "stats": "http://127.0.0.1:P/sim/stats",
+     "clusters": {NAME: {"project", "location", "kubernetes": "http://127.0.0.1:Q"}}}
+
+GKE, Compute, the metadata server and the control endpoints share port P;
+each cluster's Kubernetes API has its own port Q. ``stop()`` closes open
+watches and listeners and joins the thread; the object is also a context
+manager. The control methods (``stats``, ``set_faults``, ``set_timings``,
+``reset_faults``, ``set_auth``, ``compact_history``) may be called from any
+thread: they run on the fleet's loop and return plain dicts.
+
+Control endpoints on port P (no authentication):
+
+* ``GET  /sim/stats`` - accounting of every cluster (see :meth:`SimFleet.stats`).
+* ``GET  /sim/endpoints``.
+* ``POST /sim/clusters/{name}/faults`` and ``.../timings`` - JSON merged into
+  the current values, validated like the fleet file (400 on a bad key/value).
+* ``POST /sim/clusters/{name}/reset`` - faults and timings back to the fleet file.
+* ``POST /sim/clusters/{name}/compact`` ``{"keep": N}`` - drop watch history
+  (forces 410 Expired for older resourceVersions).
+* ``POST /sim/auth`` ``{"required": bool, "token_ttl": seconds}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from .auth import TokenBook, metadata_routes
+from .cluster import SimCluster
+from .errors import GoogleError, google_errors, json_response, read_json_object
+from .fleet import AuthConfig, FleetConfig
+from .gcp_api import gcp_routes
+from .kube_api import kube_app
+
+
+def _fake_ca_pem() -> str:
+    body = base64.b64encode(secrets.token_bytes(480)).decode()
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
+
+
+class SimFleet:
+    def __init__(self, config: FleetConfig, host: str = "127.0.0.1", port: int = 0):
+        self.config = config
+        self.host = host
+        self.port = port
+        self.book = TokenBook(config.auth)
+        self.ca_pem = _fake_ca_pem()
+        self.ca_b64 = base64.b64encode(self.ca_pem.encode()).decode()
+        self.clusters: dict[str, SimCluster] = {}
+        self.endpoints: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._closing: asyncio.Event | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> dict[str, Any]:
+        if self._thread is not None:
+            return self.endpoints
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="falcon-sim", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the simulated fleet did not start within 30 s")
+        if self._startup_error is not None:
+            self._thread.join(5)
+            self._thread = None
+            raise RuntimeError(f"the simulated fleet failed to start: {self._startup_error}") from self._startup_error
+        return self.endpoints
+
+    def stop(self) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        if self._stop_event is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop_event.set)
+        self._thread.join(15)
+        self._thread = None
+
+    def __enter__(self) -> SimFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as e:  # noqa: BLE001 - reported to start()
+            self._startup_error = e
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        self._closing = asyncio.Event()
+        for index, cfg in enumerate(self.config.clusters):
+            self.clusters[cfg.name] = SimCluster(cfg, index, self.config.seed, loop)
+
+        runners: list[web.AppRunner] = []
+        try:
+            front = web.Application(middlewares=[google_errors], client_max_size=16 * 1024 * 1024)
+            front.add_routes(metadata_routes(self.book, self.config.metadata))
+            front.add_routes(gcp_routes(self))
+            front.add_routes(self._control_routes())
+            port = await self._listen(front, self.port, runners)
+            base = f"http://{self.host}:{port}"
+            clusters: dict[str, Any] = {}
+            for cluster in self.clusters.values():
+                kport = await self._listen(kube_app(cluster, self.book, self._closing), 0, runners)
+                cluster.kube_url = f"http://{self.host}:{kport}"
+                clusters[cluster.config.name] = {
+                    "project": cluster.config.project,
+                    "location": cluster.config.location,
+                    "kubernetes": cluster.kube_url,
+                }
+            self.endpoints = {
+                "gke": base,
+                "compute": base,
+                "metadata": f"{self.host}:{port}",
+                "stats": f"{base}/sim/stats",
+                "clusters": clusters,
+            }
+            self._ready.set()
+            await self._stop_event.wait()
+        finally:
+            self._closing.set()
+            for cluster in self.clusters.values():
+                cluster.store.poke_watchers()
+            await asyncio.sleep(0)
+            for runner in reversed(runners):
+                await runner.cleanup()
+
+    async def _listen(self, app: web.Application, port: int, runners: list[web.AppRunner]) -> int:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, self.host, port)
+        await site.start()
+        return int(runner.addresses[-1][1])
+
+    # ---- thread-safe control -------------------------------------------------------------------
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the simulated fleet is not running; call start() first")
+        if threading.current_thread() is self._thread:
+            return fn(*args, **kwargs)
+
+        async def run() -> Any:
+            return fn(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
+
+    def _cluster(self, name: str) -> SimCluster:
+        try:
+            return self.clusters[name]
+        except KeyError:
+            raise KeyError(f"no simulated cluster named {name!r}; known: {', '.join(self.clusters)}") from None
+
+    def stats(self) -> dict[str, Any]:
+        """``{"clusters": {NAME: {...}}, "tokens_issued": N}``; see docs/sim.md for every field."""
+        return self._call(self._stats)
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            "clusters": {name: c.stats() for name, c in self.clusters.items()},
+            "tokens_issued": self.book.issued_count,
+            "auth": {"required": self.book.required, "token_ttl": self.book.ttl},
+        }
+
+    def set_faults(self, cluster: str, **faults: Any) -> dict[str, Any]:
+        """Merge ``faults`` into the cluster's faults (validated); returns the new faults."""
+        c = self._cluster(cluster)
+        return self._call(lambda: c.set_faults(**faults).model_dump())
+
+    def set_timings(self, cluster: str, **timings: Any) -> dict[str, Any]:
+        c = self._cluster(cluster)
+        return self._call(lambda: c.set_timings(**timings).model_dump())
+
+    def reset_faults(self, cluster: str | None = None) -> None:
+        """Faults and timings of one cluster (or all) back to the fleet file; auth back too when all."""
+        targets = [self._cluster(cluster)] if cluster else list(self.clusters.values())
+
+        def reset() -> None:
+            for c in targets:
+                c.reset_faults()
+            if cluster is None:
+                self.book.required = self.config.auth.required
+                self.book.ttl = self.config.auth.token_ttl
+
+        self._call(reset)
+
+    def set_auth(self, required: bool | None = None, token_ttl: float | None = None) -> dict[str, Any]:
+        def apply() -> dict[str, Any]:
+            merged = AuthConfig(
+                required=self.book.required if required is None else required,
+                token_ttl=self.book.ttl if token_ttl is None else token_ttl,
+            )
+            self.book.required, self.book.ttl = merged.required, merged.token_ttl
+            return merged.model_dump()
+
+        return self._call(apply)
+
+    def compact_history(self, cluster: str, keep: int = 0) -> int:
+        """Drop all but ``keep`` watch-history events; returns the oldest resourceVersion still resumable."""
+        c = self._cluster(cluster)
+
+        def compact() -> int:
+            c.store.compact(keep)
+            return c.store.compacted_rv
+
+        return self._call(compact)
+
+    # ---- control HTTP routes -------------------------------------------------------------------
+    def _control_routes(self) -> list[web.RouteDef]:
+        def cluster_of(request: web.Request) -> SimCluster:
+            name = request.match_info["name"]
+            if name not in self.clusters:
+                raise GoogleError(404, f"no simulated cluster named {name!r}")
+            return self.clusters[name]
+
+        def validated(fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except ValidationError as e:
+                problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+                raise GoogleError(400, problems, "INVALID_ARGUMENT") from None
+
+        async def stats(request: web.Request) -> web.Response:
+            return json_response(self._stats())
+
+        async def endpoints(request: web.Request) -> web.Response:
+            return json_response(self.endpoints)
+
+        async def faults(request: web.Request) -> web.Response:
+            c = cluster_of(request)
+            body = await read_json_object(request, "google")
+            return json_response(validated(lambda: c.set_faults(**body).model_dump()))
+
+        async def timings(request: web.Request) -> web.Response:
+            c = cluster_of(request)
+            body = await read_json_object(request, "google")
+            return json_response(validated(lambda: c.set_timings(**body).model_dump()))
+
+        async def reset(request: web.Request) -> web.Response:
+            c = cluster_of(request)
+            c.reset_faults()
+            return json_response({"faults": c.faults.model_dump(), "timings": c.timings.model_dump()})
+
+        async def compact(request: web.Request) -> web.Response:
+            c = cluster_of(request)
+            body = await read_json_object(request, "google")
+            keep = body.get("keep", 0)
+            if not isinstance(keep, int) or keep < 0:
+                raise GoogleError(400, "'keep' must be a non-negative integer")
+            c.store.compact(keep)
+            return json_response({"compacted_resource_version": c.store.compacted_rv})
+
+        async def auth(request: web.Request) -> web.Response:
+            body = await read_json_object(request, "google")
+            unknown = set(body) - {"required", "token_ttl"}
+            if unknown:
+                raise GoogleError(400, f"unknown auth keys: {', '.join(sorted(unknown))}")
+
+            def apply() -> dict[str, Any]:
+                merged = AuthConfig(
+                    required=body.get("required", self.book.required), token_ttl=body.get("token_ttl", self.book.ttl)
+                )
+                self.book.required, self.book.ttl = merged.required, merged.token_ttl
+                return merged.model_dump()
+
+            return json_response(validated(apply))
+
+        return [
+            web.get("/sim/stats", stats),
+            web.get("/sim/endpoints", endpoints),
+            web.post("/sim/clusters/{name}/faults", faults),
+            web.post("/sim/clusters/{name}/timings", timings),
+            web.post("/sim/clusters/{name}/reset", reset),
+            web.post("/sim/clusters/{name}/compact", compact),
+            web.post("/sim/auth", auth),
+        ]

@@ -352,7 +352,7 @@ def _container_env(task_id: int, spec: TaskSpec, capture: bool) -> list[dict[str
 
 
 def _resources(spec: TaskSpec) -> dict[str, Any]:
-    amounts: dict[str, Any] = {TPU_RESOURCE: spec.shape.chips_per_host}
+    amounts: dict[str, Any] = {TPU_RESOURCE: str(spec.shape.chips_per_host)}  # quantities are strings
     if spec.cpu:
         amounts["cpu"] = spec.cpu
     if spec.memory:

@@ -233,7 +233,7 @@ def test_job_manifest_matches_the_catalogue(shape):
     }
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert container["resources"]["limits"] == {
-        "google.com/tpu": shape.chips_per_host,
+        "google.com/tpu": str(shape.chips_per_host),
         "cpu": "8",
         "memory": "64Gi",
     }

@@ -186,7 +186,10 @@ def _describe(err: ValidationError) -> str:
             msg = "unknown field (not allowed in a task spec)"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        parts.append(f"{loc}: {msg}")
+        if not e["loc"] and re.match(r"^[a-z_]+: ", msg):
+            parts.append(msg)  # a whole-spec check that already names its field
+        else:
+            parts.append(f"{loc}: {msg}")
     return "; ".join(parts)
 
 

@@ -190,3 +190,13 @@ def test_random_values_under_real_field_names(value):
 @given(st.text(max_size=60) | st.binary(max_size=60))
 def test_random_text_and_bytes(raw):
     _only_taskspec_or_specerror(raw)
+
+
+@pytest.mark.parametrize(
+    "raw,prefix",
+    [(with_(topology="3x3"), "topology: "), (with_(command=[]), "command: "), (with_(image="B A D"), "image: ")],
+)
+def test_message_leads_with_the_field(raw, prefix):
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    assert str(err.value).startswith(prefix), str(err.value)

@@ -29,6 +29,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 
 from falcon_ray import lifecycle as lc
@@ -529,28 +532,43 @@ class Store:
         return r[0] if r else ""
 
     def set_last_granted(self, cluster_id: str, topology: str, actor: str) -> None:
+        """Upsert the queue's last-granted actor in one statement.
+
+        An UPDATE-then-INSERT in one transaction deadlocks on InnoDB when two writers
+        race on a missing row (both hold the gap lock), which also drops the savepoint;
+        the dialects' native upserts are atomic."""
         q = t.queue_state
         now = self.clock()
-        with self.engine.begin() as c:
-            res = c.execute(
-                q.update()
-                .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
-                .values(last_granted_actor=actor, updated_at=now)
+        values = dict(cluster_id=cluster_id, topology=topology, last_granted_actor=actor, updated_at=now)
+        name = self.engine.dialect.name
+        if name in ("mysql", "mariadb"):
+            stmt = mysql_insert(q).values(**values)
+            stmt = stmt.on_duplicate_key_update(last_granted_actor=actor, updated_at=now)
+        elif name in ("sqlite", "postgresql"):
+            ins = sqlite_insert if name == "sqlite" else pg_insert
+            stmt = ins(q).values(**values)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[q.c.cluster_id, q.c.topology],
+                set_=dict(last_granted_actor=actor, updated_at=now),
             )
-            if res.rowcount == 0:
-                try:
-                    with c.begin_nested():
-                        c.execute(
-                            q.insert().values(
-                                cluster_id=cluster_id, topology=topology, last_granted_actor=actor, updated_at=now
-                            )
-                        )
-                except sa.exc.IntegrityError:
-                    c.execute(
-                        q.update()
-                        .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
-                        .values(last_granted_actor=actor, updated_at=now)
-                    )
+        else:  # pragma: no cover - the dialects above are the ones Falcon supports
+            with self.engine.begin() as c:
+                res = c.execute(
+                    q.update()
+                    .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
+                    .values(last_granted_actor=actor, updated_at=now)
+                )
+                if res.rowcount == 0:
+                    c.execute(q.insert().values(**values))
+            return
+        for attempt in range(3):
+            try:
+                with self.engine.begin() as c:
+                    c.execute(stmt)
+                return
+            except sa.exc.OperationalError as e:  # a deadlock victim may simply retry
+                if attempt == 2 or "1213" not in str(getattr(e, "orig", e)):
+                    raise
 
     # --- leader lease ----------------------------------------------------------------
 

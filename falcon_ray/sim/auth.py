@@ -37,7 +37,10 @@ from aiohttp import web
 from .fleet import AuthConfig, MetadataConfig
 
 FLAVOR = {"Metadata-Flavor": "Google"}
-DEFAULT_SCOPES = ["https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/userinfo.email"]
+DEFAULT_SCOPES = [
+    "https://www.googleapis.com/auth/cloud-platform",
+    "https://www.googleapis.com/auth/userinfo.email",
+]
 
 
 @dataclass
@@ -96,7 +99,10 @@ def metadata_routes(book: TokenBook, meta: MetadataConfig) -> list[web.RouteDef]
     def flavor_missing(request: web.Request) -> web.Response | None:
         if request.headers.get("Metadata-Flavor") != "Google":
             return web.Response(
-                status=403, text="Missing required header: Metadata-Flavor", headers=FLAVOR, content_type="text/plain"
+                status=403,
+                text="Missing required header: Metadata-Flavor",
+                headers=FLAVOR,
+                content_type="text/plain",
             )
         return None
 

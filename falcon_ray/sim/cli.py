@@ -29,11 +29,21 @@ def sim() -> None:
 
 
 @sim.command()
-@click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False), default=None,
-              help="Fleet YAML file (default: the built-in two-cluster fleet).")
+@click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Fleet YAML file (default: the built-in two-cluster fleet).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
-              help="Port of the GKE/Compute/metadata/control API (0: any free port).")
+@click.option(
+    "--port",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port of the GKE/Compute/metadata/control API (0: any free port).",
+)
 def serve(fleet_path: str | None, host: str, port: int) -> None:
     """Serve the simulated fleet until SIGINT/SIGTERM; the first stdout line is the endpoints JSON."""
     from .server import SimFleet

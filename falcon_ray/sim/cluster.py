@@ -99,7 +99,8 @@ class SimCluster:
             raise GoogleError(503, "The service is currently unavailable.", "UNAVAILABLE")
         if draw < f.api_error_rate + f.too_many_requests_rate:
             raise GoogleError(
-                429, "Too many operations: the request rate for this cluster is limited. Try again later.",
+                429,
+                "Too many operations: the request rate for this cluster is limited. Try again later.",
                 "RESOURCE_EXHAUSTED",
             )
 
@@ -117,7 +118,9 @@ class SimCluster:
         zone_url = f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.location}"
         return {
             "kind": "compute#reservation",
-            "id": str(int(hashlib.sha256(f"{c.project}/{c.location}/{res.name}".encode()).hexdigest()[:15], 16)),
+            "id": str(
+                int(hashlib.sha256(f"{c.project}/{c.location}/{res.name}".encode()).hexdigest()[:15], 16)
+            ),
             "name": res.name,
             "zone": zone_url,
             "selfLink": f"{zone_url}/reservations/{res.name}",
@@ -249,7 +252,11 @@ class SimCluster:
             "chips": c.chips,
             "chips_committed": self.pools.chips_committed(),
             "reservation": (
-                {"name": c.reservation.name, "count": c.reservation.count, "in_use": self.pools.reservation_in_use()}
+                {
+                    "name": c.reservation.name,
+                    "count": c.reservation.count,
+                    "in_use": self.pools.reservation_in_use(),
+                }
                 if c.reservation
                 else None
             ),

@@ -152,7 +152,9 @@ async def kube_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             msg = "the server could not find the requested resource"
         else:
             msg = e.reason or "error"
-        return json_response(kube_status(e.status, KUBE_REASON_BY_CODE.get(e.status, "Unknown"), msg), e.status)
+        return json_response(
+            kube_status(e.status, KUBE_REASON_BY_CODE.get(e.status, "Unknown"), msg), e.status
+        )
     except Exception:  # noqa: BLE001 - the server must answer, not die
         log.exception("sim: unhandled error on %s %s", request.method, request.path)
         return json_response(kube_status(500, "InternalError", "internal error in the simulator"), 500)

@@ -52,11 +52,17 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
     def known_project(project: str) -> None:
         if not any(c.config.project == project for c in fleet.clusters.values()):
             raise GoogleError(
-                403, f"Permission denied on resource project {project} (or it may not exist).", "PERMISSION_DENIED"
+                403,
+                f"Permission denied on resource project {project} (or it may not exist).",
+                "PERMISSION_DENIED",
             )
 
     def find_cluster(request: web.Request) -> SimCluster:
-        p, loc, name = request.match_info["project"], request.match_info["location"], request.match_info["cluster"]
+        p, loc, name = (
+            request.match_info["project"],
+            request.match_info["location"],
+            request.match_info["cluster"],
+        )
         cluster = fleet.clusters.get(name)
         found = cluster is not None and cluster.config.project == p and cluster.config.location == loc
         authenticate(request, cluster if found else None)
@@ -104,10 +110,15 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
         return json_response(op.to_json(enums_as_int(request)))
 
     async def get_operation(request: web.Request) -> web.Response:
-        p, loc, name = request.match_info["project"], request.match_info["location"], request.match_info["operation"]
+        p, loc, name = (
+            request.match_info["project"],
+            request.match_info["location"],
+            request.match_info["operation"],
+        )
         owner = next(
             (
-                c for c in fleet.clusters.values()
+                c
+                for c in fleet.clusters.values()
                 if c.config.project == p and c.config.location == loc and name in c.pools.operations
             ),
             None,
@@ -135,8 +146,11 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
     def reservation_owner(request: web.Request, name: str | None) -> list[SimCluster]:
         p, zone = request.match_info["project"], request.match_info["zone"]
         owners = [
-            c for c in fleet.clusters.values()
-            if c.config.project == p and c.config.location == zone and c.config.reservation is not None
+            c
+            for c in fleet.clusters.values()
+            if c.config.project == p
+            and c.config.location == zone
+            and c.config.reservation is not None
             and (name is None or c.config.reservation.name == name)
         ]
         authenticate(request, owners[0] if owners else None)
@@ -148,7 +162,9 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
         owners = reservation_owner(request, name)
         if not owners:
             p, zone = request.match_info["project"], request.match_info["zone"]
-            raise GoogleError(404, f"The resource 'projects/{p}/zones/{zone}/reservations/{name}' was not found")
+            raise GoogleError(
+                404, f"The resource 'projects/{p}/zones/{zone}/reservations/{name}' was not found"
+            )
         owners[0].inject_api_fault()
         return json_response(owners[0].reservation_json())
 
@@ -156,7 +172,9 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
         owners = reservation_owner(request, None)
         for c in owners:
             c.inject_api_fault()
-        return json_response({"kind": "compute#reservationList", "items": [c.reservation_json() for c in owners]})
+        return json_response(
+            {"kind": "compute#reservationList", "items": [c.reservation_json() for c in owners]}
+        )
 
     base = "/v1/projects/{project}/locations/{location}"
     cluster_path = base + "/clusters/{cluster}"

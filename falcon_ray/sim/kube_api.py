@@ -61,7 +61,14 @@ PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 WEBHOOK = "policy.example.com"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "generation", "selfLink")
+_SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "generation",
+    "selfLink",
+)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -142,7 +149,9 @@ def json_patch(doc: Any, ops: list[Any]) -> Any:
         try:
             doc = _apply_one(doc, op)
         except (KeyError, IndexError, ValueError, TypeError):
-            raise KubeError(422, f"JSON patch operation {op['op']} does not apply at {op['path']!r}") from None
+            raise KubeError(
+                422, f"JSON patch operation {op['op']} does not apply at {op['path']!r}"
+            ) from None
     return doc
 
 
@@ -166,13 +175,21 @@ def _invalid(rk: ResourceKind, name: str, field: str, reason: str, detail: str) 
         422,
         message,
         "Invalid",
-        {"name": name, "group": _group(rk), "kind": rk.kind, "causes": [{"reason": reason, "message": detail, "field": field}]},
+        {
+            "name": name,
+            "group": _group(rk),
+            "kind": rk.kind,
+            "causes": [{"reason": reason, "message": detail, "field": field}],
+        },
     )
 
 
 def _not_found(rk: ResourceKind, name: str) -> KubeError:
     return KubeError(
-        404, f'{_qualified(rk)} "{name}" not found', "NotFound", {"name": name, "group": _group(rk), "kind": rk.plural}
+        404,
+        f'{_qualified(rk)} "{name}" not found',
+        "NotFound",
+        {"name": name, "group": _group(rk), "kind": rk.plural},
     )
 
 
@@ -204,7 +221,9 @@ class KubeApi:
                 raise KubeError(401, "Unauthorized", "Unauthorized")
         return await handler(request)
 
-    def _resolve(self, api_version: str, rest: str) -> tuple[ResourceKind, str | None, str | None, str | None]:
+    def _resolve(
+        self, api_version: str, rest: str
+    ) -> tuple[ResourceKind, str | None, str | None, str | None]:
         parts = [p for p in rest.split("/")]
         if parts and parts[-1] == "":
             parts.pop()
@@ -271,7 +290,9 @@ class KubeApi:
                 return await self._patch(request, rk, key_ns, name, sub)
             if method == "DELETE" and sub is None:
                 return await self._delete(request, rk, key_ns, name)
-        raise KubeError(405, "the server does not allow this method on the requested resource", "MethodNotAllowed")
+        raise KubeError(
+            405, "the server does not allow this method on the requested resource", "MethodNotAllowed"
+        )
 
     # ---- reading -------------------------------------------------------------------------------
     def _get(self, rk: ResourceKind, ns: str, name: str) -> dict[str, Any]:
@@ -293,7 +314,8 @@ class KubeApi:
     def _list(self, request: web.Request, rk: ResourceKind, ns: str | None) -> web.Response:
         labels, fields = self._selectors(request)
         items = [
-            o for o in self.store.list(rk.plural, ns)
+            o
+            for o in self.store.list(rk.plural, ns)
             if labels.matches(o["metadata"].get("labels")) and fields.matches(o)
         ]
         metadata: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
@@ -316,7 +338,9 @@ class KubeApi:
                 metadata["continue"] = base64.urlsafe_b64encode(json.dumps(key).encode()).decode()
                 metadata["remainingItemCount"] = len(items) - limit
                 items = items[:limit]
-        return json_response({"kind": rk.list_kind, "apiVersion": rk.api_version, "metadata": metadata, "items": items})
+        return json_response(
+            {"kind": rk.list_kind, "apiVersion": rk.api_version, "metadata": metadata, "items": items}
+        )
 
     def _pod_log(self, request: web.Request, ns: str, name: str) -> web.Response:
         pod = self._get(RESOURCES["pods"], ns, name)
@@ -326,20 +350,24 @@ class KubeApi:
         if status is None:
             names = [c.get("name") for c in pod["spec"].get("containers") or []]
             if container and container not in names:
-                raise KubeError(400, f'container {container} is not valid for pod {name}', "BadRequest")
-            raise KubeError(400, f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+                raise KubeError(400, f"container {container} is not valid for pod {name}", "BadRequest")
+            raise KubeError(
+                400, f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+            )
         waiting = (status.get("state") or {}).get("waiting")
         if waiting:
             raise KubeError(
-                400, f'container "{container}" in pod "{name}" is waiting to start: {waiting.get("reason", "")}'
+                400,
+                f'container "{container}" in pod "{name}" is waiting to start: {waiting.get("reason", "")}',
             )
         lines = [
-            line for line in self.cluster.workloads.logs.get(pod["metadata"]["uid"], [])
+            line
+            for line in self.cluster.workloads.logs.get(pod["metadata"]["uid"], [])
             if f" container {container} " in line
         ]
         tail = request.query.get("tailLines")
         if tail and tail.isdigit():
-            lines = lines[-int(tail):] if int(tail) else []
+            lines = lines[-int(tail) :] if int(tail) else []
         return web.Response(text="".join(line + "\n" for line in lines), content_type="text/plain")
 
     async def _namespaces(self, request: web.Request, name: str | None) -> web.Response:
@@ -359,7 +387,9 @@ class KubeApi:
                 raise KubeError(422, f'Namespace "{new}" is invalid: metadata.name: Invalid value', "Invalid")
             return json_response(ns_obj(new), 201)
         if request.method != "GET":
-            raise KubeError(405, "the server does not allow this method on the requested resource", "MethodNotAllowed")
+            raise KubeError(
+                405, "the server does not allow this method on the requested resource", "MethodNotAllowed"
+            )
         if name is not None:
             return json_response(ns_obj(name))
         names = {"default", "kube-system"}
@@ -368,7 +398,12 @@ class KubeApi:
                 names.update(o["metadata"].get("namespace", "") for o in self.store.list(plural))
         items = [ns_obj(n) for n in sorted(n for n in names if n)]
         return json_response(
-            {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+            {
+                "kind": "NamespaceList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": items,
+            }
         )
 
     # ---- writing -------------------------------------------------------------------------------
@@ -380,7 +415,9 @@ class KubeApi:
                 f"({rk.api_version})",
             )
         if "kind" in body and body["kind"] != rk.kind:
-            raise KubeError(400, f"the kind in the data ({body['kind']}) does not match the expected kind ({rk.kind})")
+            raise KubeError(
+                400, f"the kind in the data ({body['kind']}) does not match the expected kind ({rk.kind})"
+            )
         md = body.get("metadata")
         if md is None:
             md = body["metadata"] = {}
@@ -389,7 +426,8 @@ class KubeApi:
         if rk.namespaced:
             if md.get("namespace") not in (None, "", ns):
                 raise KubeError(
-                    400, "the namespace of the provided object does not match the namespace sent on the request"
+                    400,
+                    "the namespace of the provided object does not match the namespace sent on the request",
                 )
             md["namespace"] = ns
         for key in ("labels", "annotations"):
@@ -397,7 +435,13 @@ class KubeApi:
             if value is not None and (
                 not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
             ):
-                raise _invalid(rk, str(md.get("name", "")), f"metadata.{key}", "FieldValueInvalid", "values must be strings")
+                raise _invalid(
+                    rk,
+                    str(md.get("name", "")),
+                    f"metadata.{key}",
+                    "FieldValueInvalid",
+                    "values must be strings",
+                )
         return md
 
     def _admit(self, rk: ResourceKind, name: str, pod_spec: dict[str, Any]) -> None:
@@ -420,19 +464,28 @@ class KubeApi:
             raise _invalid(rk, name, f"{field}.containers", "FieldValueRequired", "Required value")
         for i, c in enumerate(containers):
             if not isinstance(c, dict) or not c.get("name"):
-                raise _invalid(rk, name, f"{field}.containers[{i}].name", "FieldValueRequired", "Required value")
+                raise _invalid(
+                    rk, name, f"{field}.containers[{i}].name", "FieldValueRequired", "Required value"
+                )
             if not c.get("image"):
-                raise _invalid(rk, name, f"{field}.containers[{i}].image", "FieldValueRequired", "Required value")
+                raise _invalid(
+                    rk, name, f"{field}.containers[{i}].image", "FieldValueRequired", "Required value"
+                )
             env = c.get("env")
             if env is not None and (not isinstance(env, list) or not all(isinstance(e, dict) for e in env)):
-                raise _invalid(rk, name, f"{field}.containers[{i}].env", "FieldValueInvalid", "must be a list of objects")
+                raise _invalid(
+                    rk, name, f"{field}.containers[{i}].env", "FieldValueInvalid", "must be a list of objects"
+                )
         return spec
 
     def _default_job(self, body: dict[str, Any], name: str, uid: str) -> None:
         rk = RESOURCES["jobs"]
         if len(name) > 63 or not _DNS_LABEL.match(name):
             raise _invalid(
-                rk, name, "metadata.name", "FieldValueInvalid",
+                rk,
+                name,
+                "metadata.name",
+                "FieldValueInvalid",
                 f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric '
                 "characters or '-', and must start and end with an alphanumeric character (at most 63 characters)",
             )
@@ -454,13 +507,21 @@ class KubeApi:
         for key in ("parallelism", "completions", "backoffLimit", "activeDeadlineSeconds"):
             value = spec.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise _invalid(rk, name, f"spec.{key}", "FieldValueInvalid", "must be greater than or equal to 0")
+                raise _invalid(
+                    rk, name, f"spec.{key}", "FieldValueInvalid", "must be greater than or equal to 0"
+                )
         mode = spec.setdefault("completionMode", "NonIndexed")
         if mode not in ("NonIndexed", "Indexed"):
-            raise _invalid(rk, name, "spec.completionMode", "FieldValueNotSupported", f'Unsupported value: "{mode}"')
+            raise _invalid(
+                rk, name, "spec.completionMode", "FieldValueNotSupported", f'Unsupported value: "{mode}"'
+            )
         if mode == "Indexed" and spec.get("completions") is None:
             raise _invalid(
-                rk, name, "spec.completions", "FieldValueRequired", "Required value: when completion mode is Indexed"
+                rk,
+                name,
+                "spec.completions",
+                "FieldValueRequired",
+                "Required value: when completion mode is Indexed",
             )
         if spec.get("completions") is None and spec.get("parallelism") is None:
             spec["completions"] = 1
@@ -473,7 +534,9 @@ class KubeApi:
         tlabels = tmd.setdefault("labels", {})
         if not spec.get("manualSelector"):
             spec["selector"] = {"matchLabels": {CONTROLLER_UID_LABEL: uid}}
-            tlabels.update({CONTROLLER_UID_LABEL: uid, JOB_NAME_LABEL: name, "controller-uid": uid, "job-name": name})
+            tlabels.update(
+                {CONTROLLER_UID_LABEL: uid, JOB_NAME_LABEL: name, "controller-uid": uid, "job-name": name}
+            )
         md = body["metadata"]
         if not md.get("labels"):
             md["labels"] = dict(tlabels)
@@ -489,7 +552,13 @@ class KubeApi:
     def _default_service(self, body: dict[str, Any]) -> None:
         spec = body.setdefault("spec", {})
         if not isinstance(spec, dict):
-            raise _invalid(RESOURCES["services"], body["metadata"]["name"], "spec", "FieldValueInvalid", "must be an object")
+            raise _invalid(
+                RESOURCES["services"],
+                body["metadata"]["name"],
+                "spec",
+                "FieldValueInvalid",
+                "must be an object",
+            )
         spec.setdefault("type", "ClusterIP")
         if spec.get("clusterIP") in (None, ""):
             self._service_ips += 1
@@ -508,13 +577,20 @@ class KubeApi:
             prefix = md.get("generateName")
             if not prefix:
                 raise _invalid(
-                    rk, "", "metadata.name", "FieldValueRequired", "Required value: name or generateName is required"
+                    rk,
+                    "",
+                    "metadata.name",
+                    "FieldValueRequired",
+                    "Required value: name or generateName is required",
                 )
             suffix = "".join(self.cluster.rng.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
             name = md["name"] = f"{prefix}{suffix}"
         if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
             raise _invalid(
-                rk, str(name), "metadata.name", "FieldValueInvalid",
+                rk,
+                str(name),
+                "metadata.name",
+                "FieldValueInvalid",
                 f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
                 "characters, '-' or '.', and must start and end with an alphanumeric character",
             )
@@ -543,7 +619,8 @@ class KubeApi:
             new_md = new["metadata"] = {}
         if new_md.get("name", md["name"]) != md["name"]:
             raise KubeError(
-                400, f"the name of the object ({new_md.get('name')}) does not match the name on the URL ({md['name']})"
+                400,
+                f"the name of the object ({new_md.get('name')}) does not match the name on the URL ({md['name']})",
             )
         rv = new_md.get("resourceVersion")
         if rv not in (None, "") and str(rv) != md["resourceVersion"]:
@@ -566,8 +643,14 @@ class KubeApi:
                     result["metadata"][key] = value
             result["kind"], result["apiVersion"] = rk.kind, rk.api_version
             if rk.plural in ("jobs", "pods"):
-                spec_path = result.get("spec", {}).get("template", {}).get("spec") if rk.plural == "jobs" else result.get("spec")
-                self._validate_pod_spec(rk, md["name"], spec_path, "spec.template.spec" if rk.plural == "jobs" else "spec")
+                spec_path = (
+                    result.get("spec", {}).get("template", {}).get("spec")
+                    if rk.plural == "jobs"
+                    else result.get("spec")
+                )
+                self._validate_pod_spec(
+                    rk, md["name"], spec_path, "spec.template.spec" if rk.plural == "jobs" else "spec"
+                )
         for key in ("namespace", "uid", "creationTimestamp"):
             if key in md:
                 result["metadata"][key] = md[key]
@@ -575,13 +658,17 @@ class KubeApi:
             return current
         return self.store.update(rk.plural, result, current)
 
-    async def _replace(self, request: web.Request, rk: ResourceKind, ns: str, name: str, sub: str | None) -> web.Response:
+    async def _replace(
+        self, request: web.Request, rk: ResourceKind, ns: str, name: str, sub: str | None
+    ) -> web.Response:
         current = self._get(rk, ns, name)
         body = await read_json_object(request, "kube")
         self._check_body_identity(rk, body, ns)
         return json_response(self._apply_update(rk, current, body, sub))
 
-    async def _patch(self, request: web.Request, rk: ResourceKind, ns: str, name: str, sub: str | None) -> web.Response:
+    async def _patch(
+        self, request: web.Request, rk: ResourceKind, ns: str, name: str, sub: str | None
+    ) -> web.Response:
         current = self._get(rk, ns, name)
         ctype = request.content_type
         raw = await request.read()
@@ -599,7 +686,8 @@ class KubeApi:
             new = json_patch(current, patch)
         else:
             raise KubeError(
-                415, "the body of the request was in an unknown format - accepted media types include: "
+                415,
+                "the body of the request was in an unknown format - accepted media types include: "
                 "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
                 "UnsupportedMediaType",
             )
@@ -620,8 +708,10 @@ class KubeApi:
         policy = opts.get("propagationPolicy")
         if policy not in (None, "Orphan", "Background", "Foreground"):
             raise KubeError(
-                422, f'DeleteOptions.propagationPolicy: Unsupported value: "{policy}": supported values: '
-                '"Foreground", "Background", "Orphan"', "Invalid",
+                422,
+                f'DeleteOptions.propagationPolicy: Unsupported value: "{policy}": supported values: '
+                '"Foreground", "Background", "Orphan"',
+                "Invalid",
             )
         if opts.get("orphanDependents") is True and policy is None:
             opts["propagationPolicy"] = "Orphan"
@@ -641,8 +731,8 @@ class KubeApi:
                 "Conflict",
             )
         deleted = self._delete_one(rk, ns, name, opts.get("propagationPolicy") or "Background")
-        if rk.plural == "pods":
-            return json_response(deleted)
+        if rk.plural in ("pods", "services"):
+            return json_response(deleted)  # the API answers these deletes with the object
         return json_response(
             {
                 "kind": "Status",
@@ -666,13 +756,20 @@ class KubeApi:
         labels, fields = self._selectors(request)
         policy = request.query.get("propagationPolicy") or "Background"
         victims = [
-            o for o in self.store.list(rk.plural, ns)
+            o
+            for o in self.store.list(rk.plural, ns)
             if labels.matches(o["metadata"].get("labels")) and fields.matches(o)
         ]
         for o in victims:
             self._delete_one(rk, o["metadata"].get("namespace", ""), o["metadata"]["name"], policy)
         return json_response(
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": {"kind": rk.plural}}
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"kind": rk.plural},
+            }
         )
 
     # ---- watch ---------------------------------------------------------------------------------
@@ -777,7 +874,9 @@ class KubeApi:
             store.unsubscribe(watcher)
 
     @staticmethod
-    async def _drain(watcher: Any, view: Callable[[WatchEvent], bytes | None], resp: web.StreamResponse, floor: int) -> None:
+    async def _drain(
+        watcher: Any, view: Callable[[WatchEvent], bytes | None], resp: web.StreamResponse, floor: int
+    ) -> None:
         while not watcher.queue.empty():
             ev = watcher.queue.get_nowait()
             if ev is None or ev.rv <= floor:
@@ -791,7 +890,15 @@ class KubeApi:
         md: dict[str, Any] = {"resourceVersion": str(rv)}
         if initial_end:
             md["annotations"] = {"k8s.io/initial-events-end": "true"}
-        return json.dumps({"type": "BOOKMARK", "object": {"kind": rk.kind, "apiVersion": rk.api_version, "metadata": md}}).encode() + b"\n"
+        return (
+            json.dumps(
+                {
+                    "type": "BOOKMARK",
+                    "object": {"kind": rk.kind, "apiVersion": rk.api_version, "metadata": md},
+                }
+            ).encode()
+            + b"\n"
+        )
 
     async def _expired(self, request: web.Request, since: int) -> web.StreamResponse:
         status = {
@@ -835,7 +942,9 @@ class KubeApi:
     async def discovery(self, request: web.Request) -> web.Response:
         path = request.path.rstrip("/")
         if path == "/api":
-            return json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+            return json_response(
+                {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+            )
         if path == "/apis":
             return json_response(
                 {
@@ -864,7 +973,9 @@ class KubeApi:
         ]
         if not resources:
             raise web.HTTPNotFound()
-        return json_response({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+        return json_response(
+            {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+        )
 
 
 def kube_app(cluster: SimCluster, book: TokenBook, closing: asyncio.Event) -> web.Application:
@@ -873,7 +984,16 @@ def kube_app(cluster: SimCluster, book: TokenBook, closing: asyncio.Event) -> we
     app.router.add_get("/version", api.version)
     for path in ("/healthz", "/livez", "/readyz"):
         app.router.add_get(path, api.health)
-    for path in ("/api", "/api/", "/apis", "/apis/", "/api/v1", "/api/v1/", "/apis/batch/v1", "/apis/batch/v1/"):
+    for path in (
+        "/api",
+        "/api/",
+        "/apis",
+        "/apis/",
+        "/api/v1",
+        "/api/v1/",
+        "/apis/batch/v1",
+        "/apis/batch/v1/",
+    ):
         app.router.add_get(path, api.discovery)
     app.router.add_route("*", "/api/v1/{rest:.+}", api.core)
     app.router.add_route("*", "/apis/{group}/{version}/{rest:.+}", api.grouped)

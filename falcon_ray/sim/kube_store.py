@@ -131,7 +131,7 @@ class ObjectStore:
         if key in self._objects[plural]:
             raise KubeError(
                 409,
-                f'{rk.plural}{"." + rk.api_version.split("/")[0] if "/" in rk.api_version else ""} '
+                f"{rk.plural}{'.' + rk.api_version.split('/')[0] if '/' in rk.api_version else ''} "
                 f'"{md["name"]}" already exists',
                 "AlreadyExists",
                 {"name": md["name"], "kind": rk.plural},
@@ -159,7 +159,9 @@ class ObjectStore:
         self._emit(WatchEvent(self.rv, "MODIFIED", plural, clone(obj), prev))
         return obj
 
-    def mutate(self, plural: str, namespace: str, name: str, change: Callable[[dict[str, Any]], None]) -> bool:
+    def mutate(
+        self, plural: str, namespace: str, name: str, change: Callable[[dict[str, Any]], None]
+    ) -> bool:
         """Apply ``change`` to a copy of the object; store it only if something changed. True if stored."""
         current = self.get(plural, namespace, name)
         if current is None:

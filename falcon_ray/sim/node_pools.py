@@ -53,7 +53,14 @@ GKE_VERSION = "1.33.5-gke.1080000"
 _POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 # proto enum numbers (google.container.v1); the client sends and accepts either form
-POOL_STATUS = {"PROVISIONING": 1, "RUNNING": 2, "RUNNING_WITH_ERROR": 3, "RECONCILING": 4, "STOPPING": 5, "ERROR": 6}
+POOL_STATUS = {
+    "PROVISIONING": 1,
+    "RUNNING": 2,
+    "RUNNING_WITH_ERROR": 3,
+    "RECONCILING": 4,
+    "STOPPING": 5,
+    "ERROR": 6,
+}
 OP_STATUS = {"PENDING": 1, "RUNNING": 2, "DONE": 3, "ABORTING": 4}
 OP_TYPE = {"CREATE_NODE_POOL": 7, "DELETE_NODE_POOL": 8}
 RESERVATION_TYPE = {
@@ -64,7 +71,11 @@ RESERVATION_TYPE = {
     4: "ANY_RESERVATION_THEN_FAIL",
 }
 TAINT_EFFECT = {1: "NoSchedule", 2: "PreferNoSchedule", 3: "NoExecute"}
-TAINT_EFFECT_NAMES = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+TAINT_EFFECT_NAMES = {
+    "NO_SCHEDULE": "NoSchedule",
+    "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+    "NO_EXECUTE": "NoExecute",
+}
 
 # google.rpc.Code values used in operation errors
 CODE_NOT_FOUND = 5
@@ -511,7 +522,9 @@ def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int)
     for t in config.get("taints") or []:
         effect = t.get("effect")
         effect_name = TAINT_EFFECT.get(effect) if isinstance(effect, int) else TAINT_EFFECT_NAMES.get(effect)
-        taints.append({"key": t.get("key", ""), "value": t.get("value", ""), "effect": effect_name or "NoSchedule"})
+        taints.append(
+            {"key": t.get("key", ""), "value": t.get("value", ""), "effect": effect_name or "NoSchedule"}
+        )
     capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
     if pool.family is not None:
         labels[ACCELERATOR_LABEL] = pool.family.accelerator
@@ -541,6 +554,17 @@ def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int)
                 }
             ],
             "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": node_name}],
-            "nodeInfo": {"kubeletVersion": "v" + GKE_VERSION.split("-")[0], "architecture": "amd64"},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": node_name + "-boot",
+                "containerRuntimeVersion": "containerd://2.0.6",
+                "kernelVersion": "6.6.93+",
+                "kubeProxyVersion": "v" + GKE_VERSION,
+                "kubeletVersion": "v" + GKE_VERSION,
+                "machineID": node_name + "-machine",
+                "operatingSystem": "linux",
+                "osImage": "Container-Optimized OS from Google",
+                "systemUUID": node_name + "-uuid",
+            },
         },
     }

@@ -107,18 +107,26 @@ def parse_label_selector(text: str | None) -> LabelSelector:
         if m:
             values = tuple(_check_value(v.strip(), clause) for v in m["vals"].split(",") if v.strip())
             if not values:
-                raise ValueError(f"unable to parse requirement: {m['op']} needs at least one value in {clause!r}")
+                raise ValueError(
+                    f"unable to parse requirement: {m['op']} needs at least one value in {clause!r}"
+                )
             reqs.append(Requirement(_check_key(m["key"], clause), m["op"], values))
             continue
         if "!=" in clause:
             key, value = clause.split("!=", 1)
-            reqs.append(Requirement(_check_key(key.strip(), clause), "!=", (_check_value(value.strip(), clause),)))
+            reqs.append(
+                Requirement(_check_key(key.strip(), clause), "!=", (_check_value(value.strip(), clause),))
+            )
         elif "==" in clause:
             key, value = clause.split("==", 1)
-            reqs.append(Requirement(_check_key(key.strip(), clause), "=", (_check_value(value.strip(), clause),)))
+            reqs.append(
+                Requirement(_check_key(key.strip(), clause), "=", (_check_value(value.strip(), clause),))
+            )
         elif "=" in clause:
             key, value = clause.split("=", 1)
-            reqs.append(Requirement(_check_key(key.strip(), clause), "=", (_check_value(value.strip(), clause),)))
+            reqs.append(
+                Requirement(_check_key(key.strip(), clause), "=", (_check_value(value.strip(), clause),))
+            )
         elif clause.startswith("!"):
             reqs.append(Requirement(_check_key(clause[1:].strip(), clause), "!"))
         else:
@@ -198,12 +206,9 @@ def node_matches(pod_spec: dict[str, Any], node: dict[str, Any]) -> bool:
     for key, value in (pod_spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
             return False
-    required = (
-        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    )
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms") or []
     if terms:
         return any(

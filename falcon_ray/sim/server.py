@@ -83,7 +83,9 @@ class SimFleet:
         if self._startup_error is not None:
             self._thread.join(5)
             self._thread = None
-            raise RuntimeError(f"the simulated fleet failed to start: {self._startup_error}") from self._startup_error
+            raise RuntimeError(
+                f"the simulated fleet failed to start: {self._startup_error}"
+            ) from self._startup_error
         return self.endpoints
 
     def stop(self) -> None:
@@ -177,7 +179,9 @@ class SimFleet:
         try:
             return self.clusters[name]
         except KeyError:
-            raise KeyError(f"no simulated cluster named {name!r}; known: {', '.join(self.clusters)}") from None
+            raise KeyError(
+                f"no simulated cluster named {name!r}; known: {', '.join(self.clusters)}"
+            ) from None
 
     def stats(self) -> dict[str, Any]:
         """``{"clusters": {NAME: {...}}, "tokens_issued": N}``; see docs/sim.md for every field."""
@@ -245,7 +249,9 @@ class SimFleet:
             try:
                 return fn()
             except ValidationError as e:
-                problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+                problems = "; ".join(
+                    f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()
+                )
                 raise GoogleError(400, problems, "INVALID_ARGUMENT") from None
 
         async def stats(request: web.Request) -> web.Response:
@@ -286,7 +292,8 @@ class SimFleet:
 
             def apply() -> dict[str, Any]:
                 merged = AuthConfig(
-                    required=body.get("required", self.book.required), token_ttl=body.get("token_ttl", self.book.ttl)
+                    required=body.get("required", self.book.required),
+                    token_ttl=body.get("token_ttl", self.book.ttl),
                 )
                 self.book.required, self.book.ttl = merged.required, merged.token_ttl
                 return merged.model_dump()

@@ -248,13 +248,14 @@ class Workloads:
         now = rfc3339()
         if not suspended and not status.get("startTime"):
             status["startTime"] = now
-            self.cluster.record_event(job, "Normal", "Started", "Job started")
 
         finish: tuple[str, str, str] | None = None
         deadline = spec.get("activeDeadlineSeconds")
         if track.failed > backoff_limit:
             finish = ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-        elif deadline is not None and status.get("startTime") and self._job_age(job, status) >= float(deadline):
+        elif (
+            deadline is not None and status.get("startTime") and self._job_age(job, status) >= float(deadline)
+        ):
             finish = ("Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
         elif indexed and completions is not None and len(track.succeeded_indexes) >= int(completions):
             finish = ("Complete", "CompletionsReached", "Reached expected number of succeeded pods")
@@ -403,7 +404,9 @@ class Workloads:
             if self.store.get("pods", pod["metadata"]["namespace"], pod["metadata"]["name"]) is None:
                 break
         created = self.store.create("pods", pod)
-        self.cluster.record_event(job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
+        self.cluster.record_event(
+            job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}"
+        )
         return created
 
     # ---- scheduler -----------------------------------------------------------------------------
@@ -431,7 +434,9 @@ class Workloads:
                     reasons["node(s) didn't match Pod's node affinity/selector"] += 1
                     continue
                 blocking = [
-                    t for t in (node.get("spec") or {}).get("taints") or [] if not tolerates(spec, t, requested)
+                    t
+                    for t in (node.get("spec") or {}).get("taints") or []
+                    if not tolerates(spec, t, requested)
                 ]
                 if blocking:
                     t = blocking[0]
@@ -483,7 +488,11 @@ class Workloads:
         md = pod["metadata"]
         node_name = node["metadata"]["name"]
         host_ip = next(
-            (a["address"] for a in node.get("status", {}).get("addresses", []) if a.get("type") == "InternalIP"),
+            (
+                a["address"]
+                for a in node.get("status", {}).get("addresses", [])
+                if a.get("type") == "InternalIP"
+            ),
             "",
         )
         now = rfc3339()
@@ -515,7 +524,9 @@ class Workloads:
         self.cluster.record_event(
             pod, "Normal", "Scheduled", f"Successfully assigned {md['namespace']}/{md['name']} to {node_name}"
         )
-        self.cluster.call_later(self.cluster.timings.pod_start, self._start_pod, md["namespace"], md["name"], md["uid"])
+        self.cluster.call_later(
+            self.cluster.timings.pod_start, self._start_pod, md["namespace"], md["name"], md["uid"]
+        )
 
     # ---- kubelet -------------------------------------------------------------------------------
     def _live_pod(self, ns: str, name: str, uid: str) -> dict[str, Any] | None:
@@ -541,7 +552,13 @@ class Workloads:
             st["podIPs"] = [{"ip": ip}]
             st["conditions"] = [
                 {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
-                for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+                for t in (
+                    "PodReadyToStartContainers",
+                    "Initialized",
+                    "Ready",
+                    "ContainersReady",
+                    "PodScheduled",
+                )
             ]
             for cs in st.get("containerStatuses") or []:
                 cs["state"] = {"running": {"startedAt": now}}

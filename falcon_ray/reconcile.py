@@ -253,12 +253,15 @@ class _Decider:
         self.lease_by_task = {l.task_id: l for l in q.leases if l.state in HELD and l.task_id is not None}
         self.idle = [l for l in q.leases if l.state == LeaseState.IDLE]
         self.claimed: set[int] = set()
-        held = set(self.lease_by_task)
-        # tasks that will need a pool: Waiting ones and acquiring ones with no lease yet
+        ready = {
+            tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)
+        }
+        # tasks that would take an idle pool now: Waiting ones, and acquiring ones whose own
+        # pool is not ready yet (they switch to an idle pool, original section 5)
         self.demand = {
             t.id
             for t in q.tasks
-            if t.phase == lc.WAITING or (t.phase in lc.ACQUIRING_PHASES and t.id not in held)
+            if t.phase == lc.WAITING or (t.phase in lc.ACQUIRING_PHASES and t.phase != lc.DISPATCHING and t.id not in ready)
         }
         self.kept = 0  # pools kept idle this tick
 

@@ -299,3 +299,17 @@ def test_every_decided_transition_is_in_the_lifecycle_table(src):
             for e in g.effects:
                 if isinstance(e, Transition):
                     assert all(lc.allowed(s, e.to) for s in e.expect), (s, e)
+
+
+def test_finished_pool_is_kept_for_an_acquiring_task_whose_own_pool_is_not_ready():
+    running = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=10)
+    acquiring = task(2, "bob", phase=lc.WAITING_FOR_NODE, pool="falcon-t2-2x2")
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1), lease(2, "falcon-t2-2x2", LeaseState.CREATING, 2)]
+    view = ClusterView(
+        jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Succeeded", 0, 0, 1)},
+        pools={"falcon-t2-2x2": PoolView("falcon-t2-2x2", "RUNNING", 0, 0)},
+    )
+    g = decide(state([running, acquiring], ls), view, NOW, S)
+    moves = {(e.name, e.to) for e in effects(g, MoveLease)}
+    assert ("falcon-t1-2x2", LeaseState.IDLE) in moves
+    assert not effects(g, DeletePool)

@@ -545,7 +545,9 @@ class JobWatcher:
         self._watches += 1
         if self._watches > 1:
             self.reconnects += 1
-        w = watch.Watch()
+        # return_type=object: events stay the server's JSON; no client-side model validation
+        # that could refuse an object and make the same event fail on every reconnect.
+        w = watch.Watch(return_type=object)
         self._watch = w
         try:
             stream = w.stream(
@@ -573,7 +575,6 @@ class JobWatcher:
             raw = {}
         self.last_event_at = time.time()
         self.events += 1
-        rv = (raw.get("metadata") or {}).get("resourceVersion")
         if kind == "ERROR":  # only reached when the client did not raise for it
             code = raw.get("code")
             raise CloudError(
@@ -581,13 +582,18 @@ class JobWatcher:
                 str(raw.get("message") or "watch error"),
                 code if isinstance(code, int) else None,
             )
-        if rv:
+        rv = (raw.get("metadata") or {}).get("resourceVersion")
+        if rv:  # advance first: an event we cannot use must not be replayed forever
             self.resource_version = str(rv)
-        if kind == "BOOKMARK":
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):  # BOOKMARK: only the resourceVersion
             return
-        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+        try:
+            observation = JobObservation.from_job(raw, deleted=kind == "DELETED")
+        except (TypeError, ValueError, AttributeError):
+            self.callback_errors += 1
+            log.exception("job watch %s: unreadable %s event skipped", self.namespace, kind)
             return
-        self._emit(on_event, JobObservation.from_job(raw, deleted=kind == "DELETED"))
+        self._emit(on_event, observation)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -107,6 +107,7 @@ class ClusterActor:
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
         self.queue_handles: dict[str, Any] = {}
+        self.reported_reconnects = 0
         self.threads = [
             threading.Thread(target=target, daemon=True, name=target.__name__)
             for target in (self._connect_and_watch, self._op_worker, self._orphan_loop)
@@ -118,6 +119,7 @@ class ClusterActor:
 
     def _connect(self) -> None:
         import google.auth
+
         from falcon_ray.gcp import ComputeApi, GkeApi
         from falcon_ray.kube import KubeApi, api_client
 
@@ -260,6 +262,10 @@ class ClusterActor:
                 self.pools_at = time.monotonic()
                 self.pools_synced = True
             metrics.pools_alive(self.name, sum(1 for n in pools if n.startswith(POOL_PREFIX)))
+            w = self.watcher
+            if w is not None and w.reconnects > self.reported_reconnects:
+                metrics.watch_reconnects(self.name, w.reconnects - self.reported_reconnects)
+                self.reported_reconnects = w.reconnects
 
     def _refresh_reservation(self) -> None:
         c = self.cluster
@@ -456,6 +462,11 @@ class ClusterActor:
             return {"pools": [], "jobs": []}
         self._refresh_pools(force=True)
         leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
+        metrics.pools_alive(
+            self.name,
+            sum(1 for n in self.pools if n.startswith(POOL_PREFIX)),
+            idle=sum(1 for l in leases.values() if l.state == lc.LeaseState.IDLE.value),
+        )
         live = self.store.live_tasks(self.cluster.id)
         held = {t.node_pool_name for t in live if t.node_pool_name}
         grace = self.s.create_visibility_grace_s

@@ -73,6 +73,8 @@ class QueueActor:
         self.last_tick_at: float | None = None
         self.last_error = ""
         self.ticks = 0
+        self.phase_since: dict[int, tuple[lc.Phase, float]] = {}  # for the time-in-reason histograms
+        self.idle_accounted_at = time.monotonic()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="reconcile")
         self.thread.start()
 
@@ -160,6 +162,14 @@ class QueueActor:
                 )
             )
         live_ids = {t.id for t in mine}
+        now_m = time.monotonic()
+        for t in mine:
+            if self.phase_since.get(t.id, (None, 0.0))[0] != t.phase:
+                self.phase_since[t.id] = (t.phase, now_m)
+        for tid in list(self.phase_since):
+            if tid not in live_ids:
+                del self.phase_since[tid]
+        self._account_idle_chips(cluster, leases)
         for tid in list(self.specs):
             if tid not in {t.id for t in live}:
                 self.specs.pop(tid, None)
@@ -194,6 +204,20 @@ class QueueActor:
             self._cluster().observe.remote(self.label, [l.name for l in leases], want_reservation), timeout=60
         )
         return state, view
+
+    def _account_idle_chips(self, cluster, leases) -> None:
+        """Chip-seconds of this queue's pools that exist but run nothing (Ready, Idle, Deleting)."""
+        from falcon_ray import tpu
+
+        now = time.monotonic()
+        elapsed, self.idle_accounted_at = now - self.idle_accounted_at, now
+        try:
+            chips = tpu.lookup(cluster.tpu_type, self.topology).chips
+        except tpu.UnknownShape:
+            return
+        idle = sum(1 for l in leases if l.state in ("Ready", "Idle", "Deleting"))
+        if idle:
+            metrics.idle_chip_seconds(self.cluster_name, idle * chips * elapsed)
 
     def reconcile_once(self) -> int:
         """One tick: observe, decide, act; repeated while decisions change state (at most 8 rounds)."""
@@ -233,7 +257,14 @@ class QueueActor:
                 if changed:
                     progressed += 1
             except Exception as e:
-                log.warning("queue %s: %s failed: %s: %s", self.label, g.what, type(e).__name__, e)
+                log.warning(
+                    "queue %s: %s failed: %s: %s",
+                    self.label,
+                    g.what,
+                    type(e).__name__,
+                    e,
+                    extra={"cluster": self.cluster_name, "topology": self.topology},
+                )
         return progressed
 
     def apply(self, e: reconcile.Effect) -> tuple[bool, bool]:
@@ -242,10 +273,7 @@ class QueueActor:
         if isinstance(e, Transition):
             won = st.transition(e.task_id, e.expect, e.to, e.message, **e.fields)
             if won:
-                log.info(
-                    "task %s -> %s", e.task_id, e.to, extra={"task_id": e.task_id, "queue": self.label, "status": str(e.to)}
-                )
-                metrics.task_transition(self.cluster_name, self.topology, e.to)
+                self._transitioned(e)
             return won, won
         if isinstance(e, UpdateTask):
             return st.update_task(e.task_id, e.expect, e.message, **e.fields) or not e.fields, False
@@ -257,6 +285,7 @@ class QueueActor:
             return True, False
         if isinstance(e, CreateLease):
             st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
+            metrics.pool_created(self.cluster_name, e.supply_mode)
             return True, True
         if isinstance(e, EnsurePool):
             ray.get(self._cluster().ensure_pool.remote(e.name, e.request), timeout=60)
@@ -289,6 +318,31 @@ class QueueActor:
             won = st.unassign(e.task_id, e.message)
             return won, won
         raise TypeError(f"unknown effect {e!r}")
+
+    def _transitioned(self, e: Transition) -> None:
+        """One log line and the metrics of a won transition."""
+        task = next((t for t in (self.last_state.tasks if self.last_state else ()) if t.id == e.task_id), None)
+        log.info(
+            "task %s: %s -> %s: %s",
+            e.task_id,
+            task.phase if task else "?",
+            e.to,
+            e.message,
+            extra={
+                "task_id": e.task_id,
+                "cluster": self.cluster_name,
+                "topology": self.topology,
+                "actor": task.actor if task else "",
+                "status": str(e.to.status),
+                "reason": str(e.to.reason),
+            },
+        )
+        metrics.task_transition(self.cluster_name, self.topology, e.to)
+        since = self.phase_since.pop(e.task_id, None)
+        if since is not None and since[0].status == lc.Status.PENDING and since[0].reason:
+            metrics.pending_reason_time(self.cluster_name, self.topology, str(since[0].reason), time.monotonic() - since[1])
+        if e.to == lc.RUNNING and task is not None:
+            metrics.time_to_running(self.cluster_name, self.topology, (utcnow() - task.created_at).total_seconds())
 
     def _cluster_id(self) -> str:
         assert self.last_state is not None

@@ -106,11 +106,6 @@ def forget(namespace: str, name: str | None = None) -> None:
 
 
 def list_falcon_actors(namespace: str) -> list[str]:
-    """Names of the live Falcon actors in ``namespace`` (from Ray's state API)."""
-    from ray.util.state import list_actors
-
-    out = []
-    for a in list_actors(filters=[("state", "!=", "DEAD")], limit=10000):
-        if getattr(a, "ray_namespace", None) == namespace and a.name:
-            out.append(a.name)
-    return sorted(out)
+    """Names of the live named actors in ``namespace`` (from Ray's control store; no dashboard needed)."""
+    found = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(a["name"] for a in found if a.get("namespace") == namespace)

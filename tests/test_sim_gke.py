@@ -274,6 +274,15 @@ def test_unknown_project_cluster_and_bad_requests(sim):
         b"[1, 2]",
         {"nodePool": "x"},
         {"nodePool": {"name": "ok", "initialNodeCount": "x"}},
+        {"nodePool": {"name": "ok", "initialNodeCount": 1, "autoscaling": "x"}},
+        {"nodePool": {"name": "ok", "config": {"machineType": 5}}},
+        {"nodePool": {"name": "ok", "config": {"labels": {"a": 1}}}},
+        {
+            "nodePool": {
+                "name": "ok",
+                "config": {"reservationAffinity": {"consumeReservationType": 3, "values": [7]}},
+            }
+        },
     ):
         status, answer = raw(sim, "POST", f"/v1/{parent(A)}/nodePools", body, token)
         assert status == 400 and answer["error"]["status"] == "INVALID_ARGUMENT", answer

@@ -365,6 +365,8 @@ def test_bad_requests_get_status_bodies(kube, sim):
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
+    odd_selector = job_body("train-odd")
+    odd_selector["spec"]["template"]["spec"]["nodeSelector"] = "tpu please"
     cases = [
         ("POST", f"/apis/batch/v1/namespaces/{NS}/jobs", b"{broken", 400),
         ("POST", f"/apis/batch/v1/namespaces/{NS}/jobs", b"[]", 400),
@@ -377,6 +379,14 @@ def test_bad_requests_get_status_bodies(kube, sim):
             400,
         ),
         ("GET", f"/apis/batch/v1/namespaces/{NS}/jobs?watch=true&resourceVersion=abc", None, 400),
+        ("POST", f"/apis/batch/v1/namespaces/{NS}/jobs", json.dumps(odd_selector).encode(), 400),
+        (
+            "POST",
+            f"/api/v1/namespaces/{NS}/pods",
+            b'{"metadata": {"name": "p"}, "spec": {"containers": "x"}}',
+            400,
+        ),
+        ("PATCH", f"/api/v1/namespaces/{NS}/pods/none", b"{}", 404),
         ("GET", f"/apis/batch/v1/namespaces/{NS}/jobs?fieldSelector=nonsense", None, 400),
         ("GET", "/apis/batch/v1/namespaces/x/widgets", None, 404),
         ("GET", "/api/v1/namespaces/x/jobs", None, 404),
@@ -394,6 +404,25 @@ def test_bad_requests_get_status_bodies(kube, sim):
         "application/json-patch+json",
     )
     assert status == 200 and body["metadata"]["labels"]["x"] == "1"
+
+
+def test_a_pod_created_with_a_node_name_is_started_by_that_node(kube, sim):
+    _, core = kube
+    node = core.list_node(label_selector=f"{TOPO}=2x2").items[0].metadata.name
+    pod = {
+        "metadata": {"name": "pinned", "namespace": NS},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "main", "image": "x", "env": [{"name": "FALCON_SIM_RUN_SECONDS", "value": "0"}]}
+            ],
+        },
+    }
+    core.create_namespaced_pod(NS, pod)
+    done = poll_until(lambda: (p := core.read_namespaced_pod("pinned", NS)).status.phase == "Succeeded" and p)
+    assert done.spec.node_name == node
+    core.delete_namespaced_pod("pinned", NS)
 
 
 # ---- watch ---------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from aiohttp import web
 
 from .errors import KubeError, json_response, kube_errors, read_json_object
 from .kube_store import RESOURCES, ResourceKind, WatchEvent, clone
+from .node_pools import TPU_RESOURCE
 from .selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 from .workloads import CONTROLLER_UID_LABEL, JOB_NAME_LABEL
 
@@ -200,6 +201,77 @@ def _images(pod_spec: dict[str, Any]) -> list[str]:
         for c in pod_spec.get(key) or []
         if isinstance(c, dict)
     ]
+
+
+_POD_SPEC_SHAPES: dict[str, type | tuple[type, ...]] = {
+    "containers": list,
+    "initContainers": list,
+    "nodeSelector": dict,
+    "tolerations": list,
+    "affinity": dict,
+    "restartPolicy": str,
+    "hostname": str,
+    "subdomain": str,
+    "nodeName": str,
+    "serviceAccountName": str,
+    "volumes": list,
+}
+_CONTAINER_SHAPES: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "image": str,
+    "command": list,
+    "args": list,
+    "env": list,
+    "resources": dict,
+    "volumeMounts": list,
+    "ports": list,
+}
+
+
+def _validate_node(rk: ResourceKind, node: dict[str, Any]) -> None:
+    """The node fields the scheduler reads must have their API types."""
+    _check_shapes(rk, node.get("spec") or {}, "spec", {"taints": list, "unschedulable": bool})
+    for i, taint in enumerate((node.get("spec") or {}).get("taints") or []):
+        _check_shapes(rk, taint, f"spec.taints[{i}]", {"key": str, "value": str, "effect": str})
+    status = node.get("status") or {}
+    _check_shapes(rk, status, "status", {"allocatable": dict, "conditions": list, "addresses": list})
+    for key in ("conditions", "addresses"):
+        for i, item in enumerate(status.get(key) or []):
+            _check_shapes(rk, item, f"status.{key}[{i}]", {"type": str, "status": str, "address": str})
+    tpus = (status.get("allocatable") or {}).get(TPU_RESOURCE, "0")
+    if not isinstance(tpus, (str, int)) or isinstance(tpus, bool) or not str(tpus).isdigit():
+        raise _cannot_decode(rk, f"status.allocatable[{TPU_RESOURCE}]", "Quantity")
+
+
+def _cannot_decode(rk: ResourceKind, field: str, expected: str) -> KubeError:
+    return KubeError(
+        400,
+        f'{rk.kind} in version "{rk.api_version.split("/")[-1]}" cannot be handled as a {rk.kind}: '
+        f"json: cannot unmarshal into Go struct field {field} of type {expected}",
+        "BadRequest",
+    )
+
+
+def _check_shapes(rk: ResourceKind, obj: Any, field: str, shapes: dict[str, type | tuple[type, ...]]) -> None:
+    """Reject values of the wrong JSON type the way the apiserver's decoder does (400)."""
+    if not isinstance(obj, dict):
+        raise _cannot_decode(rk, field, "object")
+    for key, expected in shapes.items():
+        value = obj.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, expected) or isinstance(value, bool) and expected is not bool:
+            name = expected.__name__ if isinstance(expected, type) else "value"
+            raise _cannot_decode(
+                rk, f"{field}.{key}", {"dict": "object", "list": "array", "str": "string"}.get(name, name)
+            )
+    if shapes is _POD_SPEC_SHAPES:
+        selector = obj.get("nodeSelector") or {}
+        if not all(isinstance(v, str) for v in selector.values()):
+            raise _cannot_decode(rk, f"{field}.nodeSelector", "map[string]string")
+    for key in ("command", "args"):
+        if shapes is _CONTAINER_SHAPES and not all(isinstance(v, str) for v in obj.get(key) or []):
+            raise _cannot_decode(rk, f"{field}.{key}", "[]string")
 
 
 class KubeApi:
@@ -430,19 +502,19 @@ class KubeApi:
                     "the namespace of the provided object does not match the namespace sent on the request",
                 )
             md["namespace"] = ns
+        self._validate_metadata(rk, md)
+        return md
+
+    @staticmethod
+    def _validate_metadata(rk: ResourceKind, md: dict[str, Any]) -> None:
         for key in ("labels", "annotations"):
             value = md.get(key)
             if value is not None and (
                 not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
             ):
-                raise _invalid(
-                    rk,
-                    str(md.get("name", "")),
-                    f"metadata.{key}",
-                    "FieldValueInvalid",
-                    "values must be strings",
-                )
-        return md
+                raise _cannot_decode(rk, f"metadata.{key}", "map[string]string")
+        if not isinstance(md.get("ownerReferences", []), list):
+            raise _cannot_decode(rk, "metadata.ownerReferences", "[]OwnerReference")
 
     def _admit(self, rk: ResourceKind, name: str, pod_spec: dict[str, Any]) -> None:
         for image in _images(pod_spec):
@@ -457,44 +529,66 @@ class KubeApi:
                     )
 
     def _validate_pod_spec(self, rk: ResourceKind, name: str, spec: Any, field: str) -> dict[str, Any]:
+        """Shape (400, as the apiserver's decoder) and required fields (422) of a pod spec."""
         if not isinstance(spec, dict):
             raise _invalid(rk, name, field, "FieldValueRequired", "Required value")
+        _check_shapes(rk, spec, field, _POD_SPEC_SHAPES)
         containers = spec.get("containers")
         if not isinstance(containers, list) or not containers:
             raise _invalid(rk, name, f"{field}.containers", "FieldValueRequired", "Required value")
         for i, c in enumerate(containers):
-            if not isinstance(c, dict) or not c.get("name"):
-                raise _invalid(
-                    rk, name, f"{field}.containers[{i}].name", "FieldValueRequired", "Required value"
-                )
+            where = f"{field}.containers[{i}]"
+            if not isinstance(c, dict):
+                raise _cannot_decode(rk, where, "Container")
+            _check_shapes(rk, c, where, _CONTAINER_SHAPES)
+            for j, e in enumerate(c.get("env") or []):
+                _check_shapes(rk, e, f"{where}.env[{j}]", {"name": str, "value": str, "valueFrom": dict})
+            for key in ("limits", "requests"):
+                for res, qty in ((c.get("resources") or {}).get(key) or {}).items():
+                    if not isinstance(qty, (str, int, float)) or isinstance(qty, bool):
+                        raise _cannot_decode(rk, f"{where}.resources.{key}[{res}]", "Quantity")
+            if not c.get("name"):
+                raise _invalid(rk, name, f"{where}.name", "FieldValueRequired", "Required value")
             if not c.get("image"):
-                raise _invalid(
-                    rk, name, f"{field}.containers[{i}].image", "FieldValueRequired", "Required value"
+                raise _invalid(rk, name, f"{where}.image", "FieldValueRequired", "Required value")
+        for i, t in enumerate(spec.get("tolerations") or []):
+            _check_shapes(
+                rk, t, f"{field}.tolerations[{i}]", {"key": str, "operator": str, "value": str, "effect": str}
+            )
+        node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+        _check_shapes(
+            rk,
+            node_affinity,
+            f"{field}.affinity.nodeAffinity",
+            {"requiredDuringSchedulingIgnoredDuringExecution": dict},
+        )
+        required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        for i, term in enumerate(required.get("nodeSelectorTerms") or []):
+            where = f"{field}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]"
+            _check_shapes(rk, term, where, {"matchExpressions": list})
+            for j, expr in enumerate(term.get("matchExpressions") or []):
+                _check_shapes(
+                    rk, expr, f"{where}.matchExpressions[{j}]", {"key": str, "operator": str, "values": list}
                 )
-            env = c.get("env")
-            if env is not None and (not isinstance(env, list) or not all(isinstance(e, dict) for e in env)):
-                raise _invalid(
-                    rk, name, f"{field}.containers[{i}].env", "FieldValueInvalid", "must be a list of objects"
-                )
+                if not all(isinstance(v, str) for v in expr.get("values") or []):
+                    raise _cannot_decode(rk, f"{where}.matchExpressions[{j}].values", "[]string")
         return spec
 
-    def _default_job(self, body: dict[str, Any], name: str, uid: str) -> None:
+    def _validate_job_spec(self, name: str, spec: Any) -> dict[str, Any]:
+        """A Job spec the controller can run: 400 for wrong JSON types, 422 for invalid values."""
         rk = RESOURCES["jobs"]
-        if len(name) > 63 or not _DNS_LABEL.match(name):
-            raise _invalid(
-                rk,
-                name,
-                "metadata.name",
-                "FieldValueInvalid",
-                f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric '
-                "characters or '-', and must start and end with an alphanumeric character (at most 63 characters)",
-            )
-        spec = body.get("spec")
         if not isinstance(spec, dict):
             raise _invalid(rk, name, "spec", "FieldValueRequired", "Required value")
         template = spec.get("template")
         if not isinstance(template, dict):
             raise _invalid(rk, name, "spec.template", "FieldValueRequired", "Required value")
+        _check_shapes(rk, template, "spec.template", {"metadata": dict, "spec": dict})
+        tmd = template.get("metadata") or {}
+        _check_shapes(rk, tmd, "spec.template.metadata", {"labels": dict, "annotations": dict})
+        for key in ("labels", "annotations"):
+            if not all(isinstance(v, str) for v in (tmd.get(key) or {}).values()):
+                raise _cannot_decode(rk, f"spec.template.metadata.{key}", "map[string]string")
+        _check_shapes(rk, spec, "spec", {"suspend": bool, "manualSelector": bool, "completionMode": str})
         pod_spec = self._validate_pod_spec(rk, name, template.get("spec"), "spec.template.spec")
         restart = pod_spec.get("restartPolicy")
         if restart not in ("Never", "OnFailure"):
@@ -510,7 +604,7 @@ class KubeApi:
                 raise _invalid(
                     rk, name, f"spec.{key}", "FieldValueInvalid", "must be greater than or equal to 0"
                 )
-        mode = spec.setdefault("completionMode", "NonIndexed")
+        mode = spec.get("completionMode", "NonIndexed")
         if mode not in ("NonIndexed", "Indexed"):
             raise _invalid(
                 rk, name, "spec.completionMode", "FieldValueNotSupported", f'Unsupported value: "{mode}"'
@@ -523,6 +617,22 @@ class KubeApi:
                 "FieldValueRequired",
                 "Required value: when completion mode is Indexed",
             )
+        return spec
+
+    def _default_job(self, body: dict[str, Any], name: str, uid: str) -> None:
+        rk = RESOURCES["jobs"]
+        if len(name) > 63 or not _DNS_LABEL.match(name):
+            raise _invalid(
+                rk,
+                name,
+                "metadata.name",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric '
+                "characters or '-', and must start and end with an alphanumeric character (at most 63 characters)",
+            )
+        spec = self._validate_job_spec(name, body.get("spec"))
+        template = spec["template"]
+        spec.setdefault("completionMode", "NonIndexed")
         if spec.get("completions") is None and spec.get("parallelism") is None:
             spec["completions"] = 1
         spec.setdefault("parallelism", 1)
@@ -603,6 +713,10 @@ class KubeApi:
             self._admit(rk, name, body["spec"])
         elif rk.plural == "services":
             self._default_service(body)
+        elif rk.plural == "nodes":
+            if not isinstance(body.get("status", {}), dict):
+                raise _cannot_decode(rk, "status", "object")
+            _validate_node(rk, body)
         obj = self.store.create(rk.plural, body, uid=uid)
         if rk.plural == "jobs":
             self.cluster.record_job_create(obj, received)
@@ -642,15 +756,21 @@ class KubeApi:
                 if key in _SERVER_METADATA or key in ("name", "namespace"):
                     result["metadata"][key] = value
             result["kind"], result["apiVersion"] = rk.kind, rk.api_version
-            if rk.plural in ("jobs", "pods"):
-                spec_path = (
-                    result.get("spec", {}).get("template", {}).get("spec")
-                    if rk.plural == "jobs"
-                    else result.get("spec")
-                )
-                self._validate_pod_spec(
-                    rk, md["name"], spec_path, "spec.template.spec" if rk.plural == "jobs" else "spec"
-                )
+            self._validate_metadata(rk, result["metadata"])
+            if rk.plural == "jobs":
+                self._validate_job_spec(md["name"], result.get("spec"))
+            elif rk.plural == "pods":
+                self._validate_pod_spec(rk, md["name"], result.get("spec"), "spec")
+        if not isinstance(result.get("status", {}), dict):
+            raise _cannot_decode(rk, "status", "object")
+        if rk.plural == "nodes":
+            _validate_node(rk, result)
+        if rk.plural in ("pods", "jobs"):
+            status = result.get("status") or {}
+            _check_shapes(rk, status, "status", {"phase": str, "conditions": list, "containerStatuses": list})
+            for key in ("conditions", "containerStatuses"):
+                for i, item in enumerate(status.get(key) or []):
+                    _check_shapes(rk, item, f"status.{key}[{i}]", {"type": str, "status": str, "name": str})
         for key in ("namespace", "uid", "creationTimestamp"):
             if key in md:
                 result["metadata"][key] = md[key]

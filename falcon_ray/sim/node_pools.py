@@ -98,6 +98,19 @@ def google_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _expect(obj: Any, where: str, fields: dict[str, type]) -> None:
+    """400 INVALID_ARGUMENT when ``obj`` or one of its fields has the wrong JSON type."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if not isinstance(obj, dict):
+        raise GoogleError(400, f"Invalid value at '{where}': must be an object.")
+    for key, expected in fields.items():
+        value = obj.get(key)
+        if value is not None and not isinstance(value, expected):
+            raise GoogleError(
+                400, f"Invalid value at '{where}.{key}': must be {names.get(expected, expected)}."
+            )
+
+
 def _int_field(value: Any, where: str) -> int:
     if value is None:
         return 0
@@ -298,9 +311,27 @@ class NodePools:
     def _describe(self, name: str, request: dict[str, Any]) -> NodePool:
         """Validate the request and work out supply, size and placement."""
         c = self.cluster.config
+        _expect(
+            request,
+            "node_pool",
+            {"config": dict, "autoscaling": dict, "placementPolicy": dict, "locations": list},
+        )
         config = request.get("config") or {}
-        if not isinstance(config, dict):
-            raise GoogleError(400, "Invalid value at 'node_pool.config': must be an object.")
+        _expect(
+            config,
+            "node_pool.config",
+            {
+                "machineType": str,
+                "labels": dict,
+                "reservationAffinity": dict,
+                "taints": list,
+                "flexStart": bool,
+            },
+        )
+        if not all(isinstance(v, str) for v in (config.get("labels") or {}).values()):
+            raise GoogleError(400, "Invalid value at 'node_pool.config.labels': values must be strings.")
+        for i, taint in enumerate(config.get("taints") or []):
+            _expect(taint, f"node_pool.config.taints[{i}]", {"key": str, "value": str})
         machine_type = config.get("machineType") or "e2-medium"
         family = tpu_family(machine_type)
         per_host = chips_per_host(machine_type)
@@ -320,11 +351,12 @@ class NodePools:
         hosts = initial if initial > 0 else (max_nodes if flex else 0)
 
         affinity = config.get("reservationAffinity") or {}
+        _expect(affinity, "node_pool.config.reservation_affinity", {"key": str, "values": list})
         affinity_type = enum_name(affinity.get("consumeReservationType"), RESERVATION_TYPE)
         reservation = None
         if affinity_type == "SPECIFIC_RESERVATION":
             values = affinity.get("values") or []
-            if affinity.get("key") != RESERVATION_KEY or len(values) != 1:
+            if affinity.get("key") != RESERVATION_KEY or len(values) != 1 or not isinstance(values[0], str):
                 raise GoogleError(
                     400,
                     "Invalid reservation affinity: SPECIFIC_RESERVATION needs "
@@ -340,6 +372,7 @@ class NodePools:
         topology = None
         if family is not None:
             placement = request.get("placementPolicy") or {}
+            _expect(placement, "node_pool.placement_policy", {"tpuTopology": str, "policyName": str})
             topology = placement.get("tpuTopology") or labels.get(TOPOLOGY_LABEL)
             if topology:
                 try:

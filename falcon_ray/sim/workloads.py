@@ -166,6 +166,7 @@ class Workloads:
         self._pass_armed = False
         self._tracks: dict[str, JobTrack] = {}
         self._unschedulable_msg: dict[str, str] = {}
+        self._bound: set[str] = set()  # uids of pods the kubelet has taken over
         self.logs: dict[str, list[str]] = {}  # pod uid -> log lines
         self.store.add_listener(self._on_event)
 
@@ -189,6 +190,7 @@ class Workloads:
                         track.count(ev.obj, phase if phase in TERMINAL else "Failed")
             if ev.type == "DELETED":
                 self.logs.pop(md["uid"], None)
+                self._bound.discard(md["uid"])
                 self._unschedulable_msg.pop(md["uid"], None)
             self._schedule_needed = True
         elif ev.plural == "nodes":
@@ -209,7 +211,10 @@ class Workloads:
             self._schedule()
         while self._dirty_jobs:
             ns, name = self._dirty_jobs.pop()
-            self._sync_job(ns, name)
+            try:
+                self._sync_job(ns, name)
+            except Exception:  # noqa: BLE001 - one odd Job must not stall the others
+                log.exception("sim cluster %s: syncing Job %s/%s failed", self.cluster.config.name, ns, name)
         self.cluster.refresh_idle()
 
     # ---- job controller ------------------------------------------------------------------------
@@ -420,39 +425,59 @@ class Workloads:
             if node:
                 if phase not in TERMINAL:
                     used[node] += tpu_request(pod)
+                if phase == "Pending" and pod["metadata"]["uid"] not in self._bound:
+                    pending.append(pod)  # created with spec.nodeName: the kubelet still has to start it
             elif phase == "Pending":
                 pending.append(pod)
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        by_name = {n["metadata"]["name"]: n for n in nodes}
         for pod in pending:
-            want = tpu_request(pod)
-            spec = pod.get("spec") or {}
-            requested = {TPU_RESOURCE} if want else set()
-            reasons: Counter[str] = Counter()
-            chosen = None
-            for node in nodes:
-                if not node_matches(spec, node):
-                    reasons["node(s) didn't match Pod's node affinity/selector"] += 1
-                    continue
-                blocking = [
-                    t
-                    for t in (node.get("spec") or {}).get("taints") or []
-                    if not tolerates(spec, t, requested)
-                ]
-                if blocking:
-                    t = blocking[0]
-                    reasons[f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value', '')}}}"] += 1
-                    continue
-                alloc = int((node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0") or 0)
-                if want > alloc - used[node["metadata"]["name"]]:
-                    reasons[f"Insufficient {TPU_RESOURCE}"] += 1
-                    continue
-                chosen = node
-                break
-            if chosen is not None:
-                used[chosen["metadata"]["name"]] += want
-                self._bind(pod, chosen)
-            else:
-                self._mark_unschedulable(pod, len(nodes), reasons)
+            try:
+                self._place(pod, nodes, by_name, used)
+            except Exception:  # noqa: BLE001 - one odd pod must not stall scheduling
+                md = pod["metadata"]
+                log.exception(
+                    "sim cluster %s: scheduling %s/%s failed",
+                    self.cluster.config.name,
+                    md.get("namespace"),
+                    md["name"],
+                )
+
+    def _place(
+        self,
+        pod: dict[str, Any],
+        nodes: list[dict[str, Any]],
+        by_name: dict[str, dict[str, Any]],
+        used: Counter[str],
+    ) -> None:
+        """Bind one pending pod, or record why it cannot be bound."""
+        spec = pod.get("spec") or {}
+        preset = spec.get("nodeName")
+        if preset:
+            if preset in by_name:  # bound by its creator; the kubelet of that node starts it
+                self._bind(pod, by_name[preset])
+            return
+        want = tpu_request(pod)
+        requested = {TPU_RESOURCE} if want else set()
+        reasons: Counter[str] = Counter()
+        for node in nodes:
+            if not node_matches(spec, node):
+                reasons["node(s) didn't match Pod's node affinity/selector"] += 1
+                continue
+            taints = (node.get("spec") or {}).get("taints") or []
+            blocking = [t for t in taints if not tolerates(spec, t, requested)]
+            if blocking:
+                t = blocking[0]
+                reasons[f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value', '')}}}"] += 1
+                continue
+            alloc = _quantity((node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0"))
+            if want > alloc - used[node["metadata"]["name"]]:
+                reasons[f"Insufficient {TPU_RESOURCE}"] += 1
+                continue
+            used[node["metadata"]["name"]] += want
+            self._bind(pod, node)
+            return
+        self._mark_unschedulable(pod, len(nodes), reasons)
 
     def _mark_unschedulable(self, pod: dict[str, Any], total: int, reasons: Counter[str]) -> None:
         if total == 0:
@@ -497,6 +522,7 @@ class Workloads:
         )
         now = rfc3339()
         self._unschedulable_msg.pop(md["uid"], None)
+        self._bound.add(md["uid"])
 
         def change(p: dict[str, Any]) -> None:
             p["spec"]["nodeName"] = node_name
@@ -617,6 +643,13 @@ class Workloads:
 
 def rfc3339_from(ts: float) -> str:
     return rfc3339(datetime.fromtimestamp(ts, UTC))
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _node_ready(node: dict[str, Any]) -> bool:

@@ -470,7 +470,7 @@ class JobWatcher:
         self._watches = 0
 
     def close(self) -> None:
-        """Stop ``run`` soon, also interrupting a watch that is waiting for events."""
+        """End the current ``run`` soon, also interrupting a watch that is waiting for events."""
         self._closed.set()
         w = self._watch
         if w is not None:
@@ -484,6 +484,7 @@ class JobWatcher:
     ) -> None:
         """Deliver observations until ``stop`` is set (or ``close()`` is called)."""
         on_resync = on_resync or self.on_resync
+        self._closed.clear()  # close() ends one run; the watcher may run again later
         failures = 0
         gone_in_a_row = 0
         listed_at = time.monotonic()
@@ -501,6 +502,8 @@ class JobWatcher:
                 self._watch_once(on_event, stopping)
                 failures = gone_in_a_row = 0
             except Exception as exc:  # the watcher must never die
+                if stopping():  # close() cut the stream: not an error
+                    break
                 err = classify(exc)
                 if err.status_code == 410:  # our resourceVersion is too old: list again
                     log.info("job watch %s: %s; re-listing", self.namespace, err.message)

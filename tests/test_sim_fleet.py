@@ -136,3 +136,36 @@ def test_field_selectors():
     assert parse_field_selector("status.phase=Running,metadata.namespace==ns").matches(obj)
     with pytest.raises(ValueError):
         parse_field_selector("nonsense")
+
+
+def _docs() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[1] / "docs" / "sim.md").read_text()
+
+
+def test_the_documented_fleet_example_is_valid():
+    text = _docs()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    import yaml
+
+    fleet = parse_fleet(yaml.safe_load(block), "docs/sim.md")
+    assert fleet.clusters[0].reservation.machine_type == "ct6e-standard-4t"
+
+
+def test_every_fleet_key_is_documented():
+    from falcon_ray.sim.fleet import (
+        AuthConfig,
+        ClusterConfig,
+        Faults,
+        FleetConfig,
+        MetadataConfig,
+        ReservationConfig,
+        Timings,
+    )
+
+    text = _docs()
+    for model in (FleetConfig, AuthConfig, MetadataConfig, ClusterConfig, ReservationConfig, Timings, Faults):
+        for key in model.model_fields:
+            spelled = (f"`{key}`", f"`{key}.", f"`auth.{key}`", f"`metadata.{key}`")
+            assert any(s in text for s in spelled), f"{model.__name__}.{key} is not documented in docs/sim.md"

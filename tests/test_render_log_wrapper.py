@@ -104,8 +104,9 @@ def test_hostile_arguments_are_data_not_shell(tmp_path):
 
 def test_sigterm_is_forwarded_to_the_command(tmp_path):
     child = (
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(42)))\n"
+        "import os, signal, time\n"
+        # os.write/_exit: the signal may land while print() is still flushing "ready"
+        "signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(42)))\n"
         "print('ready', flush=True)\n"
         "time.sleep(30)\n"
     )

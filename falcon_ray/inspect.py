@@ -26,9 +26,15 @@ def connect(address: str | None = "auto", namespace: str = "falcon") -> None:
         ray.init(address=address, namespace=namespace, log_to_driver=False)
 
 
+def _actor_names(namespace: str) -> list[str]:
+    # Named actors come from the GCS, so this works without a dashboard and never
+    # picks another Ray instance of the same machine (the state API does both).
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace)
+
+
 def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, Any]]:
     refs = {}
-    for name in names.list_falcon_actors(namespace):
+    for name in _actor_names(namespace):
         if name.startswith(prefix):
             h = names.lookup(name, namespace)
             if h is not None:
@@ -78,3 +84,166 @@ def outcomes(store: Store, since: dt.timedelta = dt.timedelta(days=1)) -> dict[s
             key = f"{e.status}/{e.reason}" if e.reason else e.status
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+# ---- tables for the notebooks (rows of plain values; the notebooks only display them) ----
+
+
+def open_store(url: str | None = None) -> Store:
+    """The controller's database: ``url``, else ``FALCON_DB_URL``, else the default SQLite file."""
+    import os
+
+    from falcon_ray.store import DEFAULT_DB_URL
+
+    return Store(url or os.environ.get("FALCON_DB_URL") or DEFAULT_DB_URL)
+
+
+def queue_depths(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per queue snapshot: how many tasks wait, hold the slot, run, abort."""
+    return [
+        {
+            "queue": q.get("queue") or q.get("actor"),
+            "waiting": len(q.get("waiting", [])),
+            "acquiring": len(q.get("acquiring", [])),
+            "running": len(q.get("running", [])),
+            "aborting": len(q.get("aborting", [])),
+            "error": q.get("error", ""),
+        }
+        for q in snaps
+    ]
+
+
+def _age_s(t: dt.datetime | None, now: dt.datetime) -> float | None:
+    return round((now - t).total_seconds(), 1) if t else None
+
+
+def pools(store: Store) -> list[dict[str, Any]]:
+    """Every live node-pool lease: cluster, topology, supply mode, state, holder, age and idle age."""
+    by_id = {c.id: c.name for c in store.list_clusters()}
+    now = utcnow()
+    return [
+        {
+            "cluster": by_id.get(l.cluster_id, l.cluster_id),
+            "topology": l.topology,
+            "supply_mode": l.supply_mode,
+            "pool": l.name,
+            "state": l.state,
+            "task_id": l.task_id,
+            "age_s": _age_s(l.created_at, now),
+            "idle_s": _age_s(l.idle_since, now) if l.state == "Idle" else None,
+            "delete_attempts": l.delete_attempts,
+        }
+        for l in sorted(store.leases(), key=lambda l: (l.cluster_id, l.topology, l.name))
+    ]
+
+
+def idle_pools(store: Store) -> list[dict[str, Any]]:
+    """The live pools kept idle for a waiting task, longest idle first."""
+    return sorted((p for p in pools(store) if p["state"] == "Idle"), key=lambda p: -(p["idle_s"] or 0))
+
+
+def pool_counts(store: Store) -> list[dict[str, Any]]:
+    """Live pools per (cluster, topology, supply mode): total, in use, idle."""
+    counts: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for p in pools(store):
+        key = (p["cluster"], p["topology"], p["supply_mode"])
+        row = counts.setdefault(
+            key, {"cluster": key[0], "topology": key[1], "supply_mode": key[2], "pools": 0, "in_use": 0, "idle": 0}
+        )
+        row["pools"] += 1
+        row["in_use"] += p["state"] == "InUse"
+        row["idle"] += p["state"] == "Idle"
+    return [counts[k] for k in sorted(counts)]
+
+
+def fleet(store: Store, namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
+    """One row per registered cluster: registry status, connection, reservation use, pools."""
+    snaps = {s.get("cluster") or s.get("actor", "").removeprefix("cluster/"): s for s in clusters(namespace, timeout)}
+    live = pools(store)
+    out = []
+    for c in store.list_clusters():
+        snap = snaps.get(c.name, {})
+        res = snap.get("reservation") or {}
+        mine = [p for p in live if p["cluster"] == c.name]
+        out.append(
+            {
+                "cluster": c.name,
+                "registry_status": c.status,
+                "tpu_type": c.tpu_type,
+                "connected": snap.get("connected"),
+                "error": snap.get("error") or snap.get("connect_error") or "",
+                "reservation": c.default_reservation or None,
+                "reservation_count": res.get("count"),
+                "reservation_in_use": res.get("in_use"),
+                "reservation_headroom": res["count"] - res["in_use"] if res else None,
+                "falcon_pools": len(mine),
+                "idle_pools": sum(1 for p in mine if p["state"] == "Idle"),
+                "jobs": len(snap.get("jobs") or {}),
+                "ops_queued": snap.get("ops_queued"),
+            }
+        )
+    return out
+
+
+def outcomes_by_cluster(store: Store, since: dt.timedelta = dt.timedelta(days=1)) -> list[dict[str, Any]]:
+    """Terminal outcomes per cluster and ``Status/Reason`` over a window of the event log.
+
+    A task that failed before it was given a cluster (an invalid spec, say) counts under ``-``."""
+    ends = [e for e in store.events_since(utcnow() - since) if e.status in ("Succeeded", "Failed", "Aborted")]
+    tasks = {t.id: t for t in store.get_tasks({e.task_id for e in ends})}
+    by_id = {c.id: c.name for c in store.list_clusters()}
+    counts: dict[tuple[str, str], int] = {}
+    for e in ends:
+        t = tasks.get(e.task_id)
+        cluster = by_id.get(t.cluster_id or "", "-") if t else "-"
+        key = (cluster, f"{e.status}/{e.reason}" if e.reason else e.status)
+        counts[key] = counts.get(key, 0) + 1
+    return [{"cluster": k[0], "outcome": k[1], "tasks": n} for k, n in sorted(counts.items())]
+
+
+def newest_task_id(store: Store) -> int | None:
+    recent = store.recent_tasks(1)
+    return recent[0].id if recent else None
+
+
+def task(store: Store, task_id: int) -> dict[str, Any]:
+    """One task as an operator asks about it: state, cluster, pool, Job name and where its logs go."""
+    from falcon_ray import render
+
+    t = store.get_task(task_id)
+    if t is None:
+        raise KeyError(f"no task {task_id}")
+    cluster = next((c for c in store.list_clusters() if c.id == t.cluster_id), None) if t.cluster_id else None
+    bucket = render.bucket_name(cluster) if cluster else ""
+    return {
+        "id": t.id,
+        "name": t.name,
+        "actor": t.actor,
+        "status": t.status,
+        "reason": t.reason,
+        "message": t.message,
+        "cluster": cluster.name if cluster else None,
+        "node_pool": t.node_pool_name,
+        "job_name": render.job_name(t.id) if t.dispatched_at else None,
+        "log_prefix": f"gs://{bucket}/logs/{t.id}/" if bucket else None,
+        "log_path_pattern": render.log_path(cluster, t.id, "<pod>") if cluster else None,
+        "created_at": t.created_at,
+        "dispatched_at": t.dispatched_at,
+        "finished_at": t.finished_at,
+    }
+
+
+def time_in_phases(store: Store, task_id: int) -> list[dict[str, Any]]:
+    """Seconds the task spent in each ``Status/Reason``, in order of first entry; a live
+    task's current phase counts up to now, a terminal one counts zero."""
+    events = store.events(task_id)
+    now = utcnow()
+    totals: dict[str, float] = {}
+    for i, e in enumerate(events):
+        label = f"{e.status}/{e.reason}" if e.reason else e.status
+        if i + 1 < len(events):
+            end = events[i + 1].at
+        else:
+            end = e.at if e.status in ("Succeeded", "Failed", "Aborted") else now
+        totals[label] = totals.get(label, 0.0) + max(0.0, (end - e.at).total_seconds())
+    return [{"phase": k, "seconds": round(v, 3)} for k, v in totals.items()]

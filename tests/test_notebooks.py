@@ -1,0 +1,166 @@
+"""The operator notebooks: committed without outputs, in step with their generator, and
+running headless against a live controller (DemoRun on the simulated fleet).
+
+The controller is set up so every table has rows: one task has finished, one runs,
+one holds the queue's slot (ClusterBusy: the one-host reservation is taken) and one
+waits behind it. Each notebook then runs in its own Python kernel that joins the
+session's Ray as a second driver, exactly as an operator's Jupyter would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import ray
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.render import job_name
+from falcon_ray.sim.fleet import FleetConfig
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NAMES = ("queues.ipynb", "fleet.ipynb", "task.ipynb")
+FAST = {"node_pool_create": 0.6, "node_register": 0.3, "flex_visibility_lag": 0.5, "node_pool_delete": 0.3, "pod_start": 0.1}
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("falcon_notebooks_build", NOTEBOOKS / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_notebooks_match_the_generator_and_have_no_outputs():
+    rendered = _build_module().render()
+    assert sorted(rendered) == sorted(NAMES)
+    for name, text in rendered.items():
+        committed = (NOTEBOOKS / name).read_text()
+        assert committed == text, f"{name} is stale: run python notebooks/build.py"
+        nb = nbformat.reads(committed, as_version=4)
+        nbformat.validate(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{name}: {cell.id} has outputs"
+
+
+def _spec(run_s: float) -> dict:
+    return {
+        "tpu_type": "v6e",
+        "topology": "2x2",
+        "image": "us-docker.pkg.dev/p/r/img:1",
+        "command": ["python", "run.py"],
+        "supply_mode": "reservation",
+        "env": {"FALCON_SIM_RUN_SECONDS": str(run_s)},
+    }
+
+
+def _wait(run: DemoRun, task_id: int, pred, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t = run.store.get_task(task_id)
+        if pred(t):
+            return t
+        time.sleep(0.1)
+    t = run.store.get_task(task_id)
+    raise AssertionError(f"task {task_id} stuck at {t.status}/{t.reason}: {t.message}")
+
+
+@pytest.fixture
+def busy_controller(ray_session, tmp_path):
+    fleet = FleetConfig(
+        seed=5,
+        clusters=[
+            {
+                "name": "edge-a",
+                "project": "proj-a",
+                "location": "us-east5-b",
+                "tpu_type": "v6e",
+                "gcs_bucket": "logs-a",
+                "reservation": {"name": "res-a", "count": 1},
+                "chips": 16,
+                "timings": FAST,
+            }
+        ],
+    )
+    run = DemoRun(fleet, demo_settings(), f"sqlite:///{tmp_path / 'falcon.db'}").start()
+    try:
+        ids = {}
+        ids["done"] = run.submit("alice", _spec(0.3), "nb-quick")
+        _wait(run, ids["done"], lambda t: t.status == "Succeeded")
+        ids["running"] = run.submit("bob", _spec(300), "nb-long")
+        _wait(run, ids["running"], lambda t: t.phase == lc.RUNNING)
+        ids["busy"] = run.submit("carol", _spec(1), "nb-busy")
+        _wait(run, ids["busy"], lambda t: t.phase == lc.CLUSTER_BUSY)
+        ids["waiting"] = run.submit("dave", _spec(1), "nb-waiting")
+        _wait(run, ids["waiting"], lambda t: t.phase == lc.WAITING and "ahead" in t.message)
+        yield run, ids
+    finally:
+        run.stop()
+
+
+def _outputs_text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                parts.append(out.text)
+            elif out.output_type in ("display_data", "execute_result"):
+                parts.extend(str(v) for k, v in out.data.items() if k.startswith("text/"))
+    return "\n".join(parts)
+
+
+def _images(nb) -> int:
+    return sum(
+        1
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.output_type in ("display_data", "execute_result") and "image/png" in out.data
+    )
+
+
+@pytest.mark.timeout(150)
+def test_notebooks_run_headless_against_a_live_controller(busy_controller, monkeypatch):
+    from nbclient import NotebookClient
+
+    run, ids = busy_controller
+    monkeypatch.setenv("FALCON_RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    monkeypatch.setenv("FALCON_NAMESPACE", run.settings.namespace)
+    monkeypatch.setenv("FALCON_DB_URL", run.db_url)
+    monkeypatch.setenv("FALCON_TASK_ID", str(ids["done"]))
+    monkeypatch.setenv("RAY_DEDUP_LOGS", "0")
+
+    executed = {}
+    for name in NAMES:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        # raises CellExecutionError (with the cell and its traceback) on the first failing cell
+        NotebookClient(nb, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+        executed[name] = nb
+
+    queues = _outputs_text(executed["queues.ipynb"])
+    for needle in ("queue/edge-a/2x2", "nb-long", "nb-busy", "nb-waiting", "ClusterBusy", "InUse"):
+        assert needle in queues, f"queues.ipynb: {needle!r} missing"
+    assert "nb-quick" not in queues  # finished tasks leave the queue
+    assert _images(executed["queues.ipynb"]) == 1
+
+    fleet = _outputs_text(executed["fleet.ipynb"])
+    for needle in ("edge-a", "res-a", "active", "reservation", "Succeeded"):
+        assert needle in fleet, f"fleet.ipynb: {needle!r} missing"
+    assert _images(executed["fleet.ipynb"]) == 1
+
+    task = _outputs_text(executed["task.ipynb"])
+    done = ids["done"]
+    for needle in ("nb-quick", job_name(done), f"gs://logs-a/logs/{done}/", "Provisioning", "Dispatching", "Succeeded"):
+        assert needle in task, f"task.ipynb: {needle!r} missing"
+    assert _images(executed["task.ipynb"]) == 1
+
+    # the task notebook defaults to the newest task when FALCON_TASK_ID is unset
+    monkeypatch.delenv("FALCON_TASK_ID")
+    nb = nbformat.read(NOTEBOOKS / "task.ipynb", as_version=4)
+    NotebookClient(nb, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    assert "nb-waiting" in _outputs_text(nb)
+    json.dumps(nb)  # outputs stay JSON-serialisable (nothing exotic displayed)

@@ -37,7 +37,7 @@ def in_ci() -> bool:
 
 
 def _server_engine() -> sa.Engine:
-    return sa.create_engine(MYSQL_SERVER_URL, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    return sa.create_engine(MYSQL_SERVER_URL, poolclass=NullPool, connect_args={"connect_timeout": 5, "read_timeout": 10, "write_timeout": 10})
 
 
 def _pid_alive(pid: int) -> bool:

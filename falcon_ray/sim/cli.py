@@ -7,7 +7,8 @@ Contract
 stdout is one JSON object with the endpoints (the same dict as
 ``SimFleet.endpoints``), flushed at once so a parent process can read it; then
 it serves until SIGINT or SIGTERM and exits 0. A bad fleet file exits 2 with
-the validation message on stderr. ``falcon-ray sim check FLEET.yaml`` only
+the validation message on stderr; a listener that cannot bind exits 1.
+``falcon-ray sim check FLEET.yaml`` only
 validates a fleet file.
 """
 
@@ -61,7 +62,11 @@ def serve(fleet_path: str | None, host: str, port: int) -> None:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     fleet = SimFleet(config, host=host, port=port)
     try:
-        endpoints = fleet.start()
+        try:
+            endpoints = fleet.start()
+        except RuntimeError as e:  # e.g. the port is taken
+            click.echo(str(e), err=True)
+            sys.exit(1)
         sys.stdout.write(json.dumps(endpoints) + "\n")
         sys.stdout.flush()
         while not stop.wait(0.5):

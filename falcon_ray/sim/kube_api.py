@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from .cluster import SimCluster
 
 DEFAULT_WATCH_TIMEOUT = 1800.0
+CLIENT_CHECK_INTERVAL = 1.0
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 WEBHOOK = "policy.example.com"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -926,6 +927,7 @@ class KubeApi:
             return ev.encode() if now_in else None
 
         store = self.store
+        prepared: web.StreamResponse | None = None
         watcher = store.subscribe(rk.plural)
         try:
             # Snapshot and subscription happen in the same loop step: no event is lost or repeated.
@@ -950,6 +952,7 @@ class KubeApi:
             resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
             resp.enable_chunked_encoding()
             await resp.prepare(request)
+            prepared = resp
             for line in first:
                 await resp.write(line)
             if send_initial and bookmarks:
@@ -960,6 +963,8 @@ class KubeApi:
             deadline = opened + timeout
             next_bookmark = opened + self.cluster.timings.watch_bookmark_interval
             while not self.closing.is_set():
+                if request.transport is None or request.transport.is_closing():
+                    return resp  # the client hung up; stop holding a subscription for it
                 now = loop.time()
                 drop_every = self.cluster.faults.watch_drop_every
                 drop_at = opened + drop_every if drop_every else float("inf")
@@ -973,7 +978,13 @@ class KubeApi:
                     await resp.write(self._bookmark(rk, store.rv))
                     next_bookmark = now + self.cluster.timings.watch_bookmark_interval
                     continue
-                wake = min(deadline, drop_at, next_bookmark if bookmarks else float("inf"))
+                # wake at least every CLIENT_CHECK_INTERVAL to notice clients that went away
+                wake = min(
+                    deadline,
+                    drop_at,
+                    next_bookmark if bookmarks else float("inf"),
+                    now + CLIENT_CHECK_INTERVAL,
+                )
                 try:
                     ev = await asyncio.wait_for(watcher.queue.get(), max(0.0, wake - now))
                 except TimeoutError:
@@ -988,8 +999,10 @@ class KubeApi:
                 await resp.write(self._bookmark(rk, store.rv))
             await resp.write_eof()
             return resp
-        except (ConnectionResetError, ConnectionError):
-            return web.Response(status=499)  # the client went away; nothing more to send
+        except ConnectionError:
+            if prepared is None:
+                raise
+            return prepared  # the client went away mid-stream; nothing more to send
         finally:
             store.unsubscribe(watcher)
 

@@ -42,7 +42,7 @@ import ray
 
 from actors import names
 from falcon_ray import lifecycle as lc
-from falcon_ray import metrics, render
+from falcon_ray import metrics, reconcile, render
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
 from falcon_ray.reconcile import ClusterView, JobView, OpView, PoolView, ReservationView
@@ -103,6 +103,7 @@ class ClusterActor:
         self.op_fifo: deque[PoolOp] = deque()
         self.op_wake = threading.Event()
         self.reservation: ReservationView | None = None
+        self.reservation_error: tuple[str, str] | None = None
         self.reservation_at = 0.0
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
@@ -129,7 +130,7 @@ class ClusterActor:
         ep = gke.get_cluster(c.project, c.location, c.name)
         self.last_ok["gke"] = time.time()
         self.kube = KubeApi(api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme))
-        self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds)
+        self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
         self.gke = gke
 
     def _connect_and_watch(self) -> None:
@@ -150,7 +151,10 @@ class ClusterActor:
             return
         self.op_wake.set()
         self.watcher = JobWatcher(
-            self.kube, self.cluster.namespace, label_selector="managed-by=falcon", timeout_seconds=self.s.watch_timeout_s
+            self.kube,
+            self.cluster.namespace,
+            label_selector=reconcile.installation_selector(self.s.installation),
+            timeout_seconds=self.s.watch_timeout_s,
         )
         self.watcher.run(self._on_job, self.stop, on_resync=self._on_resync)
 
@@ -271,14 +275,19 @@ class ClusterActor:
         c = self.cluster
         if not c.default_reservation or self.compute is None:
             return
-        if self.reservation is not None and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
+        if (self.reservation is not None or self.reservation_error) and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
             return
+        zone, name = reservation_ref(c.default_reservation, c.location)
         try:
-            r = self.compute.reservation(c.project, c.location, c.default_reservation)
+            r = self.compute.reservation(c.project, zone, name)
             self.last_ok["compute"] = time.time()
-        except Exception as e:
-            log.warning("cluster %s: reservation read failed: %s", self.name, e)
+        except CloudError as e:
+            log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
+            self.reservation_error = (e.kind.value, e.message[:500])
+            self.reservation = None
+            self.reservation_at = time.monotonic()
             return
+        self.reservation_error = None
         self.reservation = ReservationView(r.count, r.in_use)
         self.reservation_at = time.monotonic()
         metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
@@ -299,6 +308,7 @@ class ClusterActor:
                 ops={n: self.ops[n].view() for n in pool_names if n in self.ops},
                 jobs=jobs,
                 reservation=self.reservation,
+                reservation_error=self.reservation_error,
                 synced=self.pools_synced and self.jobs_synced,
                 error=self.connect_error,
             )
@@ -477,6 +487,8 @@ class ClusterActor:
         for name, labels in names_labels:
             if not name.startswith(POOL_PREFIX) or labels.get("managed-by") != "falcon":
                 continue
+            if labels.get(reconcile.INSTALLATION_LABEL) != self.s.installation:
+                continue  # another installation's pool (or not Falcon's at all): never ours to delete
             lease = leases.get(name)
             if lease is not None and lease.state != lc.LeaseState.DELETING.value:
                 continue  # a QueueActor manages it
@@ -502,10 +514,10 @@ class ClusterActor:
             jobs = dict(self.jobs)
         stale: list[str] = []
         if jobs:
+            # the watch only sees this installation's Jobs; still, delete only those whose task is over
             terminal = {t.id for t in self.store.get_tasks(jobs) if t.terminal}
-            known = {t.id for t in self.store.get_tasks(jobs)}
             for tid, jv in jobs.items():
-                if tid in terminal or tid not in known:
+                if tid in terminal:
                     try:
                         self.delete_job(jv.namespace, jv.name)
                         stale.append(jv.name)
@@ -566,6 +578,14 @@ class ClusterActor:
             alive = sum(1 for n in self.pools if n.startswith(POOL_PREFIX))
             busy = sum(1 for o in self.ops.values() if o.state in ("queued", "running"))
         return f"ClusterActor({self.name} {c.tpu_type if c else '?'} {c.status if c else '?'}: {alive} pools, {busy} ops, {len(self.jobs)} jobs)"
+
+
+def reservation_ref(default_reservation: str, location: str) -> tuple[str, str]:
+    """``NAME`` (in the cluster's zone) or ``ZONE/NAME`` (for a regional cluster) -> (zone, name)."""
+    if "/" in default_reservation:
+        zone, name = default_reservation.split("/", 1)
+        return zone, name
+    return location, default_reservation
 
 
 def utc_iso(ts: float | None) -> str | None:

@@ -50,7 +50,14 @@ from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import Store, utcnow
 
 log = logging.getLogger("falcon.queue")
-PERMANENT_SUBMIT = (ErrorKind.PERMANENT.value, ErrorKind.QUOTA_OR_STOCKOUT.value, ErrorKind.ALREADY_EXISTS.value)
+# A refused Job does not become acceptable by retrying: a 404 is a missing namespace, a 409
+# on a name Falcon cannot adopt is someone else's object.
+PERMANENT_SUBMIT = (
+    ErrorKind.PERMANENT.value,
+    ErrorKind.QUOTA_OR_STOCKOUT.value,
+    ErrorKind.ALREADY_EXISTS.value,
+    ErrorKind.NOT_FOUND.value,
+)
 
 
 @ray.remote

@@ -8,8 +8,10 @@ controller on the same database waits for the lease. Holding it, it makes the se
 of actors match the registry: the poller, a ClusterActor per registered cluster,
 and a QueueActor per (cluster, topology) that has live tasks or live leases. It
 uses get-if-exists, so starting again adopts the actors already running (they are
-detached and outlive this process). A cluster removed from the registry has its
-actors retired once nothing of it is live. Registry status changes reach the
+detached and outlive this process). A QueueActor with nothing live is retired.
+Clusters are taken out of service with ``clusters set-status ... offline``, never by
+deleting their row: a deleted row retires the cluster's actors at once, and its
+tasks would be left with nobody to finish them. Registry status changes reach the
 actors on the next reconcile: a cluster in maintenance or offline gets no new
 tasks (the poller ranks only active ones), its queues re-rank their waiting tasks
 and delete idle pools, and running tasks finish.

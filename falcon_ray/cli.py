@@ -238,7 +238,7 @@ def _tpu_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--location", required=True, help="GKE location (zone or region).")
 @click.option("--tpu-type", required=True, callback=_tpu_type, help=f"One of {', '.join(tpu.tpu_types())}.")
 @click.option("--gcs-bucket", default="", help="Bucket for the Jobs' logs.")
-@click.option("--reservation", default="", help="Default reservation (empty: flex-start by default).")
+@click.option("--reservation", default="", help="Default reservation: NAME in the cluster's zone, or ZONE/NAME for a regional cluster (empty: flex-start by default).")
 @click.option("--status", type=click.Choice(CLUSTER_STATUSES), default="active", show_default=True)
 @click.option("--namespace", default="falcon-jobs", show_default=True, help="Namespace the Jobs run in.")
 @click.option("--service-account", default="falcon-job", show_default=True, help="Kubernetes SA the Jobs run as.")

@@ -56,6 +56,11 @@ class Settings(BaseModel):
     kubernetes_scheme: str = Field("https", pattern="^https?$", description="scheme of the edge clusters' API")
     api_retry_timeout_s: float = Field(30.0, gt=0, description="total retry budget of one GKE/Compute call")
     # --- process
+    installation: str = Field(
+        "default",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="this controller's mark on its pools and Jobs; installations sharing a cluster never touch each other's",
+    )
     namespace: str = Field("falcon", description="Ray namespace of the actors")
     leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
     registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles")

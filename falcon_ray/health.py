@@ -3,9 +3,10 @@
 Contract
 --------
 ``check(supervisor)`` returns one JSON-able report: the leader lease, the database,
-every actor's answer to ``ping`` (with a deadline, so one hung actor cannot hang
-the probe), each ClusterActor's last successful GKE / Kubernetes call and watch
-age, and the live tasks whose row has not changed for longer than their state
+every actor's answer (with a deadline, so one hung actor cannot hang the probe),
+each ClusterActor's last successful GKE / Kubernetes call and watch age (a cluster
+that cannot be reached is listed in ``degraded_clusters``: it makes neither probe
+fail, since restarting the controller would not fix it), and the live tasks whose row has not changed for longer than their state
 allows (``Settings.stuck_after_s``). ``healthy`` is the liveness verdict (leader
 held or waiting, database reachable, actors answering); ``ready`` adds that the
 lease is held. ``stuck_tasks`` are reported, not fatal: a stuck task is the
@@ -65,6 +66,7 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
         "renewed_at": sup.lease_renewed_at,
     }
     actors: dict[str, Any] = {}
+    degraded: list[str] = []
     refs = {}
     for name in sup.actor_names():
         h = sup.known.get(name) or names.lookup(name, sup.s.namespace)
@@ -91,13 +93,16 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
                     watch_relists=watch.get("relists"),
                 )
                 if not snap.get("connected"):
-                    entry["ok"] = False
+                    # an unreachable edge cluster degrades that cluster only; restarting the
+                    # controller would not fix it and would interrupt every other queue
+                    degraded.append(name)
             else:
                 entry["last_error"] = snap.get("last_error") or ""
             actors[name] = entry
         except Exception as e:
             actors[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
     report["actors"] = actors
+    report["degraded_clusters"] = degraded
     try:
         report["stuck_tasks"] = stuck_tasks(sup.store, sup.s.stuck_after_s) if report["database"]["ok"] else []
     except Exception as e:

@@ -120,6 +120,7 @@ class ClusterView:
     ops: dict[str, OpView] = field(default_factory=dict)
     jobs: dict[int, JobView] = field(default_factory=dict)
     reservation: ReservationView | None = None
+    reservation_error: tuple[str, str] | None = None  # (ErrorKind value, the API's message) of the last read
     synced: bool = True
     error: str = ""
 
@@ -233,6 +234,15 @@ class EffectGroup:
 
 
 # ---- helpers ----------------------------------------------------------------------------
+
+INSTALLATION_LABEL = "falcon-installation"  # GCE resource label on pools (no '/' allowed there)
+INSTALLATION_JOB_LABEL = "falcon.dev/installation"
+
+
+def installation_selector(installation: str) -> str:
+    """The label selector of this installation's Jobs."""
+    return f"{render.MANAGED_SELECTOR},{INSTALLATION_JOB_LABEL}={installation}"
+
 
 HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE)
 POOL_UP = ("RUNNING", "RECONCILING", "RUNNING_WITH_ERROR")
@@ -359,6 +369,8 @@ class _Decider:
                 effects.append(MoveLease(lease.id, lease.name, (LeaseState.READY,), LeaseState.IN_USE))
             q = queue_label(self.q.cluster.name, self.q.topology)
             manifest = render.job_manifest(t.id, t.spec, self.q.cluster, pool, q)
+            for labels in (manifest["metadata"]["labels"], manifest["spec"]["template"]["metadata"]["labels"]):
+                labels[INSTALLATION_JOB_LABEL] = self.s.installation
             service = render.headless_service(t.id, t.spec, self.q.cluster) if t.spec.shape.multi_host else None
             effects.append(SubmitJob(t.id, manifest, service, first=t.dispatched_at is None))
             return self.add(f"task {t.id}: submit Job", *effects)
@@ -435,7 +447,22 @@ class _Decider:
                         self.msg("node_pool_failed", detail=f"cluster {cluster.name} has no reservation configured"),
                     )
                 r = self.v.reservation
+                err = self.v.reservation_error
+                if err is not None and err[0] in ("not_found", "permanent"):
+                    return self.fail_acquire(
+                        t,
+                        None,
+                        lc.failed(Reason.NODE_POOL_FAILED),
+                        self.msg(
+                            "node_pool_failed",
+                            detail=f"cannot read reservation {cluster.default_reservation}: {err[1]}",
+                        ),
+                    )
                 if r is None:
+                    if err is not None:  # transient: keep trying, but say why nothing happens
+                        text = self.msg("reservation_unreadable", reservation=cluster.default_reservation, detail=err[1])
+                        if text != t.message:
+                            self.add(f"task {t.id}: reservation unreadable", UpdateTask(t.id, (t.phase,), text))
                     return None  # not read yet; the ClusterActor fetches it for the next tick
                 head = scheduling.reservation_headroom(r.count, r.in_use, shape.hosts)
                 if not head.enough:
@@ -529,9 +556,11 @@ class _Decider:
             SupplyMode.FLEX_START: self.s.flex_start_idle_s,
         }[mode]
         policy = self.s.v7x_workload_policy.format(topology=t.spec.topology) if t.spec.tpu_type == "v7x" else None
-        return render.node_pool_request(
+        request = render.node_pool_request(
             t.spec, self.q.cluster, mode.value, name, t.id, idle_seconds=idle_s, workload_policy=policy
         )
+        request["config"]["resourceLabels"][INSTALLATION_LABEL] = self.s.installation
+        return request
 
     # rule 5 -------------------------------------------------------------------------
     def pick(self, waiting: Sequence[QueueTask]) -> None:

@@ -313,3 +313,24 @@ def test_finished_pool_is_kept_for_an_acquiring_task_whose_own_pool_is_not_ready
     moves = {(e.name, e.to) for e in effects(g, MoveLease)}
     assert ("falcon-t1-2x2", LeaseState.IDLE) in moves
     assert not effects(g, DeletePool)
+
+
+def test_unreadable_reservation_fails_when_permanent_and_says_why_when_transient():
+    t = task(1, phase=lc.PROVISIONING)
+    g = decide(state([t]), ClusterView(reservation_error=("not_found", "reservation res-a not found")), NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.NODE_POOL_FAILED) and "res-a not found" in tr.message
+    g = decide(state([t]), ClusterView(reservation_error=("transient", "503 backend error")), NOW, S)
+    assert not transitions(g)
+    assert "503 backend error" in effects(g, UpdateTask)[0].message
+
+
+def test_pools_and_jobs_carry_the_installation_mark():
+    t = task(1, phase=lc.PROVISIONING)
+    g = decide(state([t]), ClusterView(reservation=ReservationView(4, 0)), NOW, S.model_copy(update={"installation": "prod"}))
+    (ensure,) = effects(g, EnsurePool)
+    assert ensure.request["config"]["resourceLabels"]["falcon-installation"] == "prod"
+    t = task(1, phase=lc.DISPATCHING, pool="falcon-t1-2x2")
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.READY, 1)]), ClusterView(), NOW, S)
+    (sub,) = effects(g, SubmitJob)
+    assert sub.manifest["metadata"]["labels"]["falcon.dev/installation"] == "default"

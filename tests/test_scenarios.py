@@ -294,18 +294,22 @@ def test_orphan_scan_deletes_only_leaked_falcon_pools(controller):
             "placementPolicy": {"tpuTopology": "2x2"},
         }
 
-    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-t999-2x2", {"managed-by": "falcon"}))
+    ours = {"managed-by": "falcon", "falcon-installation": run.settings.installation}
+    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-t999-2x2", ours))
     time.sleep(1.0)
     gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-foreign", {}))
     time.sleep(1.0)
-    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("team-pool", {"managed-by": "falcon"}))
+    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("team-pool", ours))
+    time.sleep(1.0)
+    staging = {"managed-by": "falcon", "falcon-installation": "staging"}
+    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-t998-2x2", staging))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "falcon-t999-2x2" in run.falcon_pools_alive():
         time.sleep(0.3)
     alive = {p["name"] for p in run.sim.stats()["clusters"]["edge-a"]["node_pools"] if p["deleted_at"] is None}
     assert "falcon-t999-2x2" not in alive
-    assert {"falcon-foreign", "team-pool"} <= alive
-    for name in ("falcon-foreign", "team-pool"):  # leave the fleet clean for the shared checks
+    assert {"falcon-foreign", "team-pool", "falcon-t998-2x2"} <= alive  # not ours: left alone
+    for name in ("falcon-foreign", "team-pool", "falcon-t998-2x2"):  # leave the fleet clean for the shared checks
         with contextlib.suppress(Exception):
             time.sleep(0.5)
             gke.delete_node_pool("proj-a", "us-east5-b", "edge-a", name)

@@ -298,7 +298,7 @@ def test_every_decided_transition_is_in_the_lifecycle_table(src):
         for g in decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]), v, NOW, S):
             for e in g.effects:
                 if isinstance(e, Transition):
-                    assert all(lc.allowed(s, e.to) for s in e.expect), (s, e)
+                    assert all(lc.allowed(s, e.to) for s in e.expect), e
 
 
 def test_finished_pool_is_kept_for_an_acquiring_task_whose_own_pool_is_not_ready():

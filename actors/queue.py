@@ -50,6 +50,7 @@ from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import Store, utcnow
 
 log = logging.getLogger("falcon.queue")
+IDLE_TICK_FACTOR = 5
 # A refused Job does not become acceptable by retrying: a 404 is a missing namespace, a 409
 # on a name Falcon cannot adopt is someone else's object.
 PERMANENT_SUBMIT = (
@@ -108,7 +109,9 @@ class QueueActor:
 
     def _loop(self) -> None:
         while not self.stop.is_set():
-            self.wake.wait(self.s.queue_tick_s)
+            # an empty queue re-reads less often; a hint (new task, abort, Job event) wakes it at once
+            empty = self.last_state is not None and not self.last_state.tasks and not self.last_state.leases
+            self.wake.wait(self.s.queue_tick_s * (IDLE_TICK_FACTOR if empty else 1))
             self.wake.clear()
             if self.stop.is_set():
                 break

@@ -172,14 +172,14 @@ def _only_taskspec_or_specerror(raw) -> None:
     assert isinstance(out, TaskSpec)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(json_values)
 def test_random_json_values(value):
     _only_taskspec_or_specerror(value)
     _only_taskspec_or_specerror(json.dumps(value))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(field_dicts)
 def test_random_values_under_real_field_names(value):
     _only_taskspec_or_specerror(value)

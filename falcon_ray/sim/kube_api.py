@@ -27,8 +27,10 @@ semantics the official ``kubernetes`` client relies on:
   ``timeoutSeconds`` ends the stream. Objects entering or leaving a selector
   arrive as ADDED / DELETED. The ``watch_drop_every`` fault aborts the TCP
   connection mid-stream that many seconds after the watch opened.
-* Admission: a Job or Pod whose container image starts with a prefix in the
-  ``deny_images`` fault is refused 403 with an admission-webhook message.
+* Admission (:mod:`falcon_ray.sim.kube_admission`): wrongly typed bodies get 400,
+  invalid ones 422, and a Job or Pod whose container image starts with a prefix
+  in the ``deny_images`` fault is refused 403 with an admission-webhook message.
+  Patch bodies are applied by :mod:`falcon_ray.sim.kube_patch`.
 * Authentication: ``Authorization: Bearer <token issued by the fleet>``; the
   cluster's ``token_ttl`` fault caps the accepted token age. ``/version``,
   ``/healthz``, ``/livez`` and ``/readyz`` are public, as with default RBAC.
@@ -40,18 +42,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from . import kube_admission as admission
 from .errors import KubeError, json_response, kube_errors, read_json_object
+from .kube_patch import json_patch, merge_patch
 from .kube_store import RESOURCES, ResourceKind, WatchEvent, clone
-from .node_pools import TPU_RESOURCE
 from .selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
-from .workloads import CONTROLLER_UID_LABEL, JOB_NAME_LABEL
 
 if TYPE_CHECKING:
     from .auth import TokenBook
@@ -60,9 +61,6 @@ if TYPE_CHECKING:
 DEFAULT_WATCH_TIMEOUT = 1800.0
 CLIENT_CHECK_INTERVAL = 1.0
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
-WEBHOOK = "policy.example.com"
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SERVER_METADATA = (
     "uid",
     "resourceVersion",
@@ -71,208 +69,6 @@ _SERVER_METADATA = (
     "generation",
     "selfLink",
 )
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return clone(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise KubeError(422, f"invalid JSON pointer {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _walk(doc: Any, parts: list[str]) -> Any:
-    cur = doc
-    for p in parts:
-        cur = cur[int(p)] if isinstance(cur, list) else cur[p]
-    return cur
-
-
-def _apply_one(doc: Any, op: dict[str, Any]) -> Any:
-    """Apply one RFC 6902 operation; returns the (possibly replaced) document."""
-    kind, parts = op["op"], _pointer(op["path"])
-    if kind == "test":
-        if _walk(doc, parts) != op.get("value"):
-            raise KubeError(422, f"test operation failed at {op['path']}")
-        return doc
-    if kind in ("copy", "move"):
-        src = _pointer(op.get("from", ""))
-        value = clone(_walk(doc, src))
-        if kind == "move":
-            holder = _walk(doc, src[:-1])
-            del holder[int(src[-1]) if isinstance(holder, list) else src[-1]]
-        kind, op = "add", {"op": "add", "path": op["path"], "value": value}
-    if not parts:
-        if kind in ("add", "replace"):
-            return clone(op.get("value"))
-        raise KubeError(422, "cannot remove the whole document")
-    holder, key = _walk(doc, parts[:-1]), parts[-1]
-    if isinstance(holder, list):
-        index = len(holder) if key == "-" else int(key)
-        if kind == "add":
-            holder.insert(index, clone(op.get("value")))
-        elif kind == "replace":
-            holder[index] = clone(op.get("value"))
-        elif kind == "remove":
-            del holder[index]
-        else:
-            raise KubeError(422, f"unknown JSON patch operation {kind!r}")
-        return doc
-    if kind not in ("add", "replace", "remove"):
-        raise KubeError(422, f"unknown JSON patch operation {kind!r}")
-    if kind != "add" and key not in holder:
-        raise KubeError(422, f"{kind} operation does not apply: doc is missing path: {op['path']}")
-    if kind == "remove":
-        del holder[key]
-    else:
-        holder[key] = clone(op.get("value"))
-    return doc
-
-
-def json_patch(doc: Any, ops: list[Any]) -> Any:
-    """RFC 6902 JSON patch (add, remove, replace, test, copy, move) on a copy of ``doc``."""
-    doc = clone(doc)
-    for op in ops:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise KubeError(422, "each JSON patch operation needs 'op' and 'path'")
-        try:
-            doc = _apply_one(doc, op)
-        except (KeyError, IndexError, ValueError, TypeError):
-            raise KubeError(
-                422, f"JSON patch operation {op['op']} does not apply at {op['path']!r}"
-            ) from None
-    return doc
-
-
-def _group(rk: ResourceKind) -> str:
-    return rk.api_version.split("/")[0] if "/" in rk.api_version else ""
-
-
-def _qualified(rk: ResourceKind) -> str:
-    g = _group(rk)
-    return f"{rk.plural}.{g}" if g else rk.plural
-
-
-def _kind_ref(rk: ResourceKind) -> str:
-    g = _group(rk)
-    return f"{rk.kind}.{g}" if g else rk.kind
-
-
-def _invalid(rk: ResourceKind, name: str, field: str, reason: str, detail: str) -> KubeError:
-    message = f'{_kind_ref(rk)} "{name}" is invalid: {field}: {detail}'
-    return KubeError(
-        422,
-        message,
-        "Invalid",
-        {
-            "name": name,
-            "group": _group(rk),
-            "kind": rk.kind,
-            "causes": [{"reason": reason, "message": detail, "field": field}],
-        },
-    )
-
-
-def _not_found(rk: ResourceKind, name: str) -> KubeError:
-    return KubeError(
-        404,
-        f'{_qualified(rk)} "{name}" not found',
-        "NotFound",
-        {"name": name, "group": _group(rk), "kind": rk.plural},
-    )
-
-
-def _images(pod_spec: dict[str, Any]) -> list[str]:
-    return [
-        str(c.get("image", ""))
-        for key in ("initContainers", "containers")
-        for c in pod_spec.get(key) or []
-        if isinstance(c, dict)
-    ]
-
-
-_POD_SPEC_SHAPES: dict[str, type | tuple[type, ...]] = {
-    "containers": list,
-    "initContainers": list,
-    "nodeSelector": dict,
-    "tolerations": list,
-    "affinity": dict,
-    "restartPolicy": str,
-    "hostname": str,
-    "subdomain": str,
-    "nodeName": str,
-    "serviceAccountName": str,
-    "volumes": list,
-}
-_CONTAINER_SHAPES: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "image": str,
-    "command": list,
-    "args": list,
-    "env": list,
-    "resources": dict,
-    "volumeMounts": list,
-    "ports": list,
-}
-
-
-def _validate_node(rk: ResourceKind, node: dict[str, Any]) -> None:
-    """The node fields the scheduler reads must have their API types."""
-    _check_shapes(rk, node.get("spec") or {}, "spec", {"taints": list, "unschedulable": bool})
-    for i, taint in enumerate((node.get("spec") or {}).get("taints") or []):
-        _check_shapes(rk, taint, f"spec.taints[{i}]", {"key": str, "value": str, "effect": str})
-    status = node.get("status") or {}
-    _check_shapes(rk, status, "status", {"allocatable": dict, "conditions": list, "addresses": list})
-    for key in ("conditions", "addresses"):
-        for i, item in enumerate(status.get(key) or []):
-            _check_shapes(rk, item, f"status.{key}[{i}]", {"type": str, "status": str, "address": str})
-    tpus = (status.get("allocatable") or {}).get(TPU_RESOURCE, "0")
-    if not isinstance(tpus, (str, int)) or isinstance(tpus, bool) or not str(tpus).isdigit():
-        raise _cannot_decode(rk, f"status.allocatable[{TPU_RESOURCE}]", "Quantity")
-
-
-def _cannot_decode(rk: ResourceKind, field: str, expected: str) -> KubeError:
-    return KubeError(
-        400,
-        f'{rk.kind} in version "{rk.api_version.split("/")[-1]}" cannot be handled as a {rk.kind}: '
-        f"json: cannot unmarshal into Go struct field {field} of type {expected}",
-        "BadRequest",
-    )
-
-
-def _check_shapes(rk: ResourceKind, obj: Any, field: str, shapes: dict[str, type | tuple[type, ...]]) -> None:
-    """Reject values of the wrong JSON type the way the apiserver's decoder does (400)."""
-    if not isinstance(obj, dict):
-        raise _cannot_decode(rk, field, "object")
-    for key, expected in shapes.items():
-        value = obj.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, expected) or isinstance(value, bool) and expected is not bool:
-            name = expected.__name__ if isinstance(expected, type) else "value"
-            raise _cannot_decode(
-                rk, f"{field}.{key}", {"dict": "object", "list": "array", "str": "string"}.get(name, name)
-            )
-    if shapes is _POD_SPEC_SHAPES:
-        selector = obj.get("nodeSelector") or {}
-        if not all(isinstance(v, str) for v in selector.values()):
-            raise _cannot_decode(rk, f"{field}.nodeSelector", "map[string]string")
-    for key in ("command", "args"):
-        if shapes is _CONTAINER_SHAPES and not all(isinstance(v, str) for v in obj.get(key) or []):
-            raise _cannot_decode(rk, f"{field}.{key}", "[]string")
 
 
 class KubeApi:
@@ -371,7 +167,7 @@ class KubeApi:
     def _get(self, rk: ResourceKind, ns: str, name: str) -> dict[str, Any]:
         obj = self.store.get(rk.plural, ns, name)
         if obj is None:
-            raise _not_found(rk, name)
+            raise admission.not_found(rk, name)
         return obj
 
     @staticmethod
@@ -456,7 +252,7 @@ class KubeApi:
         if request.method == "POST" and name is None:
             body = await read_json_object(request, "kube")
             new = (body.get("metadata") or {}).get("name")
-            if not isinstance(new, str) or not _DNS_LABEL.match(new):
+            if not isinstance(new, str) or not admission.DNS_LABEL.match(new):
                 raise KubeError(422, f'Namespace "{new}" is invalid: metadata.name: Invalid value', "Invalid")
             return json_response(ns_obj(new), 201)
         if request.method != "GET":
@@ -503,179 +299,12 @@ class KubeApi:
                     "the namespace of the provided object does not match the namespace sent on the request",
                 )
             md["namespace"] = ns
-        self._validate_metadata(rk, md)
+        admission.validate_metadata(rk, md)
         return md
 
-    @staticmethod
-    def _validate_metadata(rk: ResourceKind, md: dict[str, Any]) -> None:
-        for key in ("labels", "annotations"):
-            value = md.get(key)
-            if value is not None and (
-                not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
-            ):
-                raise _cannot_decode(rk, f"metadata.{key}", "map[string]string")
-        if not isinstance(md.get("ownerReferences", []), list):
-            raise _cannot_decode(rk, "metadata.ownerReferences", "[]OwnerReference")
-
-    def _admit(self, rk: ResourceKind, name: str, pod_spec: dict[str, Any]) -> None:
-        for image in _images(pod_spec):
-            for prefix in self.cluster.faults.deny_images:
-                if prefix and image.startswith(prefix):
-                    raise KubeError(
-                        403,
-                        f'admission webhook "{WEBHOOK}" denied the request: image "{image}" is not allowed '
-                        f'(images starting with "{prefix}" are denied in this cluster)',
-                        "Forbidden",
-                        {"name": name, "group": _group(rk), "kind": rk.plural},
-                    )
-
-    def _validate_pod_spec(self, rk: ResourceKind, name: str, spec: Any, field: str) -> dict[str, Any]:
-        """Shape (400, as the apiserver's decoder) and required fields (422) of a pod spec."""
-        if not isinstance(spec, dict):
-            raise _invalid(rk, name, field, "FieldValueRequired", "Required value")
-        _check_shapes(rk, spec, field, _POD_SPEC_SHAPES)
-        containers = spec.get("containers")
-        if not isinstance(containers, list) or not containers:
-            raise _invalid(rk, name, f"{field}.containers", "FieldValueRequired", "Required value")
-        for i, c in enumerate(containers):
-            where = f"{field}.containers[{i}]"
-            if not isinstance(c, dict):
-                raise _cannot_decode(rk, where, "Container")
-            _check_shapes(rk, c, where, _CONTAINER_SHAPES)
-            for j, e in enumerate(c.get("env") or []):
-                _check_shapes(rk, e, f"{where}.env[{j}]", {"name": str, "value": str, "valueFrom": dict})
-            for key in ("limits", "requests"):
-                for res, qty in ((c.get("resources") or {}).get(key) or {}).items():
-                    if not isinstance(qty, (str, int, float)) or isinstance(qty, bool):
-                        raise _cannot_decode(rk, f"{where}.resources.{key}[{res}]", "Quantity")
-            if not c.get("name"):
-                raise _invalid(rk, name, f"{where}.name", "FieldValueRequired", "Required value")
-            if not c.get("image"):
-                raise _invalid(rk, name, f"{where}.image", "FieldValueRequired", "Required value")
-        for i, t in enumerate(spec.get("tolerations") or []):
-            _check_shapes(
-                rk, t, f"{field}.tolerations[{i}]", {"key": str, "operator": str, "value": str, "effect": str}
-            )
-        node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-        _check_shapes(
-            rk,
-            node_affinity,
-            f"{field}.affinity.nodeAffinity",
-            {"requiredDuringSchedulingIgnoredDuringExecution": dict},
-        )
-        required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-        for i, term in enumerate(required.get("nodeSelectorTerms") or []):
-            where = f"{field}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]"
-            _check_shapes(rk, term, where, {"matchExpressions": list})
-            for j, expr in enumerate(term.get("matchExpressions") or []):
-                _check_shapes(
-                    rk, expr, f"{where}.matchExpressions[{j}]", {"key": str, "operator": str, "values": list}
-                )
-                if not all(isinstance(v, str) for v in expr.get("values") or []):
-                    raise _cannot_decode(rk, f"{where}.matchExpressions[{j}].values", "[]string")
-        return spec
-
-    def _validate_job_spec(self, name: str, spec: Any) -> dict[str, Any]:
-        """A Job spec the controller can run: 400 for wrong JSON types, 422 for invalid values."""
-        rk = RESOURCES["jobs"]
-        if not isinstance(spec, dict):
-            raise _invalid(rk, name, "spec", "FieldValueRequired", "Required value")
-        template = spec.get("template")
-        if not isinstance(template, dict):
-            raise _invalid(rk, name, "spec.template", "FieldValueRequired", "Required value")
-        _check_shapes(rk, template, "spec.template", {"metadata": dict, "spec": dict})
-        tmd = template.get("metadata") or {}
-        _check_shapes(rk, tmd, "spec.template.metadata", {"labels": dict, "annotations": dict})
-        for key in ("labels", "annotations"):
-            if not all(isinstance(v, str) for v in (tmd.get(key) or {}).values()):
-                raise _cannot_decode(rk, f"spec.template.metadata.{key}", "map[string]string")
-        _check_shapes(rk, spec, "spec", {"suspend": bool, "manualSelector": bool, "completionMode": str})
-        pod_spec = self._validate_pod_spec(rk, name, template.get("spec"), "spec.template.spec")
-        restart = pod_spec.get("restartPolicy")
-        if restart not in ("Never", "OnFailure"):
-            detail = (
-                'Required value: valid values: "OnFailure", "Never"'
-                if restart is None
-                else f'Unsupported value: "{restart}": supported values: "OnFailure", "Never"'
-            )
-            raise _invalid(rk, name, "spec.template.spec.restartPolicy", "FieldValueNotSupported", detail)
-        for key in ("parallelism", "completions", "backoffLimit", "activeDeadlineSeconds"):
-            value = spec.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise _invalid(
-                    rk, name, f"spec.{key}", "FieldValueInvalid", "must be greater than or equal to 0"
-                )
-        mode = spec.get("completionMode", "NonIndexed")
-        if mode not in ("NonIndexed", "Indexed"):
-            raise _invalid(
-                rk, name, "spec.completionMode", "FieldValueNotSupported", f'Unsupported value: "{mode}"'
-            )
-        if mode == "Indexed" and spec.get("completions") is None:
-            raise _invalid(
-                rk,
-                name,
-                "spec.completions",
-                "FieldValueRequired",
-                "Required value: when completion mode is Indexed",
-            )
-        return spec
-
-    def _default_job(self, body: dict[str, Any], name: str, uid: str) -> None:
-        rk = RESOURCES["jobs"]
-        if len(name) > 63 or not _DNS_LABEL.match(name):
-            raise _invalid(
-                rk,
-                name,
-                "metadata.name",
-                "FieldValueInvalid",
-                f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric '
-                "characters or '-', and must start and end with an alphanumeric character (at most 63 characters)",
-            )
-        spec = self._validate_job_spec(name, body.get("spec"))
-        template = spec["template"]
-        spec.setdefault("completionMode", "NonIndexed")
-        if spec.get("completions") is None and spec.get("parallelism") is None:
-            spec["completions"] = 1
-        spec.setdefault("parallelism", 1)
-        spec.setdefault("backoffLimit", 6)
-        spec.setdefault("suspend", False)
-        spec.setdefault("manualSelector", False)
-        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
-        tmd = template.setdefault("metadata", {})
-        tlabels = tmd.setdefault("labels", {})
-        if not spec.get("manualSelector"):
-            spec["selector"] = {"matchLabels": {CONTROLLER_UID_LABEL: uid}}
-            tlabels.update(
-                {CONTROLLER_UID_LABEL: uid, JOB_NAME_LABEL: name, "controller-uid": uid, "job-name": name}
-            )
-        md = body["metadata"]
-        if not md.get("labels"):
-            md["labels"] = dict(tlabels)
-        body["status"] = {}
-
-    def _default_pod(self, body: dict[str, Any], name: str) -> None:
-        rk = RESOURCES["pods"]
-        spec = self._validate_pod_spec(rk, name, body.get("spec"), "spec")
-        spec.setdefault("restartPolicy", "Always")
-        spec.setdefault("schedulerName", "default-scheduler")
-        body["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
-
-    def _default_service(self, body: dict[str, Any]) -> None:
-        spec = body.setdefault("spec", {})
-        if not isinstance(spec, dict):
-            raise _invalid(
-                RESOURCES["services"],
-                body["metadata"]["name"],
-                "spec",
-                "FieldValueInvalid",
-                "must be an object",
-            )
-        spec.setdefault("type", "ClusterIP")
-        if spec.get("clusterIP") in (None, ""):
-            self._service_ips += 1
-            spec["clusterIP"] = f"10.96.{self._service_ips // 250}.{self._service_ips % 250 + 1}"
-        spec["clusterIPs"] = [spec["clusterIP"]]
-        body["status"] = {"loadBalancer": {}}
+    def _next_service_ip(self) -> str:
+        self._service_ips += 1
+        return f"10.96.{self._service_ips // 250}.{self._service_ips % 250 + 1}"
 
     async def _create(self, request: web.Request, rk: ResourceKind, ns: str) -> web.Response:
         body = await read_json_object(request, "kube")
@@ -683,11 +312,10 @@ class KubeApi:
         md = self._check_body_identity(rk, body, ns)
         for key in _SERVER_METADATA:
             md.pop(key, None)
-        name = md.get("name")
-        if not name:
+        if not md.get("name"):
             prefix = md.get("generateName")
             if not prefix:
-                raise _invalid(
+                raise admission.invalid(
                     rk,
                     "",
                     "metadata.name",
@@ -695,37 +323,28 @@ class KubeApi:
                     "Required value: name or generateName is required",
                 )
             suffix = "".join(self.cluster.rng.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
-            name = md["name"] = f"{prefix}{suffix}"
-        if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-            raise _invalid(
-                rk,
-                str(name),
-                "metadata.name",
-                "FieldValueInvalid",
-                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
-                "characters, '-' or '.', and must start and end with an alphanumeric character",
-            )
+            md["name"] = f"{prefix}{suffix}"
+        name = admission.validate_name(rk, md["name"])
         uid = str(uuid.uuid4())
+        deny = self.cluster.faults.deny_images
         if rk.plural == "jobs":
-            self._default_job(body, name, uid)
-            self._admit(rk, name, body["spec"]["template"]["spec"])
+            admission.default_job(body, name, uid)
+            admission.deny_images(rk, name, body["spec"]["template"]["spec"], deny)
         elif rk.plural == "pods":
-            self._default_pod(body, name)
-            self._admit(rk, name, body["spec"])
+            admission.default_pod(body, name)
+            admission.deny_images(rk, name, body["spec"], deny)
         elif rk.plural == "services":
-            self._default_service(body)
-        elif rk.plural == "nodes":
-            if not isinstance(body.get("status", {}), dict):
-                raise _cannot_decode(rk, "status", "object")
-            _validate_node(rk, body)
+            admission.default_service(body, self._next_service_ip)
+        admission.validate_status(rk, body)
         obj = self.store.create(rk.plural, body, uid=uid)
         if rk.plural == "jobs":
             self.cluster.record_job_create(obj, received)
         return json_response(obj, 201)
 
     def _apply_update(
-        self, rk: ResourceKind, current: dict[str, Any], new: dict[str, Any], sub: str | None
+        self, rk: ResourceKind, current: dict[str, Any], new: Any, sub: str | None
     ) -> dict[str, Any]:
+        """Store ``new`` (a PUT body or a patched copy) over ``current``: main resource or ``status``."""
         md = current["metadata"]
         if not isinstance(new, dict):
             raise KubeError(400, "the object must be a JSON object")
@@ -739,12 +358,10 @@ class KubeApi:
             )
         rv = new_md.get("resourceVersion")
         if rv not in (None, "") and str(rv) != md["resourceVersion"]:
-            raise KubeError(
-                409,
-                f'Operation cannot be fulfilled on {_qualified(rk)} "{md["name"]}": the object has been modified; '
-                "please apply your changes to the latest version and try again",
-                "Conflict",
-                {"name": md["name"], "group": _group(rk), "kind": rk.plural},
+            raise admission.conflict(
+                rk,
+                md["name"],
+                "the object has been modified; please apply your changes to the latest version and try again",
             )
         if sub == "status":
             result = clone(current)
@@ -757,24 +374,12 @@ class KubeApi:
                 if key in _SERVER_METADATA or key in ("name", "namespace"):
                     result["metadata"][key] = value
             result["kind"], result["apiVersion"] = rk.kind, rk.api_version
-            self._validate_metadata(rk, result["metadata"])
+            admission.validate_metadata(rk, result["metadata"])
             if rk.plural == "jobs":
-                self._validate_job_spec(md["name"], result.get("spec"))
+                admission.validate_job_spec(md["name"], result.get("spec"))
             elif rk.plural == "pods":
-                self._validate_pod_spec(rk, md["name"], result.get("spec"), "spec")
-        if not isinstance(result.get("status", {}), dict):
-            raise _cannot_decode(rk, "status", "object")
-        if rk.plural == "nodes":
-            _validate_node(rk, result)
-        if rk.plural in ("pods", "jobs"):
-            status = result.get("status") or {}
-            _check_shapes(rk, status, "status", {"phase": str, "conditions": list, "containerStatuses": list})
-            for key in ("conditions", "containerStatuses"):
-                for i, item in enumerate(status.get(key) or []):
-                    _check_shapes(rk, item, f"status.{key}[{i}]", {"type": str, "status": str, "name": str})
-        for key in ("namespace", "uid", "creationTimestamp"):
-            if key in md:
-                result["metadata"][key] = md[key]
+                admission.validate_pod_spec(rk, md["name"], result.get("spec"), "spec")
+        admission.validate_status(rk, result)
         if result == current:
             return current
         return self.store.update(rk.plural, result, current)
@@ -846,11 +451,7 @@ class KubeApi:
         if (pre.get("uid") and pre["uid"] != md["uid"]) or (
             pre.get("resourceVersion") and pre["resourceVersion"] != md["resourceVersion"]
         ):
-            raise KubeError(
-                409,
-                f'Operation cannot be fulfilled on {_qualified(rk)} "{name}": Precondition failed',
-                "Conflict",
-            )
+            raise admission.conflict(rk, name, "Precondition failed")
         deleted = self._delete_one(rk, ns, name, opts.get("propagationPolicy") or "Background")
         if rk.plural in ("pods", "services"):
             return json_response(deleted)  # the API answers these deletes with the object
@@ -860,7 +461,7 @@ class KubeApi:
                 "apiVersion": "v1",
                 "metadata": {},
                 "status": "Success",
-                "details": {"name": name, "group": _group(rk), "kind": rk.plural, "uid": md["uid"]},
+                "details": {"name": name, "group": admission.group(rk), "kind": rk.plural, "uid": md["uid"]},
             }
         )
 

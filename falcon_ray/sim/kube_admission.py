@@ -1,0 +1,356 @@
+"""What the simulated apiserver does to a body before storing it: decode checks, validation, defaulting, admission.
+
+Contract
+--------
+Every function raises :class:`~falcon_ray.sim.errors.KubeError` with the code the
+real apiserver uses, so no malformed object ever reaches the store or the
+in-cluster controllers:
+
+* ``decode_error`` - 400: a field has the wrong JSON type (the apiserver's decoder
+  refuses the body before validation).
+* ``invalid`` - 422 ``Invalid`` with ``details.causes``: a required field is
+  missing or a value is not allowed.
+* ``validate_metadata``, ``validate_pod_spec``, ``validate_job_spec``,
+  ``validate_node``, ``validate_status`` check the fields the simulator reads.
+* ``default_job`` / ``default_pod`` / ``default_service`` fill what the apiserver
+  fills (Job selector on its uid, parallelism, completions, backoffLimit...).
+* ``deny_images`` is the policy webhook driven by the ``deny_images`` fault (403).
+* ``not_found``, ``conflict``, ``qualified`` and ``group`` build the usual messages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from .errors import KubeError
+from .kube_store import RESOURCES, ResourceKind
+from .node_pools import TPU_RESOURCE
+from .workloads import CONTROLLER_UID_LABEL, JOB_NAME_LABEL
+
+WEBHOOK = "policy.example.com"
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+# JSON types by the Go type names the apiserver's decoder reports
+_IS: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "[]object": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "[]string": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "map[string]string": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+}
+POD_SPEC_FIELDS = {
+    "containers": "[]object",
+    "initContainers": "[]object",
+    "nodeSelector": "map[string]string",
+    "tolerations": "[]object",
+    "affinity": "object",
+    "restartPolicy": "string",
+    "hostname": "string",
+    "subdomain": "string",
+    "nodeName": "string",
+    "serviceAccountName": "string",
+    "volumes": "[]object",
+}
+CONTAINER_FIELDS = {
+    "name": "string",
+    "image": "string",
+    "command": "[]string",
+    "args": "[]string",
+    "env": "[]object",
+    "resources": "object",
+    "volumeMounts": "[]object",
+    "ports": "[]object",
+}
+
+
+def group(rk: ResourceKind) -> str:
+    return rk.api_version.split("/")[0] if "/" in rk.api_version else ""
+
+
+def qualified(rk: ResourceKind) -> str:
+    """``jobs.batch`` / ``pods``: how the apiserver names a resource in messages."""
+    return f"{rk.plural}.{group(rk)}" if group(rk) else rk.plural
+
+
+def decode_error(rk: ResourceKind, field: str, go_type: str) -> KubeError:
+    version = rk.api_version.split("/")[-1]
+    return KubeError(
+        400,
+        f'{rk.kind} in version "{version}" cannot be handled as a {rk.kind}: '
+        f"json: cannot unmarshal into Go struct field {field} of type {go_type}",
+        "BadRequest",
+    )
+
+
+def invalid(rk: ResourceKind, name: str, field: str, reason: str, detail: str) -> KubeError:
+    kind_ref = f"{rk.kind}.{group(rk)}" if group(rk) else rk.kind
+    return KubeError(
+        422,
+        f'{kind_ref} "{name}" is invalid: {field}: {detail}',
+        "Invalid",
+        {
+            "name": name,
+            "group": group(rk),
+            "kind": rk.kind,
+            "causes": [{"reason": reason, "message": detail, "field": field}],
+        },
+    )
+
+
+def not_found(rk: ResourceKind, name: str) -> KubeError:
+    details = {"name": name, "group": group(rk), "kind": rk.plural}
+    return KubeError(404, f'{qualified(rk)} "{name}" not found', "NotFound", details)
+
+
+def conflict(rk: ResourceKind, name: str, why: str) -> KubeError:
+    details = {"name": name, "group": group(rk), "kind": rk.plural}
+    return KubeError(
+        409, f'Operation cannot be fulfilled on {qualified(rk)} "{name}": {why}', "Conflict", details
+    )
+
+
+def check_fields(rk: ResourceKind, obj: Any, where: str, fields: dict[str, str]) -> None:
+    """400 unless ``obj`` is an object whose listed fields (when present) have their JSON types."""
+    if not isinstance(obj, dict):
+        raise decode_error(rk, where, "object")
+    for key, go_type in fields.items():
+        value = obj.get(key)
+        if value is not None and not _IS[go_type](value):
+            raise decode_error(rk, f"{where}.{key}", go_type)
+
+
+def validate_metadata(rk: ResourceKind, md: Any) -> None:
+    check_fields(
+        rk,
+        md,
+        "metadata",
+        {
+            "name": "string",
+            "generateName": "string",
+            "namespace": "string",
+            "labels": "map[string]string",
+            "annotations": "map[string]string",
+            "ownerReferences": "[]object",
+        },
+    )
+
+
+def validate_pod_spec(rk: ResourceKind, name: str, spec: Any, where: str) -> dict[str, Any]:
+    if not isinstance(spec, dict):
+        raise invalid(rk, name, where, "FieldValueRequired", "Required value")
+    check_fields(rk, spec, where, POD_SPEC_FIELDS)
+    containers = spec.get("containers") or []
+    if not containers:
+        raise invalid(rk, name, f"{where}.containers", "FieldValueRequired", "Required value")
+    for i, c in enumerate(containers):
+        at = f"{where}.containers[{i}]"
+        check_fields(rk, c, at, CONTAINER_FIELDS)
+        for j, env in enumerate(c.get("env") or []):
+            check_fields(
+                rk, env, f"{at}.env[{j}]", {"name": "string", "value": "string", "valueFrom": "object"}
+            )
+        resources = c.get("resources") or {}
+        check_fields(rk, resources, f"{at}.resources", {"limits": "object", "requests": "object"})
+        for key in ("limits", "requests"):
+            for res, qty in (resources.get(key) or {}).items():
+                if not isinstance(qty, (str, int, float)) or isinstance(qty, bool):
+                    raise decode_error(rk, f"{at}.resources.{key}[{res}]", "Quantity")
+        for key in ("name", "image"):
+            if not c.get(key):
+                raise invalid(rk, name, f"{at}.{key}", "FieldValueRequired", "Required value")
+    for i, tol in enumerate(spec.get("tolerations") or []):
+        check_fields(
+            rk,
+            tol,
+            f"{where}.tolerations[{i}]",
+            {"key": "string", "operator": "string", "value": "string", "effect": "string"},
+        )
+    affinity = spec.get("affinity") or {}
+    check_fields(rk, affinity, f"{where}.affinity", {"nodeAffinity": "object"})
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required_key = "requiredDuringSchedulingIgnoredDuringExecution"
+    check_fields(rk, node_affinity, f"{where}.affinity.nodeAffinity", {required_key: "object"})
+    required = node_affinity.get(required_key) or {}
+    at = f"{where}.affinity.nodeAffinity.{required_key}"
+    check_fields(rk, required, at, {"nodeSelectorTerms": "[]object"})
+    for i, term in enumerate(required.get("nodeSelectorTerms") or []):
+        check_fields(rk, term, f"{at}.nodeSelectorTerms[{i}]", {"matchExpressions": "[]object"})
+        for j, expr in enumerate(term.get("matchExpressions") or []):
+            check_fields(
+                rk,
+                expr,
+                f"{at}.nodeSelectorTerms[{i}].matchExpressions[{j}]",
+                {"key": "string", "operator": "string", "values": "[]string"},
+            )
+    return spec
+
+
+def validate_job_spec(name: str, spec: Any) -> dict[str, Any]:
+    rk = RESOURCES["jobs"]
+    if not isinstance(spec, dict):
+        raise invalid(rk, name, "spec", "FieldValueRequired", "Required value")
+    check_fields(
+        rk, spec, "spec", {"suspend": "boolean", "manualSelector": "boolean", "completionMode": "string"}
+    )
+    template = spec.get("template")
+    if not isinstance(template, dict):
+        raise invalid(rk, name, "spec.template", "FieldValueRequired", "Required value")
+    check_fields(rk, template, "spec.template", {"metadata": "object", "spec": "object"})
+    check_fields(
+        rk,
+        template.get("metadata") or {},
+        "spec.template.metadata",
+        {"labels": "map[string]string", "annotations": "map[string]string"},
+    )
+    pod_spec = validate_pod_spec(rk, name, template.get("spec"), "spec.template.spec")
+    restart = pod_spec.get("restartPolicy")
+    if restart not in ("Never", "OnFailure"):
+        detail = (
+            'Required value: valid values: "OnFailure", "Never"'
+            if restart is None
+            else f'Unsupported value: "{restart}": supported values: "OnFailure", "Never"'
+        )
+        raise invalid(rk, name, "spec.template.spec.restartPolicy", "FieldValueNotSupported", detail)
+    for key in ("parallelism", "completions", "backoffLimit", "activeDeadlineSeconds"):
+        value = spec.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise invalid(rk, name, f"spec.{key}", "FieldValueInvalid", "must be greater than or equal to 0")
+    mode = spec.get("completionMode", "NonIndexed")
+    if mode not in ("NonIndexed", "Indexed"):
+        raise invalid(
+            rk, name, "spec.completionMode", "FieldValueNotSupported", f'Unsupported value: "{mode}"'
+        )
+    if mode == "Indexed" and spec.get("completions") is None:
+        raise invalid(
+            rk,
+            name,
+            "spec.completions",
+            "FieldValueRequired",
+            "Required value: when completion mode is Indexed",
+        )
+    return spec
+
+
+def validate_node(node: dict[str, Any]) -> None:
+    """The node fields the scheduler reads must have their API types."""
+    rk = RESOURCES["nodes"]
+    spec = node.get("spec") or {}
+    check_fields(rk, spec, "spec", {"taints": "[]object", "unschedulable": "boolean"})
+    for i, taint in enumerate(spec.get("taints") or []):
+        check_fields(rk, taint, f"spec.taints[{i}]", {"key": "string", "value": "string", "effect": "string"})
+    status = node.get("status") or {}
+    check_fields(
+        rk, status, "status", {"allocatable": "object", "conditions": "[]object", "addresses": "[]object"}
+    )
+    for key in ("conditions", "addresses"):
+        for i, item in enumerate(status.get(key) or []):
+            check_fields(
+                rk, item, f"status.{key}[{i}]", {"type": "string", "status": "string", "address": "string"}
+            )
+    tpus = (status.get("allocatable") or {}).get(TPU_RESOURCE, "0")
+    if not isinstance(tpus, (str, int)) or isinstance(tpus, bool) or not str(tpus).isdigit():
+        raise decode_error(rk, f"status.allocatable[{TPU_RESOURCE}]", "Quantity")
+
+
+def validate_status(rk: ResourceKind, obj: dict[str, Any]) -> None:
+    """The status fields the in-cluster controllers read (pods and Jobs)."""
+    status = obj.get("status", {})
+    if not isinstance(status, dict):
+        raise decode_error(rk, "status", "object")
+    if rk.plural == "nodes":
+        validate_node(obj)
+    elif rk.plural in ("pods", "jobs"):
+        check_fields(
+            rk,
+            status,
+            "status",
+            {"phase": "string", "conditions": "[]object", "containerStatuses": "[]object"},
+        )
+        for key in ("conditions", "containerStatuses"):
+            for i, item in enumerate(status.get(key) or []):
+                check_fields(
+                    rk, item, f"status.{key}[{i}]", {"type": "string", "status": "string", "name": "string"}
+                )
+
+
+def validate_name(rk: ResourceKind, name: Any) -> str:
+    if rk.plural == "jobs":  # the name becomes a label value: a DNS label, at most 63
+        if not isinstance(name, str) or len(name) > 63 or not DNS_LABEL.match(name):
+            raise invalid(
+                rk,
+                str(name),
+                "metadata.name",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case alphanumeric '
+                "characters or '-', and must start and end with an alphanumeric character (at most 63 characters)",
+            )
+    elif not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+        raise invalid(
+            rk,
+            str(name),
+            "metadata.name",
+            "FieldValueInvalid",
+            f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
+            "characters, '-' or '.', and must start and end with an alphanumeric character",
+        )
+    return name
+
+
+def default_job(body: dict[str, Any], name: str, uid: str) -> None:
+    spec = validate_job_spec(name, body.get("spec"))
+    spec.setdefault("completionMode", "NonIndexed")
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = 1
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("suspend", False)
+    spec.setdefault("manualSelector", False)
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    template_labels = spec["template"].setdefault("metadata", {}).setdefault("labels", {})
+    if not spec.get("manualSelector"):
+        spec["selector"] = {"matchLabels": {CONTROLLER_UID_LABEL: uid}}
+        template_labels.update(
+            {CONTROLLER_UID_LABEL: uid, JOB_NAME_LABEL: name, "controller-uid": uid, "job-name": name}
+        )
+    if not body["metadata"].get("labels"):
+        body["metadata"]["labels"] = dict(template_labels)
+    body["status"] = {}
+
+
+def default_pod(body: dict[str, Any], name: str) -> None:
+    spec = validate_pod_spec(RESOURCES["pods"], name, body.get("spec"), "spec")
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("schedulerName", "default-scheduler")
+    body["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+
+
+def default_service(body: dict[str, Any], next_ip: Callable[[], str]) -> None:
+    spec = body.setdefault("spec", {})
+    check_fields(
+        RESOURCES["services"], spec, "spec", {"clusterIP": "string", "type": "string", "selector": "object"}
+    )
+    spec.setdefault("type", "ClusterIP")
+    if not spec.get("clusterIP"):
+        spec["clusterIP"] = next_ip()
+    spec["clusterIPs"] = [spec["clusterIP"]]
+    body["status"] = {"loadBalancer": {}}
+
+
+def deny_images(rk: ResourceKind, name: str, pod_spec: dict[str, Any], prefixes: list[str]) -> None:
+    """The policy webhook: 403 when a container image starts with a denied prefix."""
+    for key in ("initContainers", "containers"):
+        for c in pod_spec.get(key) or []:
+            image = str(c.get("image", ""))
+            for prefix in prefixes:
+                if prefix and image.startswith(prefix):
+                    raise KubeError(
+                        403,
+                        f'admission webhook "{WEBHOOK}" denied the request: image "{image}" is not allowed '
+                        f'(images starting with "{prefix}" are denied in this cluster)',
+                        "Forbidden",
+                        {"name": name, "group": group(rk), "kind": rk.plural},
+                    )

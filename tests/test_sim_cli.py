@@ -20,10 +20,10 @@ from tests.fixtures_sim import SIM_TEST_FLEET
 REPO = Path(__file__).resolve().parents[1]
 
 
-def serve(*args: str) -> subprocess.Popen:
+def serve(*args: str, command: list[str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "falcon_ray.sim", "serve", *args],
+        [*(command or [sys.executable, "-m", "falcon_ray.sim"]), "serve", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -63,6 +63,22 @@ def test_serve_without_a_fleet_uses_the_default_fleet():
         endpoints = json.loads(proc.stdout.readline())
         assert set(endpoints["clusters"]) == {"edge-a", "edge-b"}
         proc.terminate()
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_falcon_ray_console_script_serves_too():
+    script = Path(sys.executable).with_name("falcon-ray")
+    if not script.exists():
+        pytest.skip("the falcon-ray console script is not installed in this environment")
+    proc = serve("--port", "0", command=[str(script), "sim"])
+    try:
+        endpoints = json.loads(proc.stdout.readline())
+        assert endpoints["stats"].startswith("http://127.0.0.1:")
+        proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 0
     finally:
         if proc.poll() is None:

@@ -334,11 +334,14 @@ def test_patch_replace_and_optimistic_concurrency(kube, sim):
     assert patched.metadata.labels["falcon/abort"] == "yes"
     assert int(patched.metadata.resource_version) > int(job.metadata.resource_version)
     assert patched.metadata.uid == job.metadata.uid and patched.metadata.generation == 1
-    stale = job.to_dict()
+    stale = batch.api_client.sanitize_for_serialization(job)  # carries the creation resourceVersion
     with pytest.raises(k8s.ApiException) as err:
-        batch.replace_namespaced_job("train-patch", NS, batch.api_client.sanitize_for_serialization(job))
+        batch.replace_namespaced_job("train-patch", NS, stale)
     assert err.value.status == 409 and status_body(err.value)["reason"] == "Conflict"
-    assert stale["metadata"]["name"] == "train-patch"
+    fresh = batch.api_client.sanitize_for_serialization(batch.read_namespaced_job("train-patch", NS))
+    fresh["spec"]["parallelism"] = 0
+    replaced = batch.replace_namespaced_job("train-patch", NS, fresh)
+    assert replaced.spec.parallelism == 0 and replaced.metadata.generation == 2
     batch.delete_namespaced_job("train-patch", NS, propagation_policy="Foreground")
 
 

@@ -9,8 +9,10 @@ Contract
   ``workloads`` (:class:`~falcon_ray.sim.workloads.Workloads`): the Kubernetes side;
 * ``faults`` / ``timings``: live, validated copies of the fleet file's values,
   replaced wholesale by :meth:`set_faults` / :meth:`set_timings`;
-* a private ``random.Random`` seeded from the fleet seed and the cluster name,
-  so one cluster's traffic never shifts another's fault draws;
+* private ``random.Random`` generators seeded from the fleet seed and the
+  cluster name - one for generated names, one for fault draws - so one
+  cluster's traffic never shifts another's draws, and the fault sequence depends
+  only on the sequence of GKE/Compute calls to this cluster;
 * accounting that does not trust any client: Job create counts and manifests,
   idle chip-seconds per pool (chips of a pool whose VMs exist - RUNNING or
   STOPPING - while no pod on its nodes is Running).
@@ -47,7 +49,9 @@ class SimCluster:
         self.loop = loop
         self.faults: Faults = config.faults.model_copy(deep=True)
         self.timings: Timings = config.timings.model_copy(deep=True)
-        self.rng = random.Random(f"{seed}:{config.name}")
+        self.rng = random.Random(f"{seed}:{config.name}")  # names (operations, nodes, pods, events)
+        # fault draws get their own generator: they depend only on the sequence of API calls
+        self.fault_rng = random.Random(f"{seed}:{config.name}:faults")
         self.store = ObjectStore(config.watch_history)
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
@@ -94,7 +98,7 @@ class SimCluster:
         f = self.faults
         if not f.api_error_rate and not f.too_many_requests_rate:
             return
-        draw = self.rng.random()
+        draw = self.fault_rng.random()
         if draw < f.api_error_rate:
             raise GoogleError(503, "The service is currently unavailable.", "UNAVAILABLE")
         if draw < f.api_error_rate + f.too_many_requests_rate:

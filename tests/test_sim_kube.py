@@ -495,6 +495,17 @@ def test_watch_from_an_expired_resource_version_is_410(kube, sim):
         w.stop()
 
 
+def test_watch_from_a_future_resource_version_is_refused(kube, sim):
+    batch, _ = kube
+    with pytest.raises(k8s.ApiException) as err:
+        list(
+            watch.Watch().stream(
+                batch.list_namespaced_job, NS, resource_version="999999999", timeout_seconds=1
+            )
+        )
+    assert err.value.status == 504 and "Too large resource version" in err.value.reason
+
+
 def test_watch_drop_fault_cuts_open_streams(kube, sim):
     batch, _ = kube
     sim.set_faults("sim-k", watch_drop_every=0.3)

@@ -22,7 +22,8 @@ semantics the official ``kubernetes`` client relies on:
 * ``?watch=true``: without resourceVersion (or "0") the current objects come
   first as ADDED; with one, history is replayed from it, or - when it is older
   than the kept window - HTTP 200 with one ``ERROR`` event holding a 410
-  ``Expired`` Status, as the real apiserver answers. ``allowWatchBookmarks``
+  ``Expired`` Status, as the real apiserver answers (a version newer than the
+  store's gets a 504 ``Timeout`` "Too large resource version" the same way). ``allowWatchBookmarks``
   adds BOOKMARKs every ``timings.watch_bookmark_interval`` and one just before
   ``timeoutSeconds`` ends the stream. Objects entering or leaving a selector
   arrive as ADDED / DELETED. The ``watch_drop_every`` fault aborts the TCP
@@ -545,9 +546,18 @@ class KubeApi:
                     since = int(rv_text)
                 except ValueError:
                     raise KubeError(400, f"invalid resource version {rv_text!r}") from None
+                if since > store.rv:  # e.g. a resourceVersion from before the simulator restarted
+                    return await self._watch_error(
+                        request, 504, "Timeout", f"Too large resource version: {since}, current: {store.rv}"
+                    )
                 events = store.events_since(rk.plural, since)
                 if events is None:
-                    return await self._expired(request, since)
+                    return await self._watch_error(
+                        request,
+                        410,
+                        "Expired",
+                        f"too old resource version: {since} ({store.compacted_rv + 1})",
+                    )
                 first = [line for line in (view(e) for e in events) if line is not None]
 
             resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -634,15 +644,18 @@ class KubeApi:
             + b"\n"
         )
 
-    async def _expired(self, request: web.Request, since: int) -> web.StreamResponse:
+    async def _watch_error(
+        self, request: web.Request, code: int, reason: str, message: str
+    ) -> web.StreamResponse:
+        """HTTP 200 carrying one ERROR event: how the apiserver refuses a watch it accepted."""
         status = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
             "status": "Failure",
-            "message": f"too old resource version: {since} ({self.store.compacted_rv + 1})",
-            "reason": "Expired",
-            "code": 410,
+            "message": message,
+            "reason": reason,
+            "code": code,
         }
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()

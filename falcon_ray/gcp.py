@@ -77,10 +77,10 @@ class PoolInfo:
     initial_node_count: int
     max_node_count: int  # autoscaling total maximum (0 without autoscaling)
     machine_type: str
-    labels: Mapping[str, str]  # Kubernetes node labels (config.labels)
-    resource_labels: Mapping[str, str]  # GCE resource labels (config.resourceLabels)
+    labels: Mapping[str, str] = field(hash=False)  # Kubernetes node labels (config.labels)
+    resource_labels: Mapping[str, str] = field(hash=False)  # GCE resource labels (config.resourceLabels)
     locations: tuple[str, ...]
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     @property
     def managed_by_falcon(self) -> bool:

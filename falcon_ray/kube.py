@@ -134,7 +134,7 @@ class JobObservation:
     expected: int  # spec.completions
     message: str  # the deciding condition's text; pod-level detail: KubeApi.job_failure_message
     resource_version: str
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def terminal(self) -> bool:

@@ -113,6 +113,7 @@ class DemoRun:
         import ray
 
         from actors.supervisor import Supervisor
+        from falcon_ray.sim.auth import use_sim_metadata
         from falcon_ray.sim.server import SimFleet
 
         self.sim = SimFleet(self.fleet_config)
@@ -125,8 +126,7 @@ class DemoRun:
                 "kubernetes_scheme": "http",
             }
         )
-        os.environ["GCE_METADATA_HOST"] = ep["metadata"]
-        os.environ["GCE_METADATA_IP"] = ep["metadata"]
+        use_sim_metadata(ep["metadata"])  # google.auth.default() in this process: the sim's tokens
         upgrade(self.db_url, with_jobs_table=True)
         self.store = Store(self.db_url)
         existing = {c.name for c in self.store.list_clusters()}

@@ -120,7 +120,7 @@ def _age_s(t: dt.datetime | None, now: dt.datetime) -> float | None:
 def pools(store: Store) -> list[dict[str, Any]]:
     """Every live node-pool lease: cluster, topology, supply mode, state, holder, age and idle age."""
     by_id = {c.id: c.name for c in store.list_clusters()}
-    now = utcnow()
+    now = store.clock()
     return [
         {
             "cluster": by_id.get(l.cluster_id, l.cluster_id),
@@ -189,7 +189,7 @@ def outcomes_by_cluster(store: Store, since: dt.timedelta = dt.timedelta(days=1)
     """Terminal outcomes per cluster and ``Status/Reason`` over a window of the event log.
 
     A task that failed before it was given a cluster (an invalid spec, say) counts under ``-``."""
-    ends = [e for e in store.events_since(utcnow() - since) if e.status in ("Succeeded", "Failed", "Aborted")]
+    ends = [e for e in store.events_since(store.clock() - since) if e.status in ("Succeeded", "Failed", "Aborted")]
     tasks = {t.id: t for t in store.get_tasks({e.task_id for e in ends})}
     by_id = {c.id: c.name for c in store.list_clusters()}
     counts: dict[tuple[str, str], int] = {}
@@ -237,7 +237,7 @@ def time_in_phases(store: Store, task_id: int) -> list[dict[str, Any]]:
     """Seconds the task spent in each ``Status/Reason``, in order of first entry; a live
     task's current phase counts up to now, a terminal one counts zero."""
     events = store.events(task_id)
-    now = utcnow()
+    now = store.clock()
     totals: dict[str, float] = {}
     for i, e in enumerate(events):
         label = f"{e.status}/{e.reason}" if e.reason else e.status

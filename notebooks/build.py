@@ -79,6 +79,7 @@ if len(depths):
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(depths) + 1.5))
     depths.set_index("queue")[["waiting", "acquiring", "running"]].plot.barh(stacked=True, ax=ax)
     ax.set_xlabel("tasks")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # whole tasks
     ax.set_title("Queue depth")
     show(fig)"""),
             ("md", "## Each queue\n\nWaiting tasks in pick order (position 1 is granted next), the slot holder "
@@ -132,6 +133,7 @@ if len(outcomes):
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(table) + 1.5))
     table.plot.barh(stacked=True, ax=ax)
     ax.set_xlabel("tasks")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # whole tasks
     ax.set_title("Outcomes by cluster")
     show(fig)
 else:

@@ -26,15 +26,9 @@ def connect(address: str | None = "auto", namespace: str = "falcon") -> None:
         ray.init(address=address, namespace=namespace, log_to_driver=False)
 
 
-def _actor_names(namespace: str) -> list[str]:
-    # Named actors come from the GCS, so this works without a dashboard and never
-    # picks another Ray instance of the same machine (the state API does both).
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace)
-
-
 def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, Any]]:
     refs = {}
-    for name in _actor_names(namespace):
+    for name in names.list_falcon_actors(namespace):
         if name.startswith(prefix):
             h = names.lookup(name, namespace)
             if h is not None:

@@ -174,10 +174,7 @@ def test_health_cli_as_its_own_process(live, tmp_path):
         "--db", run.db_url,
         "--config", str(config),
     ]  # fmt: skip
-    # RAY_ADDRESS as well: the CLI lists actors through Ray's state API, which finds its
-    # cluster from the environment (not from --ray-address) and fails when the machine runs
-    # more than one Ray (actors/names.py list_falcon_actors).
-    env = {**os.environ, "RAY_ADDRESS": address}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # --ray-address alone must do
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=90, env=env, cwd=Path(__file__).resolve().parent.parent
     )

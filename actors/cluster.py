@@ -52,6 +52,7 @@ log = logging.getLogger("falcon.cluster")
 
 POOL_PREFIX = "falcon-"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
+GAUGE_PERIOD_S = 10.0
 RETRYABLE = (ErrorKind.INCOMPATIBLE_OPERATION, ErrorKind.TOO_MANY_OPERATIONS, ErrorKind.TRANSIENT)
 
 
@@ -111,7 +112,7 @@ class ClusterActor:
         self.reported_reconnects = 0
         self.threads = [
             threading.Thread(target=target, daemon=True, name=target.__name__)
-            for target in (self._connect_and_watch, self._op_worker, self._orphan_loop)
+            for target in (self._connect_and_watch, self._op_worker, self._orphan_loop, self._gauge_loop)
         ]
         for th in self.threads:
             th.start()
@@ -465,6 +466,21 @@ class ClusterActor:
                 self.orphan_scan()
             except Exception as e:
                 log.warning("cluster %s: orphan scan failed: %s", self.name, e)
+
+    def _gauge_loop(self) -> None:
+        """Keep the per-cluster gauges fresh: Ray drops a gauge that is not set again for ~20 s."""
+        while not self.stop.wait(GAUGE_PERIOD_S):
+            try:
+                with self.lock:
+                    alive = sum(1 for n in self.pools if n.startswith(POOL_PREFIX))
+                idle = sum(1 for l in self.store.leases(self.cluster.id) if l.state == lc.LeaseState.IDLE.value)
+                metrics.pools_alive(self.name, alive, idle=idle)
+                self._refresh_reservation()
+                r = self.reservation
+                if r is not None:
+                    metrics.reservation_headroom(self.name, self.cluster.default_reservation, r.count - r.in_use)
+            except Exception as e:
+                log.warning("cluster %s: gauges: %s", self.name, e)
 
     def orphan_scan(self) -> dict[str, list[str]]:
         """Delete leaked pools and Jobs; returns what it found and queued for deletion."""

@@ -52,6 +52,7 @@ class Supervisor:
         self.known: dict[str, ray.actor.ActorHandle] = {}
         self.retired: list[str] = []
         self.stop = threading.Event()
+        self._run_stop: threading.Event | None = None
         self.last_registry_at: float | None = None
         self.last_error = ""
 
@@ -147,6 +148,7 @@ class Supervisor:
     def run(self, stop: threading.Event | None = None) -> None:
         """Lead until ``stop`` is set: renew the lease, keep actors in step with the registry."""
         stop = stop or self.stop
+        self._run_stop = stop  # shutdown() must end this loop too, whoever owns the event
         if not self.wait_for_lead(stop):
             return
         self.start()
@@ -177,6 +179,8 @@ class Supervisor:
     def shutdown(self, drain: bool = True, kill: bool = True, timeout: float = 30.0) -> None:
         """Stop leading. With ``drain``, each actor finishes its current step first."""
         self.stop.set()
+        if self._run_stop is not None:
+            self._run_stop.set()
         handles = {n: self.known.get(n) or names.lookup(n, self.s.namespace) for n in self.actor_names()}
         if drain:
             refs = [h.drain.remote() for h in handles.values() if h is not None]

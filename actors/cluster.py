@@ -28,7 +28,6 @@ an event loop.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import random
@@ -602,7 +601,3 @@ def reservation_ref(default_reservation: str, location: str) -> tuple[str, str]:
         zone, name = default_reservation.split("/", 1)
         return zone, name
     return location, default_reservation
-
-
-def utc_iso(ts: float | None) -> str | None:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat() if ts else None

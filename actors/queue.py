@@ -180,8 +180,9 @@ class QueueActor:
             if tid not in live_ids:
                 del self.phase_since[tid]
         self._account_idle_chips(cluster, leases)
+        live_anywhere = {t.id for t in live}
         for tid in list(self.specs):
-            if tid not in {t.id for t in live}:
+            if tid not in live_anywhere:
                 self.specs.pop(tid, None)
                 self.submit_errors.pop(tid, None)
         # last holders of pools whose delete keeps failing (their task is terminal)

@@ -399,7 +399,7 @@ class _Decider:
                 return l
         return None
 
-    def claim_idle(self, t: QueueTask, idle: Lease, reuse_msg: bool = True) -> list[Effect]:
+    def claim_idle(self, t: QueueTask, idle: Lease) -> list[Effect]:
         self.claimed.add(idle.id)
         self.demand.discard(t.id)
         return [
@@ -505,10 +505,11 @@ class _Decider:
         effects: list[Effect] = []
         if st == LeaseState.REQUESTED and ((op is not None and op.state in ("running", "done")) or pool is not None):
             effects.append(MoveLease(lease.id, lease.name, (LeaseState.REQUESTED,), LeaseState.CREATING))
+            st = LeaseState.CREATING
         if pool is not None and pool.status in POOL_UP:
             if pool.registered >= shape.hosts and pool.ready >= shape.hosts:
                 effects += [
-                    MoveLease(lease.id, lease.name, (LeaseState(lease.state) if not effects else LeaseState.CREATING,), LeaseState.READY, {"ready_at": self.now}),
+                    MoveLease(lease.id, lease.name, (st,), LeaseState.READY, {"ready_at": self.now}),
                     Transition(t.id, (t.phase,), lc.DISPATCHING, self.msg("dispatching", pool=lease.name), {"node_pool_name": lease.name}),
                 ]
                 return self.add(f"task {t.id}: nodes ready", *effects)
@@ -572,8 +573,6 @@ class _Decider:
         if idle is not None:
             self.add(f"task {nxt.id}: picked, hand-over of {idle.name}", SetLastGranted(nxt.actor), *self.claim_idle(nxt, idle))
             return
-        self.demand.discard(nxt.id)
-        self.demand.add(nxt.id)  # still needs a pool
         mode = scheduling.supply_mode_for(nxt.spec, self.q.cluster.default_reservation)
         self.add(
             f"task {nxt.id}: picked",

@@ -29,9 +29,8 @@ import yaml
 from falcon_ray import health
 from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun, demo_settings
-from falcon_ray.sim.fleet import FleetConfig
+from tests.harness import make_fleet
 
-FAST = {"node_pool_create": 0.6, "node_register": 0.3, "flex_visibility_lag": 0.5, "node_pool_delete": 0.3, "pod_start": 0.1}
 STUCK_AFTER = {"Waiting": 600.0, "Provisioning": 600.0, "ClusterBusy": 600.0, "WaitingForNode": 600.0, "Dispatching": 600.0, "Aborting": 600.0, "": 300.0}
 
 pytestmark = pytest.mark.timeout(150)
@@ -67,21 +66,7 @@ def _get(url: str) -> tuple[int, dict]:
 @pytest.fixture
 def live(ray_session, tmp_path):
     """A controller with a running task, one holding the slot (ClusterBusy) and one waiting."""
-    fleet = FleetConfig(
-        seed=11,
-        clusters=[
-            {
-                "name": "edge-a",
-                "project": "proj-a",
-                "location": "us-east5-b",
-                "tpu_type": "v6e",
-                "gcs_bucket": "logs-a",
-                "reservation": {"name": "res-a", "count": 1},
-                "chips": 16,
-                "timings": FAST,
-            }
-        ],
-    )
+    fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=11)
     run = DemoRun(fleet, demo_settings(stuck_after_s=STUCK_AFTER), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
         ids = {

@@ -19,10 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from falcon_ray import metrics
 from falcon_ray.demo import DemoRun, demo_settings
-from falcon_ray.sim.fleet import FleetConfig
+from tests.harness import make_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = {"node_pool_create": 0.6, "node_register": 0.3, "flex_visibility_lag": 0.5, "node_pool_delete": 0.3, "pod_start": 0.1}
 
 
 def test_every_declared_metric_has_a_call_site():
@@ -119,21 +118,7 @@ def _await_series(port: int, expected: list, timeout: float = 40.0) -> dict:
 @pytest.mark.timeout(120)
 def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
     port = ray_session["metrics_port"]
-    fleet = FleetConfig(
-        seed=7,
-        clusters=[
-            {
-                "name": "edge-a",
-                "project": "proj-a",
-                "location": "us-east5-b",
-                "tpu_type": "v6e",
-                "gcs_bucket": "logs-a",
-                "reservation": {"name": "res-a", "count": 4},
-                "chips": 16,
-                "timings": FAST,
-            }
-        ],
-    )
+    fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 4}, "chips": 16}, with_b=False, seed=7)
     run = DemoRun(fleet, demo_settings(), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
         long = run.submit("dave", _spec(10), "metrics-long")

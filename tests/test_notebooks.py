@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 import nbformat
@@ -21,11 +20,10 @@ import ray
 from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun, demo_settings
 from falcon_ray.render import job_name
-from falcon_ray.sim.fleet import FleetConfig
+from tests.harness import make_fleet, wait_for
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ("queues.ipynb", "fleet.ipynb", "task.ipynb")
-FAST = {"node_pool_create": 0.6, "node_register": 0.3, "flex_visibility_lag": 0.5, "node_pool_delete": 0.3, "pod_start": 0.1}
 
 
 def _build_module():
@@ -59,45 +57,20 @@ def _spec(run_s: float) -> dict:
     }
 
 
-def _wait(run: DemoRun, task_id: int, pred, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        t = run.store.get_task(task_id)
-        if pred(t):
-            return t
-        time.sleep(0.1)
-    t = run.store.get_task(task_id)
-    raise AssertionError(f"task {task_id} stuck at {t.status}/{t.reason}: {t.message}")
-
-
 @pytest.fixture
 def busy_controller(ray_session, tmp_path):
-    fleet = FleetConfig(
-        seed=5,
-        clusters=[
-            {
-                "name": "edge-a",
-                "project": "proj-a",
-                "location": "us-east5-b",
-                "tpu_type": "v6e",
-                "gcs_bucket": "logs-a",
-                "reservation": {"name": "res-a", "count": 1},
-                "chips": 16,
-                "timings": FAST,
-            }
-        ],
-    )
+    fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=5)
     run = DemoRun(fleet, demo_settings(), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
         ids = {}
         ids["done"] = run.submit("alice", _spec(0.3), "nb-quick")
-        _wait(run, ids["done"], lambda t: t.status == "Succeeded")
+        wait_for(run, ids["done"], lambda t: t.status == "Succeeded")
         ids["running"] = run.submit("bob", _spec(300), "nb-long")
-        _wait(run, ids["running"], lambda t: t.phase == lc.RUNNING)
+        wait_for(run, ids["running"], lambda t: t.phase == lc.RUNNING)
         ids["busy"] = run.submit("carol", _spec(1), "nb-busy")
-        _wait(run, ids["busy"], lambda t: t.phase == lc.CLUSTER_BUSY)
+        wait_for(run, ids["busy"], lambda t: t.phase == lc.CLUSTER_BUSY)
         ids["waiting"] = run.submit("dave", _spec(1), "nb-waiting")
-        _wait(run, ids["waiting"], lambda t: t.phase == lc.WAITING and "ahead" in t.message)
+        wait_for(run, ids["waiting"], lambda t: t.phase == lc.WAITING and "ahead" in t.message)
         yield run, ids
     finally:
         run.stop()

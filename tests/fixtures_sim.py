@@ -111,6 +111,8 @@ def sim_fleet() -> Iterator[SimFleet]:
 
 @pytest.fixture
 def sim(sim_fleet: SimFleet) -> Iterator[SimFleet]:
+    # another fleet (a DemoRun) may have pointed this process's google-auth elsewhere
+    use_sim_metadata(sim_fleet.endpoints["metadata"])
     reset_sim_faults(sim_fleet)
     yield sim_fleet
     reset_sim_faults(sim_fleet)

@@ -54,6 +54,7 @@ UNITS: dict[str, str] = {
     "metadata_host": "host:port",
     "kubernetes_scheme": "`https` or `http`",
     "api_retry_timeout_s": "seconds",
+    "installation": "label value",
     "namespace": "Ray namespace",
     "leader_ttl_s": "seconds",
     "registry_interval_s": "seconds",

@@ -106,6 +106,7 @@ class DemoRun:
         self.thread: threading.Thread | None = None
         self.t0: float | None = None
         self.ids: list[int] = []
+        self._saved_metadata: str | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class DemoRun:
                 "kubernetes_scheme": "http",
             }
         )
+        self._saved_metadata = os.environ.get("GCE_METADATA_HOST")
         use_sim_metadata(ep["metadata"])  # google.auth.default() in this process: the sim's tokens
         upgrade(self.db_url, with_jobs_table=True)
         self.store = Store(self.db_url)
@@ -171,6 +173,10 @@ class DemoRun:
             self.thread.join(10)
         if self.sim is not None:
             self.sim.stop()
+            if self._saved_metadata:
+                from falcon_ray.sim.auth import use_sim_metadata
+
+                use_sim_metadata(self._saved_metadata)  # give the process back its previous fleet
         if self.store is not None:
             self.store.dispose()
 

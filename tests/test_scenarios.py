@@ -357,3 +357,25 @@ def test_second_controller_waits_for_the_leader_lease(controller):
     run.supervisor.shutdown(drain=False, kill=False)  # the first one stops cleanly and releases
     assert second.wait_for_lead(timeout=10)
     second.store.release_leader("second")
+
+
+def test_pool_delete_that_keeps_failing_is_retried_and_reported(controller):
+    run = controller(
+        make_fleet(a={"timings": {"node_register": 1.5}}, with_b=False),
+        pool_delete_report_after=1,
+        api_retry_timeout_s=1,
+    )
+    tid = run.submit("alice", spec("2x2", 2))
+    t = wait_for(run, tid, phase_is(lc.WAITING_FOR_NODE))
+    assert "control-plane RUNNING but 0/1 expected node(s) registered (Ready=0)" in t.message
+    wait_for(run, tid, phase_is(lc.RUNNING))
+    run.sim.set_faults("edge-a", api_error_rate=1.0)  # every GKE call now answers 503
+    t = wait_for(run, tid, lambda t: "not yet deleted" in t.message, timeout=60)
+    assert t.status == "Succeeded", "the terminal status follows the Job, not the pool"
+    assert t.node_pool_name in t.message and "Falcon keeps retrying" in t.message
+    assert run.falcon_pools_alive() == [t.node_pool_name]
+    run.sim.set_faults("edge-a", api_error_rate=0.0)
+    assert_clean(run, timeout=60)
+    lease = run.store.leases(live_only=False)[0]
+    assert lease.delete_attempts >= 1 and lease.last_error
+    assert "Pending/WaitingForNode" in reasons(run, tid)

@@ -169,3 +169,23 @@ def test_health_cli_as_its_own_process(live, tmp_path):
     assert set(report["actors"]) >= {"poller", "cluster/edge-a", "queue/edge-a/2x2"}, (report, proc.stderr[-2000:])
     assert all(a["ok"] for a in report["actors"].values()), report["actors"]
     assert report["healthy"] and proc.returncode == 0, (report, proc.stderr[-2000:])
+
+
+def test_queues_cli_shows_the_slot_holder_and_the_waiting_task(live):
+    run, ids = live
+    address = ray.get_runtime_context().gcs_address
+    cmd = [
+        sys.executable, "-c", "from falcon_ray.cli import main; main()", "queues", "--json",
+        "--ray-address", address, "--namespace", run.settings.namespace,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=90, env=env, cwd=Path(__file__).resolve().parent.parent
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (queue,) = json.loads(proc.stdout)
+    assert queue["queue"] == "queue/edge-a/2x2"
+    assert [t["id"] for t in queue["running"]] == [ids["running"]]
+    assert [t["id"] for t in queue["acquiring"]] == [ids["busy"]] and queue["acquiring"][0]["reason"] == "ClusterBusy"
+    assert [(t["id"], t["position"]) for t in queue["waiting"]] == [(ids["waiting"], 1)]
+    assert any(l["state"] == "InUse" for l in queue["leases"])

@@ -103,7 +103,8 @@ LOG_DRAIN_SECONDS = 10  # after the command exits, how long tee may drain before
 # arrives as "$@"). It avoids "$(" and "$$" because the kubelet expands $(VAR) and turns
 # $$ into $ in command and args. Steps: make a fifo; tee reads it into the log file and
 # its own stdout; the command writes stdout+stderr into the fifo; wait for the command
-# (forwarding TERM, re-waiting after a trapped signal); give tee a bounded time to
+# (forwarding TERM -- the trap is set before the command starts, so a TERM that arrives
+# in between is passed on too -- and re-waiting after a trapped signal); give tee a bounded time to
 # drain (a leftover background process may hold the fifo open), then exit with the
 # command's status.
 LOG_WRAPPER_SCRIPT = f"""\
@@ -115,9 +116,12 @@ if ! command -v tee >/dev/null 2>&1 || ! {{ rm -f "$fifo" && mkfifo "$fifo"; }} 
 fi
 tee "$log" <"$fifo" &
 tee_pid=$!
+pid=
+term=
+trap 'term=1; [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null' TERM
 "$@" >"$fifo" 2>&1 &
 pid=$!
-trap 'kill -TERM "$pid" 2>/dev/null' TERM
+[ -z "$term" ] || kill -TERM "$pid" 2>/dev/null
 wait "$pid"
 rc=$?
 while kill -0 "$pid" 2>/dev/null; do

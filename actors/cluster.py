@@ -578,6 +578,8 @@ class ClusterActor:
     def shutdown(self) -> None:
         self.stop.set()
         self.op_wake.set()
+        if self.watcher is not None:
+            self.watcher.close()  # ends a watch that is waiting for events now, not at its timeout
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Let the running pool operation finish (its GKE call returns), then stop."""

@@ -50,6 +50,7 @@ _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?
 RESERVED_ENV = frozenset(
     {
         "FALCON_TASK_ID",
+        "FALCON_POD_NAME",
         "FALCON_LOG_DIR",
         "TPU_WORKER_ID",
         "TPU_WORKER_HOSTNAMES",

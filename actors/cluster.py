@@ -257,7 +257,9 @@ class ClusterActor:
             labels = {}
             now = time.monotonic()
             for p in infos:
-                pools[p.name] = PoolView(p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0))
+                pools[p.name] = PoolView(
+                    p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), p.status_message or ""
+                )
                 labels[p.name] = dict(p.resource_labels or {})
                 self.pool_first_seen.setdefault(p.name, now)
             with self.lock:

@@ -80,6 +80,7 @@ class PoolView:
     status: str  # GKE NodePool status: PROVISIONING, RUNNING, RECONCILING, ERROR, STOPPING, ...
     registered: int  # nodes of the pool that exist as Kubernetes Nodes
     ready: int  # ... of which Ready
+    status_message: str = ""  # GKE's statusMessage (why a pool is in ERROR)
 
 
 @dataclass(frozen=True)
@@ -500,7 +501,9 @@ class _Decider:
         if op is not None and op.kind == "create" and op.state == "failed":
             return self.fail_acquire(t, lease, lc.failed(Reason.NODE_POOL_FAILED), self.msg("node_pool_failed", detail=op.error))
         if pool is not None and pool.status == "ERROR":
-            detail = (op.error if op else "") or f"node pool {lease.name} is in ERROR"
+            if op is not None and op.kind == "create" and op.state in ("queued", "running"):
+                return None  # the operation's own error (the API's message) arrives with its result
+            detail = (op.error if op else "") or pool.status_message or f"node pool {lease.name} is in ERROR"
             return self.fail_acquire(t, lease, lc.failed(Reason.NODE_POOL_FAILED), self.msg("node_pool_failed", detail=detail))
         effects: list[Effect] = []
         if st == LeaseState.REQUESTED and ((op is not None and op.state in ("running", "done")) or pool is not None):

@@ -334,3 +334,14 @@ def test_pools_and_jobs_carry_the_installation_mark():
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.READY, 1)]), ClusterView(), NOW, S)
     (sub,) = effects(g, SubmitJob)
     assert sub.manifest["metadata"]["labels"]["falcon.dev/installation"] == "default"
+
+
+def test_pool_in_error_waits_for_the_operation_to_report_the_apis_own_message():
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]
+    pools = {"falcon-t1-2x2": PoolView("falcon-t1-2x2", "ERROR", 0, 0, "")}
+    g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": OpView("create", "running")}), NOW, S)
+    assert not transitions(g)
+    failed_op = OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded")
+    g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": failed_op}), NOW, S)
+    assert "TPUS_PER_PROJECT" in effects(g, Transition)[0].message

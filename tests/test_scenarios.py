@@ -189,11 +189,13 @@ def test_abort_in_every_phase(controller):
 
 
 def test_abort_while_provisioning_keeps_the_pool_for_the_next_task(controller):
-    run = controller(make_fleet(a={"timings": {"node_pool_create": 2.0}}, with_b=False))
+    run = controller(make_fleet(a={"timings": {"node_pool_create": 4.0}}, with_b=False))
     first = run.submit("alice", spec("2x2", 0.5), "first")
     second = run.submit("bob", spec("2x2", 0.5), "second")
-    wait_for(run, first, phase_is(lc.PROVISIONING, lc.WAITING_FOR_NODE))
     pool = wait_for(run, first, lambda t: t.node_pool_name is not None).node_pool_name
+    # abort once GKE has accepted the create (a lease still Requested is never kept)
+    assert run.wait(lambda: [l.state for l in run.store.leases()] == ["Creating"], 30)
+    assert run.store.get_task(first).phase in (lc.PROVISIONING, lc.WAITING_FOR_NODE)
     run.abort(first)
     assert_clean(run)
     assert run.store.get_task(first).status == "Aborted"

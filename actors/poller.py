@@ -20,13 +20,13 @@ was ever assigned.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
 import ray
 
 from actors import names
+from actors.ticker import Ticker
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
@@ -43,46 +43,21 @@ class PollerActor:
         self.s = settings
         self.db_url = db_url
         self.store = Store(db_url)
-        self.stop = threading.Event()
-        self.wake = threading.Event()
-        self.polls = 0
-        self.last_poll_at: float | None = None
-        self.last_poll_s = 0.0
-        self.last_error = ""
         self.rows_read = 0
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="poll")
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            t0 = time.monotonic()
-            try:
-                self.poll_once()
-                self.last_error = ""
-            except Exception as e:
-                self.last_error = f"{type(e).__name__}: {e}"[:500]
-                log.exception("poll failed")
-            self.last_poll_s = time.monotonic() - t0
-            self.last_poll_at = time.time()
-            self.polls += 1
-            self.wake.wait(self.s.poll_interval_s)
-            self.wake.clear()
+        self.ticker = Ticker("poll", self.poll_once, lambda: self.s.poll_interval_s, log)
 
     def poll_now(self) -> None:
-        self.wake.set()
+        self.ticker.wake()
 
     def ping(self) -> bool:
         return True
 
     def shutdown(self) -> None:
-        self.stop.set()
-        self.wake.set()
+        self.ticker.stop()
 
     def drain(self, timeout: float = 30.0) -> bool:
-        """Finish the step in progress, then stop; True when the loop has ended."""
-        self.shutdown()
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        """Finish the poll in progress, then stop; True when the loop has ended."""
+        return self.ticker.drain(timeout)
 
     def msg(self, key: str, **kw: object) -> str:
         return messages.text(key, self.s.lang, **kw)
@@ -182,13 +157,14 @@ class PollerActor:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "polls": self.polls,
-            "last_poll_at": self.last_poll_at,
-            "last_poll_s": self.last_poll_s,
-            "last_error": self.last_error,
+            "polls": self.ticker.steps,
+            "last_poll_at": self.ticker.last_step_at,
+            "last_poll_s": self.ticker.last_step_s,
+            "last_error": self.ticker.last_error,
             "rows_read": self.rows_read,
             "db_statements": self.store.statements,
         }
 
     def __repr__(self) -> str:
-        return f"PollerActor(polls={self.polls}, rows_read={self.rows_read}, last_error={self.last_error or '-'})"
+        t = self.ticker
+        return f"PollerActor(polls={t.steps}, rows_read={self.rows_read}, last_error={t.last_error or '-'})"

@@ -25,6 +25,7 @@ from typing import Any
 import ray
 
 from actors import names
+from actors.ticker import Ticker
 from falcon_ray import lifecycle as lc
 from falcon_ray import metrics, reconcile
 from falcon_ray.config import Settings
@@ -72,58 +73,42 @@ class QueueActor:
         self.db_url = db_url
         self.specs: dict[int, Any] = {}
         self.submit_errors: dict[int, tuple[str, str]] = {}
-        self.wake = threading.Event()
-        self.stop = threading.Event()
         self.lock = threading.Lock()
         self.cluster_handle = None
         self.last_state: QueueState | None = None
         self.last_view: ClusterView | None = None
-        self.last_tick_at: float | None = None
-        self.last_error = ""
         self.ticks = 0
         self.phase_since: dict[int, tuple[lc.Phase, float]] = {}  # for the time-in-reason histograms
         self.idle_accounted_at = time.monotonic()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="reconcile")
-        self.thread.start()
+        self.ticker = Ticker(f"queue {self.label}", self._tick, self._interval, log)
 
     # ---- remote surface ---------------------------------------------------------------
 
     def hint(self) -> None:
         """Something changed for this queue (a new task, an abort, a Job event)."""
-        self.wake.set()
+        self.ticker.wake()
 
     def ping(self) -> bool:
         return True
 
     def shutdown(self) -> None:
-        self.stop.set()
-        self.wake.set()
+        self.ticker.stop()
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Finish the step in progress, then stop; True when the loop has ended."""
-        self.shutdown()
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        return self.ticker.drain(timeout)
 
     # ---- loop ------------------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            # an empty queue re-reads less often; a hint (new task, abort, Job event) wakes it at once
-            empty = self.last_state is not None and not self.last_state.tasks and not self.last_state.leases
-            self.wake.wait(self.s.queue_tick_s * (IDLE_TICK_FACTOR if empty else 1))
-            self.wake.clear()
-            if self.stop.is_set():
-                break
-            t0 = time.monotonic()
-            try:
-                self.reconcile_once()
-                self.last_error = ""
-            except Exception as e:  # a failed tick is logged; the next one decides again
-                self.last_error = f"{type(e).__name__}: {e}"[:500]
-                log.exception("queue %s: tick failed", self.label)
-            self.last_tick_at = time.time()
-            metrics.queue_tick(self.cluster_name, self.topology, time.monotonic() - t0)
+    def _interval(self) -> float:
+        # an empty queue re-reads less often; a hint (new task, abort, Job event) wakes it at once
+        empty = self.last_state is not None and not self.last_state.tasks and not self.last_state.leases
+        return self.s.queue_tick_s * (IDLE_TICK_FACTOR if empty else 1)
+
+    def _tick(self) -> None:
+        t0 = time.monotonic()
+        self.reconcile_once()
+        metrics.queue_tick(self.cluster_name, self.topology, time.monotonic() - t0)
 
     def _cluster(self):
         if self.cluster_handle is None:
@@ -371,8 +356,8 @@ class QueueActor:
             "queue": names.queue_name(self.cluster_name, self.topology),
             "cluster": self.cluster_name,
             "topology": self.topology,
-            "last_tick_at": self.last_tick_at,
-            "last_error": self.last_error,
+            "last_tick_at": self.ticker.last_step_at,
+            "last_error": self.ticker.last_error,
             "waiting": [],
             "acquiring": [],
             "running": [],

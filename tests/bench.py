@@ -19,33 +19,13 @@ import ray
 
 from actors import names
 from falcon_ray.demo import DemoRun, demo_settings
-from falcon_ray.sim.fleet import FleetConfig
 from falcon_ray.store import Store
 from falcon_ray.store import tables as t
 from falcon_ray.store.migrate import upgrade
+from tests.harness import make_fleet, spec
 
-SPEC = {
-    "tpu_type": "v6e",
-    "topology": "2x2",
-    "image": "us-docker.pkg.dev/p/r/img:1",
-    "command": ["python", "run.py"],
-    "env": {"FALCON_SIM_RUN_SECONDS": "1"},
-}
-FLEET = {
-    "seed": 1,
-    "clusters": [
-        {
-            "name": "edge-a",
-            "project": "proj-a",
-            "location": "us-east5-b",
-            "tpu_type": "v6e",
-            "gcs_bucket": "logs-a",
-            "reservation": {"name": "res-a", "count": 4},
-            "chips": 64,
-            "timings": {"node_pool_create": 0.6, "node_register": 0.3, "node_pool_delete": 0.3},
-        }
-    ],
-}
+SPEC = spec("2x2", 1)
+FLEET = make_fleet(with_b=False, seed=1)
 
 
 def _statements(run: DemoRun) -> int:
@@ -57,7 +37,7 @@ def _statements(run: DemoRun) -> int:
 
 
 def bench_lifecycle(db_url: str | None = None) -> dict[str, float]:
-    run = DemoRun(FleetConfig(**FLEET), demo_settings(), db_url).start()
+    run = DemoRun(FLEET, demo_settings(), db_url).start()
     try:
         warm = run.submit("warmup", SPEC, "warmup")  # start every actor first
         assert run.wait_done(60), "warm-up task did not finish"

@@ -29,7 +29,7 @@ import yaml
 from falcon_ray import health
 from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun, demo_settings
-from tests.harness import make_fleet
+from tests.harness import make_fleet, spec
 
 STUCK_AFTER = {"Waiting": 600.0, "Provisioning": 600.0, "ClusterBusy": 600.0, "WaitingForNode": 600.0, "Dispatching": 600.0, "Aborting": 600.0, "": 300.0}
 
@@ -40,17 +40,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _spec(run_s: float) -> dict:
-    return {
-        "tpu_type": "v6e",
-        "topology": "2x2",
-        "image": "us-docker.pkg.dev/p/r/img:1",
-        "command": ["python", "run.py"],
-        "supply_mode": "reservation",
-        "env": {"FALCON_SIM_RUN_SECONDS": str(run_s)},
-    }
 
 
 def _get(url: str) -> tuple[int, dict]:
@@ -70,9 +59,9 @@ def live(ray_session, tmp_path):
     run = DemoRun(fleet, demo_settings(stuck_after_s=STUCK_AFTER), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
         ids = {
-            "running": run.submit("alice", _spec(300), "hc-running"),
-            "busy": run.submit("bob", _spec(1), "hc-busy"),
-            "waiting": run.submit("carol", _spec(1), "hc-waiting"),
+            "running": run.submit("alice", spec("2x2", 300, supply_mode="reservation"), "hc-running"),
+            "busy": run.submit("bob", spec("2x2", 1, supply_mode="reservation"), "hc-busy"),
+            "waiting": run.submit("carol", spec("2x2", 1, supply_mode="reservation"), "hc-waiting"),
         }
         for key, phase in (("running", lc.RUNNING), ("busy", lc.CLUSTER_BUSY), ("waiting", lc.WAITING)):
             assert run.wait(lambda k=key, p=phase: run.store.get_task(ids[k]).phase == p, 30), run.report()["tasks"]

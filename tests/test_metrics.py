@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from falcon_ray import metrics
 from falcon_ray.demo import DemoRun, demo_settings
-from tests.harness import make_fleet
+from tests.harness import make_fleet, spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,16 +37,6 @@ def test_every_declared_metric_has_a_call_site():
         if not any(re.search(rf"\bmetrics\.{f}\(", callers) for f in recorders):
             unrecorded.append(name)
     assert not unrecorded, f"declared in metrics.DEFINITIONS but never recorded: {unrecorded}"
-
-
-def _spec(run_s: float, **env) -> dict:
-    return {
-        "tpu_type": "v6e",
-        "topology": "2x2",
-        "image": "us-docker.pkg.dev/p/r/img:1",
-        "command": ["python", "run.py"],
-        "env": {"FALCON_SIM_RUN_SECONDS": str(run_s), **env},
-    }
 
 
 def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -121,9 +111,9 @@ def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
     fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 4}, "chips": 16}, with_b=False, seed=7)
     run = DemoRun(fleet, demo_settings(), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
-        long = run.submit("dave", _spec(10), "metrics-long")
-        ok = run.submit("alice", _spec(0.3), "metrics-ok")
-        oom = run.submit("bob", _spec(0.3, FALCON_SIM_OOM="1"), "metrics-oom")
+        long = run.submit("dave", spec("2x2", 10), "metrics-long")
+        ok = run.submit("alice", spec("2x2", 0.3), "metrics-ok")
+        oom = run.submit("bob", spec("2x2", 0.3, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
         bad = run.submit("carol", {"tpu_type": "v6e", "topology": "3x3", "image": "x", "command": ["y"]}, "metrics-bad")
         assert run.wait(lambda: run.store.get_task(long).status == "Running", 30)
         _await_series(port, LIVE, timeout=15)

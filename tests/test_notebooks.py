@@ -20,16 +20,16 @@ import ray
 from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun, demo_settings
 from falcon_ray.render import job_name
-from tests.harness import make_fleet, wait_for
+from tests.harness import make_fleet, spec, wait_for
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ("queues.ipynb", "fleet.ipynb", "task.ipynb")
 
 
 def _build_module():
-    spec = importlib.util.spec_from_file_location("falcon_notebooks_build", NOTEBOOKS / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    module_spec = importlib.util.spec_from_file_location("falcon_notebooks_build", NOTEBOOKS / "build.py")
+    mod = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mod)
     return mod
 
 
@@ -46,30 +46,19 @@ def test_committed_notebooks_match_the_generator_and_have_no_outputs():
                 assert cell.outputs == [] and cell.execution_count is None, f"{name}: {cell.id} has outputs"
 
 
-def _spec(run_s: float) -> dict:
-    return {
-        "tpu_type": "v6e",
-        "topology": "2x2",
-        "image": "us-docker.pkg.dev/p/r/img:1",
-        "command": ["python", "run.py"],
-        "supply_mode": "reservation",
-        "env": {"FALCON_SIM_RUN_SECONDS": str(run_s)},
-    }
-
-
 @pytest.fixture
 def busy_controller(ray_session, tmp_path):
     fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=5)
     run = DemoRun(fleet, demo_settings(), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
         ids = {}
-        ids["done"] = run.submit("alice", _spec(0.3), "nb-quick")
+        ids["done"] = run.submit("alice", spec("2x2", 0.3, supply_mode="reservation"), "nb-quick")
         wait_for(run, ids["done"], lambda t: t.status == "Succeeded")
-        ids["running"] = run.submit("bob", _spec(300), "nb-long")
+        ids["running"] = run.submit("bob", spec("2x2", 300, supply_mode="reservation"), "nb-long")
         wait_for(run, ids["running"], lambda t: t.phase == lc.RUNNING)
-        ids["busy"] = run.submit("carol", _spec(1), "nb-busy")
+        ids["busy"] = run.submit("carol", spec("2x2", 1, supply_mode="reservation"), "nb-busy")
         wait_for(run, ids["busy"], lambda t: t.phase == lc.CLUSTER_BUSY)
-        ids["waiting"] = run.submit("dave", _spec(1), "nb-waiting")
+        ids["waiting"] = run.submit("dave", spec("2x2", 1, supply_mode="reservation"), "nb-waiting")
         wait_for(run, ids["waiting"], lambda t: t.phase == lc.WAITING and "ahead" in t.message)
         yield run, ids
     finally:

@@ -1,0 +1,64 @@
+"""Ticker: the one control loop every Falcon actor runs.
+
+Contract
+--------
+A daemon thread calls ``step()`` at once, then again whenever ``wake()`` is called
+or ``interval()`` seconds have passed. A step that raises is logged and recorded in
+``last_error``; the loop never dies of it. ``stop()`` ends the loop after the step in
+progress; ``drain(timeout)`` stops and waits for that step to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+
+class Ticker:
+    def __init__(self, name: str, step: Callable[[], object], interval: Callable[[], float], log: logging.Logger) -> None:
+        self.name = name
+        self._step = step
+        self._interval = interval
+        self._log = log
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.steps = 0
+        self.last_step_at: float | None = None  # wall clock
+        self.last_step_s = 0.0
+        self.last_error = ""
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self._step()
+                self.last_error = ""
+            except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"[:500]
+                self._log.exception("%s: step failed", self.name)
+            self.last_step_s = time.monotonic() - t0
+            self.last_step_at = time.time()
+            self.steps += 1
+            self._wake.wait(self._interval())
+            self._wake.clear()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Stop after the step in progress; True when the loop has ended."""
+        self.stop()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()

@@ -418,3 +418,25 @@ def test_clusters_registry(store):
         store.set_cluster_status("edge-1", "broken")
     with pytest.raises(ValueError):
         store.add_cluster("edge-2", "p", "l", "v6e", status="dead")
+
+
+def test_abort_set_by_the_upper_layers_own_sql_still_gets_its_event(store):
+    import sqlalchemy as sa
+
+    from falcon_ray import lifecycle as lc
+    from falcon_ray.store import tables
+
+    c = store.add_cluster("edge-z", "p", "us-east5-b", "v6e")
+    tid = store.submit_task("alice", {"x": 1})
+    assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=c.id)
+    at = store.clock()
+    with store.engine.begin() as conn:  # the upper layer, bypassing Store.request_abort
+        conn.execute(sa.update(tables.jobs).where(tables.jobs.c.id == tid).values(status="Aborting", aborting_at=at))
+    assert store.transition(tid, lc.ABORTING, lc.ABORTED, "Aborted by user")
+    steps = [(e.status, e.reason) for e in store.events(tid)]
+    assert steps == [("Pending", ""), ("Pending", "Waiting"), ("Aborting", ""), ("Aborted", "")]
+    # through request_abort the event exists already: no second one
+    tid2 = store.submit_task("bob", {"x": 1})
+    assert store.request_abort(tid2)
+    assert store.transition(tid2, lc.ABORTING, lc.ABORTED, "Aborted by user")
+    assert [e.status for e in store.events(tid2)].count("Aborting") == 1

@@ -390,6 +390,8 @@ class Store:
                     t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
                 )
                 won = res.rowcount == 1
+                if won and to == lc.ABORTED:
+                    self._record_abort_request(c, task_id, now)
                 if won:
                     c.execute(
                         t.task_events.insert().values(
@@ -406,6 +408,18 @@ class Store:
                 )
                 won = res.rowcount == 1
         return won
+
+    @staticmethod
+    def _record_abort_request(c, task_id: int, now) -> None:
+        """The upper layer may set Aborting with its own SQL, writing no event; the audit
+        trail still gets its Aborting step, at ``aborting_at``, before the Aborted one."""
+        e = t.task_events
+        seen = c.execute(
+            sa.select(e.c.id).where(e.c.task_id == task_id, e.c.status == Status.ABORTING.value).limit(1)
+        ).first()
+        if seen is None:
+            at = c.execute(sa.select(t.jobs.c.aborting_at).where(t.jobs.c.id == task_id)).scalar() or now
+            c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message=""))
 
     def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> bool:
         """Change message and/or bookkeeping columns without changing the phase (CAS on phase)."""

@@ -310,6 +310,9 @@ class _Decider:
 
     # rule 1 -------------------------------------------------------------------------
     def aborting(self, t: QueueTask) -> None:
+        text = self.msg("aborting")
+        if t.message != text:  # what an operator sees if the cleanup below has to be retried
+            self.add(f"task {t.id}: aborting message", UpdateTask(t.id, (lc.ABORTING,), text))
         effects: list[Effect] = list(self.delete_job(t))
         lease = self.lease_by_task.get(t.id)
         if lease is not None:

@@ -150,7 +150,7 @@ def test_finished_job_deletes_pool_when_nobody_waits():
 def test_abort_while_provisioning_keeps_pool_for_next_task():
     ts = [task(1, phase=lc.ABORTING, pool="falcon-t1-2x2"), task(2, "bob")]
     g = decide(state(ts, [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]), ClusterView(), NOW, S)
-    abort = next(gr for gr in g if "abort" in gr.what)
+    abort = next(gr for gr in g if gr.what.endswith(": abort"))
     assert [type(e) for e in abort.effects] == [MoveLease, Transition]
     assert abort.effects[0].to == LeaseState.IDLE and abort.effects[1].to == lc.ABORTED
 
@@ -159,11 +159,13 @@ def test_abort_while_running_deletes_job_then_pool_then_aborts():
     t = task(1, phase=lc.ABORTING, pool="falcon-t1-2x2")
     view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 1, 1, 1)})
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
-    assert [type(e) for e in g[0].effects] == [DeleteJob, MoveLease, DeletePool, Transition]
+    assert "waiting for the Kubernetes Job to be deleted" in g[0].effects[0].message
+    assert [type(e) for e in g[1].effects] == [DeleteJob, MoveLease, DeletePool, Transition]
 
 
 def test_abort_while_waiting_only_writes_aborted():
-    g = decide(state([task(1, phase=lc.ABORTING)]), ClusterView(), NOW, S)
+    text = "Aborting, waiting for the Kubernetes Job to be deleted and the node pool cleaned up..."
+    g = decide(state([task(1, phase=lc.ABORTING, message=text)]), ClusterView(), NOW, S)
     assert [type(e) for e in g[0].effects] == [Transition]
 
 

@@ -98,26 +98,14 @@ class PollerActor:
         try:
             spec = parse_spec(task.spec)
         except SpecError as e:
-            self.store.transition(task.id, lc.NEW, lc.failed(Reason.INVALID_SPEC), self.msg("invalid_spec", detail=str(e)))
-            metrics.task_transition("", "", lc.failed(Reason.INVALID_SPEC))
-            return "failed"
+            return self._fail(task, Reason.INVALID_SPEC, self.msg("invalid_spec", detail=str(e)))
         placement = scheduling.place(spec, clusters, load)
         if placement.verdict == "unsupported_tpu_type":
-            self.store.transition(
-                task.id,
-                lc.NEW,
-                lc.failed(Reason.UNSUPPORTED_TPU_TYPE),
-                self.msg("unsupported_tpu_type", tpu_type=spec.tpu_type, offered=placement.detail),
-            )
-            return "failed"
+            text = self.msg("unsupported_tpu_type", tpu_type=spec.tpu_type, offered=placement.detail)
+            return self._fail(task, Reason.UNSUPPORTED_TPU_TYPE, text)
         if placement.verdict == "no_candidate":
-            self.store.transition(
-                task.id,
-                lc.NEW,
-                lc.failed(Reason.NO_CANDIDATE_CLUSTER),
-                self.msg("no_candidate_cluster", tpu_type=spec.tpu_type, detail=placement.detail),
-            )
-            return "failed"
+            text = self.msg("no_candidate_cluster", tpu_type=spec.tpu_type, detail=placement.detail)
+            return self._fail(task, Reason.NO_CANDIDATE_CLUSTER, text)
         if placement.verdict == "only_inactive":
             text = self.msg("only_inactive_clusters", tpu_type=spec.tpu_type, clusters=placement.detail)
             if text != task.message:
@@ -134,10 +122,35 @@ class PollerActor:
         if not won:
             return "lost"
         load.queue_depth[target.id] = load.queue_depth.get(target.id, 0) + 1
-        log.info("task %s assigned to %s/%s", task.id, target.name, spec.topology, extra={"task_id": task.id})
-        metrics.task_transition(target.name, spec.topology, lc.WAITING)
+        self._logged(task, lc.WAITING, f"assigned to {target.name}/{spec.topology}", target.name, spec.topology)
         names.ensure_queue(target.name, spec.topology, self.s, self.db_url).hint.remote()
         return "assigned"
+
+    def _fail(self, task, reason: Reason, message: str) -> str:
+        to = lc.failed(reason)
+        if self.store.transition(task.id, lc.NEW, to, message):
+            self._logged(task, to, message)
+            return "failed"
+        return "lost"
+
+    @staticmethod
+    def _logged(task, to: lc.Phase, message: str, cluster: str = "", topology: str = "") -> None:
+        """One log line and the metrics of a won transition."""
+        log.info(
+            "task %s: Pending -> %s: %s",
+            task.id,
+            to,
+            message,
+            extra={
+                "falcon_task_id": task.id,
+                "cluster": cluster,
+                "topology": topology,
+                "actor": task.actor,
+                "status": str(to.status),
+                "reason": str(to.reason),
+            },
+        )
+        metrics.task_transition(cluster, topology, to)
 
     def _route_abort(self, task, clusters_by_id) -> None:
         if task.cluster_id is None:

@@ -325,7 +325,7 @@ class QueueActor:
             e.to,
             e.message,
             extra={
-                "task_id": e.task_id,
+                "falcon_task_id": e.task_id,
                 "cluster": self.cluster_name,
                 "topology": self.topology,
                 "actor": task.actor if task else "",

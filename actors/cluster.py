@@ -312,7 +312,7 @@ class ClusterActor:
                 reservation=self.reservation,
                 reservation_error=self.reservation_error,
                 synced=self.pools_synced and self.jobs_synced,
-                error=self.connect_error,
+                error=self.connect_error or ("" if self.gke is not None else "still connecting"),
             )
 
     # ---- node pools: operations ------------------------------------------------------

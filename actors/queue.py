@@ -191,6 +191,7 @@ class QueueActor:
                 c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters
             ),
             submit_errors=dict(self.submit_errors),
+            phase_age_s={tid: now_m - since for tid, (_, since) in self.phase_since.items()},
             terminal_messages=terminal_messages,
         )
         want_reservation = bool(cluster.default_reservation) and any(

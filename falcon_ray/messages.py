@@ -51,6 +51,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed}, waiting for reservation {reservation} capacity to free up...",
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed},等待 reservation {reservation} 容量释放...",
     ),
+    "cluster_unreachable": (
+        "Cannot reach cluster {cluster} yet ({detail}); retrying...",
+        "暂时无法连接集群 {cluster} ({detail}),重试中...",
+    ),
     "reservation_unreadable": (
         "Cannot read reservation {reservation} yet ({detail}); retrying...",
         "暂时无法读取 reservation {reservation} ({detail}),重试中...",

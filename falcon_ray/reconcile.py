@@ -136,6 +136,7 @@ class QueueState:
     other_topology_waiting: bool = False
     alternatives_exist: bool = False  # another active cluster of the same TPU type
     submit_errors: dict[int, tuple[str, str]] = field(default_factory=dict)  # task -> (kind, message)
+    phase_age_s: dict[int, float] = field(default_factory=dict)  # task -> seconds in its current phase (>=)
     # last holders of pools whose delete keeps failing: task -> (its terminal phase, its message)
     terminal_messages: dict[int, tuple[Phase, str]] = field(default_factory=dict)
 
@@ -441,6 +442,18 @@ class _Decider:
                 effects = self.release(lease, t.id) + effects
             return self.add(f"task {t.id}: switch to idle pool {idle.name}", *effects)
         mode = scheduling.supply_mode_for(t.spec, cluster.default_reservation)
+        if lease is None and self.v.error:
+            # the ClusterActor cannot reach GKE (credentials, IAM, endpoint): say so, and give
+            # up like a create that never came back once the node-pool timeout has passed
+            age = self.q.phase_age_s.get(t.id, 0.0)
+            if age > self.s.node_pool_timeout_s:
+                detail = f"GKE API of cluster {cluster.name} unreachable for {int(age)}s: {self.v.error}"
+                limit = _fmt_limit(self.s.node_pool_timeout_s)
+                return self.fail_acquire(t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), self.msg("node_pool_timeout", limit=limit, detail=detail))
+            text = self.msg("cluster_unreachable", cluster=cluster.name, detail=self.v.error)
+            if text != t.message:
+                self.add(f"task {t.id}: cluster unreachable", UpdateTask(t.id, (t.phase,), text))
+            return None
         if lease is None:
             if mode == SupplyMode.RESERVATION:
                 if not cluster.default_reservation:

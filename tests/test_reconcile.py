@@ -347,3 +347,14 @@ def test_pool_in_error_waits_for_the_operation_to_report_the_apis_own_message():
     failed_op = OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded")
     g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": failed_op}), NOW, S)
     assert "TPUS_PER_PROJECT" in effects(g, Transition)[0].message
+
+
+def test_unreachable_cluster_says_so_then_times_out_like_a_create_that_never_came_back():
+    t = task(1, phase=lc.PROVISIONING)
+    view = ClusterView(error="RefreshError: metadata server unreachable", synced=False)
+    g = decide(state([t], phase_age_s={1: 30.0}), view, NOW, S)
+    assert not transitions(g)
+    assert "Cannot reach cluster edge-a yet (RefreshError" in effects(g, UpdateTask)[0].message
+    g = decide(state([t], phase_age_s={1: 601.0}), view, NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.NODE_POOL_TIMEOUT) and "unreachable for 601s" in tr.message

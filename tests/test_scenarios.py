@@ -383,3 +383,17 @@ def test_pool_delete_that_keeps_failing_is_retried_and_reported(controller):
     lease = run.store.leases(live_only=False)[0]
     assert lease.delete_attempts >= 1 and lease.last_error
     assert "Pending/WaitingForNode" in reasons(run, tid)
+
+
+def test_unreachable_cluster_is_reported_then_fails_the_task_with_node_pool_timeout(controller):
+    run = controller(make_fleet(a={"status": "offline"}, with_b=False), node_pool_timeout_s=6)
+    run.store.add_cluster("ghost", "proj-x", "us-east5-b", "v6e")  # registered, but GKE has no such cluster
+    tid = run.submit("alice", spec("2x2", 1))
+    t = wait_for(run, tid, lambda t: t.message.startswith("Cannot reach cluster ghost") and "Permission denied" in t.message, timeout=30)
+    assert t.phase == lc.PROVISIONING
+    t = wait_for(run, tid, lambda t: t.terminal, timeout=30)
+    assert (t.status, t.reason) == ("Failed", "NodePoolTimeout")
+    assert "GKE API of cluster ghost unreachable" in t.message
+    assert run.store.leases(live_only=False) == []  # nothing was ever created
+    run.store.set_cluster_status("ghost", "offline")
+    assert_clean(run)

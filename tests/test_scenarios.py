@@ -252,14 +252,12 @@ def test_orphan_scan_deletes_only_leaked_falcon_pools(controller):
         }
 
     ours = {"managed-by": "falcon", "falcon-installation": run.settings.installation}
-    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-t999-2x2", ours))
-    time.sleep(1.0)
-    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-foreign", {}))
-    time.sleep(1.0)
-    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("team-pool", ours))
-    time.sleep(1.0)
     staging = {"managed-by": "falcon", "falcon-installation": "staging"}
-    gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool("falcon-t998-2x2", staging))
+    # the ones that are not ours first: GKE runs one operation at a time, and the scan's
+    # delete of the leaked pool must not collide with these creates
+    for name, labels in (("falcon-foreign", {}), ("team-pool", ours), ("falcon-t998-2x2", staging), ("falcon-t999-2x2", ours)):
+        gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool(name, labels))
+        time.sleep(1.0)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "falcon-t999-2x2" in run.falcon_pools_alive():
         time.sleep(0.3)

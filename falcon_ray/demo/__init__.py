@@ -157,10 +157,22 @@ class DemoRun:
             raise RuntimeError("could not take the leader lease")
         self.supervisor.start()
         ray.get(self.supervisor.known["poller"].ping.remote(), timeout=120)
+        self._wait_connected(timeout=60)
         self.thread = threading.Thread(target=self.supervisor.run, args=(self.stop_event,), daemon=True)
         self.thread.start()
         self.t0 = time.monotonic()
         return self
+
+    def _wait_connected(self, timeout: float) -> None:
+        """Every ClusterActor has reached its cluster (or ``timeout`` passed): the play starts warm."""
+        import ray
+
+        deadline = time.monotonic() + timeout
+        for name, h in list(self.supervisor.known.items()):
+            if not name.startswith("cluster/"):
+                continue
+            while time.monotonic() < deadline and not ray.get(h.snapshot.remote(), timeout=30)["connected"]:
+                time.sleep(0.1)
 
     def stop(self) -> None:
         self.stop_event.set()

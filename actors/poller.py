@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from actors import names
-from actors.ticker import Ticker
+from actors.ticker import Ticker, TickerActor
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
@@ -38,7 +38,7 @@ log = logging.getLogger("falcon.poller")
 
 
 @ray.remote
-class PollerActor:
+class PollerActor(TickerActor):
     def __init__(self, settings: Settings, db_url: str) -> None:
         self.s = settings
         self.db_url = db_url
@@ -48,16 +48,6 @@ class PollerActor:
 
     def poll_now(self) -> None:
         self.ticker.wake()
-
-    def ping(self) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self.ticker.stop()
-
-    def drain(self, timeout: float = 30.0) -> bool:
-        """Finish the poll in progress, then stop; True when the loop has ended."""
-        return self.ticker.drain(timeout)
 
     def msg(self, key: str, **kw: object) -> str:
         return messages.text(key, self.s.lang, **kw)

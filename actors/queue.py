@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from actors import names
-from actors.ticker import Ticker
+from actors.ticker import Ticker, TickerActor
 from falcon_ray import lifecycle as lc
 from falcon_ray import metrics, reconcile
 from falcon_ray.config import Settings
@@ -63,7 +63,7 @@ PERMANENT_SUBMIT = (
 
 
 @ray.remote
-class QueueActor:
+class QueueActor(TickerActor):
     def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str) -> None:
         self.s = settings
         self.cluster_name = cluster_name
@@ -87,16 +87,6 @@ class QueueActor:
     def hint(self) -> None:
         """Something changed for this queue (a new task, an abort, a Job event)."""
         self.ticker.wake()
-
-    def ping(self) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self.ticker.stop()
-
-    def drain(self, timeout: float = 30.0) -> bool:
-        """Finish the step in progress, then stop; True when the loop has ended."""
-        return self.ticker.drain(timeout)
 
     # ---- loop ------------------------------------------------------------------------------
 

@@ -62,3 +62,19 @@ class Ticker:
         self.stop()
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+class TickerActor:
+    """The remote surface every actor with a ``self.ticker`` shares."""
+
+    ticker: Ticker
+
+    def ping(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self.ticker.stop()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Finish the step in progress, then stop; True when the loop has ended."""
+        return self.ticker.drain(timeout)

@@ -182,8 +182,10 @@ def _message_dict(message: Any) -> dict[str, Any]:
 # --- GKE -------------------------------------------------------------------------------
 
 
-class GkeApi:
-    """GKE v1 (REST transport): cluster endpoint, node pools and their operations."""
+class _RestApi:
+    """A Google REST client with Falcon's retry settings; ``CLIENT`` is the client class."""
+
+    CLIENT: Any = None
 
     def __init__(
         self,
@@ -198,11 +200,17 @@ class GkeApi:
         request_timeout: float | None = None,
     ) -> None:
         self.retry = _retry_settings(retry, initial, maximum, multiplier, timeout, request_timeout)
-        self.client = container_v1.ClusterManagerClient(
+        self.client = self.CLIENT(
             credentials=credentials or default_credentials(),
             transport="rest",
             client_options=_client_options(endpoint),
         )
+
+
+class GkeApi(_RestApi):
+    """GKE v1 (REST transport): cluster endpoint, node pools and their operations."""
+
+    CLIENT = container_v1.ClusterManagerClient
 
     @staticmethod
     def _cluster_path(project: str, location: str, cluster: str) -> str:
@@ -313,27 +321,10 @@ def _pool_info(pool: container_v1.NodePool) -> PoolInfo:
 # --- Compute ---------------------------------------------------------------------------
 
 
-class ComputeApi:
+class ComputeApi(_RestApi):
     """Compute Engine reservations (REST): how much of a reservation is free."""
 
-    def __init__(
-        self,
-        endpoint: str | None = None,
-        credentials=None,
-        *,
-        retry: RetrySettings | None = None,
-        initial: float | None = None,
-        maximum: float | None = None,
-        multiplier: float | None = None,
-        timeout: float | None = None,
-        request_timeout: float | None = None,
-    ) -> None:
-        self.retry = _retry_settings(retry, initial, maximum, multiplier, timeout, request_timeout)
-        self.client = compute_v1.ReservationsClient(
-            credentials=credentials or default_credentials(),
-            transport="rest",
-            client_options=_client_options(endpoint),
-        )
+    CLIENT = compute_v1.ReservationsClient
 
     def reservation(self, project: str, zone: str, name: str) -> ReservationInfo:
         """A specific reservation's size and use; NOT_FOUND raises (a registry error)."""

@@ -124,10 +124,13 @@ pid=$!
 [ -z "$term" ] || kill -TERM "$pid" 2>/dev/null
 wait "$pid"
 rc=$?
-while kill -0 "$pid" 2>/dev/null; do
+if [ -n "$term" ]; then
+  # the TERM trap interrupts wait (status 128+15) even when the command has already been
+  # reaped: wait again for the command's own status (127: there was nothing left to wait for)
   wait "$pid"
-  rc=$?
-done
+  again=$?
+  [ "$again" -eq 127 ] || rc=$again
+fi
 (sleep {LOG_DRAIN_SECONDS}; kill "$tee_pid" 2>/dev/null) </dev/null >/dev/null 2>&1 &
 watchdog=$!
 wait "$tee_pid"

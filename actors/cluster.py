@@ -41,7 +41,7 @@ import ray
 
 from actors import names
 from falcon_ray import lifecycle as lc
-from falcon_ray import metrics, reconcile, render
+from falcon_ray import metrics, render
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
 from falcon_ray.reconcile import ClusterView, JobView, OpView, PoolView, ReservationView
@@ -153,7 +153,7 @@ class ClusterActor:
         self.watcher = JobWatcher(
             self.kube,
             self.cluster.namespace,
-            label_selector=reconcile.installation_selector(self.s.installation),
+            label_selector=render.installation_selector(self.s.installation),
             timeout_seconds=self.s.watch_timeout_s,
         )
         self.watcher.run(self._on_job, self.stop, on_resync=self._on_resync)
@@ -489,11 +489,6 @@ class ClusterActor:
             return {"pools": [], "jobs": []}
         self._refresh_pools(force=True)
         leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
-        metrics.pools_alive(
-            self.name,
-            sum(1 for n in self.pools if n.startswith(POOL_PREFIX)),
-            idle=sum(1 for l in leases.values() if l.state == lc.LeaseState.IDLE.value),
-        )
         live = self.store.live_tasks(self.cluster.id)
         held = {t.node_pool_name for t in live if t.node_pool_name}
         grace = self.s.create_visibility_grace_s
@@ -504,7 +499,7 @@ class ClusterActor:
         for name, labels in names_labels:
             if not name.startswith(POOL_PREFIX) or labels.get("managed-by") != "falcon":
                 continue
-            if labels.get(reconcile.INSTALLATION_LABEL) != self.s.installation:
+            if labels.get(render.RESOURCE_LABEL_INSTALLATION) != self.s.installation:
                 continue  # another installation's pool (or not Falcon's at all): never ours to delete
             lease = leases.get(name)
             if lease is not None and lease.state != lc.LeaseState.DELETING.value:

@@ -99,6 +99,8 @@ class QueueActor(TickerActor):
         t0 = time.monotonic()
         self.reconcile_once()
         metrics.queue_tick(self.cluster_name, self.topology, time.monotonic() - t0)
+        if self.last_state is not None:
+            metrics.queue_depth(self.cluster_name, self.topology, self.last_state.tasks)
 
     def _cluster(self):
         if self.cluster_handle is None:
@@ -217,7 +219,6 @@ class QueueActor(TickerActor):
             with self.lock:
                 self.last_state, self.last_view = state, view
             groups = reconcile.decide(state, view, utcnow(), self.s)
-            metrics.queue_depth(self.cluster_name, self.topology, state.tasks)
             if not groups:
                 break
             progressed = self.act(groups)

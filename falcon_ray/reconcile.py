@@ -237,15 +237,6 @@ class EffectGroup:
 
 # ---- helpers ----------------------------------------------------------------------------
 
-INSTALLATION_LABEL = "falcon-installation"  # GCE resource label on pools (no '/' allowed there)
-INSTALLATION_JOB_LABEL = "falcon.dev/installation"
-
-
-def installation_selector(installation: str) -> str:
-    """The label selector of this installation's Jobs."""
-    return f"{render.MANAGED_SELECTOR},{INSTALLATION_JOB_LABEL}={installation}"
-
-
 HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE)
 POOL_UP = ("RUNNING", "RECONCILING", "RUNNING_WITH_ERROR")
 
@@ -373,10 +364,12 @@ class _Decider:
             if lease is not None and lease.state == LeaseState.READY:
                 effects.append(MoveLease(lease.id, lease.name, (LeaseState.READY,), LeaseState.IN_USE))
             q = queue_label(self.q.cluster.name, self.q.topology)
-            manifest = render.job_manifest(t.id, t.spec, self.q.cluster, pool, q)
-            for labels in (manifest["metadata"]["labels"], manifest["spec"]["template"]["metadata"]["labels"]):
-                labels[INSTALLATION_JOB_LABEL] = self.s.installation
-            service = render.headless_service(t.id, t.spec, self.q.cluster) if t.spec.shape.multi_host else None
+            manifest = render.job_manifest(t.id, t.spec, self.q.cluster, pool, q, self.s.installation)
+            service = (
+                render.headless_service(t.id, t.spec, self.q.cluster, self.s.installation)
+                if t.spec.shape.multi_host
+                else None
+            )
             effects.append(SubmitJob(t.id, manifest, service, first=t.dispatched_at is None))
             return self.add(f"task {t.id}: submit Job", *effects)
         if lease is not None and lease.state == LeaseState.READY:
@@ -576,11 +569,16 @@ class _Decider:
             SupplyMode.FLEX_START: self.s.flex_start_idle_s,
         }[mode]
         policy = self.s.v7x_workload_policy.format(topology=t.spec.topology) if t.spec.tpu_type == "v7x" else None
-        request = render.node_pool_request(
-            t.spec, self.q.cluster, mode.value, name, t.id, idle_seconds=idle_s, workload_policy=policy
+        return render.node_pool_request(
+            t.spec,
+            self.q.cluster,
+            mode.value,
+            name,
+            t.id,
+            idle_seconds=idle_s,
+            workload_policy=policy,
+            installation=self.s.installation,
         )
-        request["config"]["resourceLabels"][INSTALLATION_LABEL] = self.s.installation
-        return request
 
     # rule 5 -------------------------------------------------------------------------
     def pick(self, waiting: Sequence[QueueTask]) -> None:

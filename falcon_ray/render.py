@@ -62,6 +62,9 @@ MANAGED_BY_VALUE = "falcon"
 LABEL_TASK_ID = "falcon.dev/task-id"
 LABEL_QUEUE = "falcon.dev/queue"
 RESOURCE_LABEL_TASK = "falcon-task"  # GCE resource label on node pools (no '/' allowed there)
+RESOURCE_LABEL_INSTALLATION = "falcon-installation"  # whose pool it is (Settings.installation)
+LABEL_INSTALLATION = "falcon.dev/installation"  # the same mark on Jobs, Services and pods
+DEFAULT_INSTALLATION = "default"
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"
 ANNOTATION_LOG_PATH = "falcon.dev/log-path"
 ANNOTATION_LOG_CAPTURE = "falcon.dev/log-capture"
@@ -248,6 +251,7 @@ def node_pool_request(
     *,
     idle_seconds: int | None = None,
     workload_policy: str | None = None,
+    installation: str = DEFAULT_INSTALLATION,
 ) -> dict[str, Any]:
     """The NodePool to create for one slice of ``spec``'s shape, in GKE v1 REST JSON."""
     shape = spec.shape
@@ -256,7 +260,11 @@ def node_pool_request(
     config: dict[str, Any] = {
         "machineType": shape.machine_type,
         "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE},
-        "resourceLabels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE, RESOURCE_LABEL_TASK: str(task_id)},
+        "resourceLabels": {
+            LABEL_MANAGED_BY: MANAGED_BY_VALUE,
+            RESOURCE_LABEL_TASK: str(task_id),
+            RESOURCE_LABEL_INSTALLATION: installation,
+        },
         # Workload Identity for the pods and the GCS FUSE driver.
         "workloadMetadataConfig": {"mode": "GKE_METADATA"},
         # The closest GKE field to a per-pool scale-down-unneeded time (NodeConfig
@@ -326,8 +334,13 @@ def logs_captured(spec: TaskSpec, cluster: Cluster) -> bool:
     return bool(bucket_name(cluster)) and bool(spec.command)
 
 
-def job_labels(task_id: int, queue: str | None = None) -> dict[str, str]:
-    labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_TASK_ID: str(task_id)}
+def installation_selector(installation: str) -> str:
+    """The label selector of one installation's Jobs."""
+    return f"{MANAGED_SELECTOR},{LABEL_INSTALLATION}={installation}"
+
+
+def job_labels(task_id: int, queue: str | None = None, installation: str = DEFAULT_INSTALLATION) -> dict[str, str]:
+    labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_TASK_ID: str(task_id), LABEL_INSTALLATION: installation}
     if queue:
         labels[LABEL_QUEUE] = label_value(queue)
     return labels
@@ -367,12 +380,14 @@ def _resources(spec: TaskSpec) -> dict[str, Any]:
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
-def job_manifest(task_id: int, spec: TaskSpec, cluster: Cluster, pool: str, queue: str) -> dict[str, Any]:
+def job_manifest(
+    task_id: int, spec: TaskSpec, cluster: Cluster, pool: str, queue: str, installation: str = DEFAULT_INSTALLATION
+) -> dict[str, Any]:
     """The batch/v1 Job that runs task ``task_id`` on node pool ``pool``."""
     shape = spec.shape
     name = job_name(task_id)
     namespace = cluster.namespace
-    labels = job_labels(task_id, queue)
+    labels = job_labels(task_id, queue, installation)
     capture = logs_captured(spec, cluster)
 
     container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
@@ -450,7 +465,9 @@ def job_manifest(task_id: int, spec: TaskSpec, cluster: Cluster, pool: str, queu
     }
 
 
-def headless_service(task_id: int, spec: TaskSpec | None, cluster: Cluster) -> dict[str, Any]:
+def headless_service(
+    task_id: int, spec: TaskSpec | None, cluster: Cluster, installation: str = DEFAULT_INSTALLATION
+) -> dict[str, Any]:
     """The headless Service giving a multi-host Job's pods stable DNS names."""
     del spec  # the Service does not depend on the spec; kept for a uniform call shape
     return {
@@ -459,7 +476,7 @@ def headless_service(task_id: int, spec: TaskSpec | None, cluster: Cluster) -> d
         "metadata": {
             "name": service_name(task_id),
             "namespace": cluster.namespace,
-            "labels": job_labels(task_id),
+            "labels": job_labels(task_id, installation=installation),
         },
         "spec": {
             "clusterIP": "None",

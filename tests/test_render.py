@@ -142,7 +142,7 @@ def test_node_pool_request_matches_the_catalogue(shape, mode):
         "locationPolicy": "ANY",
     }
     assert pool["locations"] == ["us-east5-b"]
-    assert cfg["resourceLabels"] == {"managed-by": "falcon", "falcon-task": "42"}
+    assert cfg["resourceLabels"] == {"managed-by": "falcon", "falcon-task": "42", "falcon-installation": "default"}
     assert cfg["labels"]["managed-by"] == "falcon"
     assert cfg["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert cfg["consolidationDelay"] == f"{render.autoscaler_idle_seconds(mode)}s"
@@ -220,7 +220,12 @@ def test_job_manifest_matches_the_catalogue(shape):
 
     assert job["apiVersion"] == "batch/v1" and job["kind"] == "Job"
     assert meta["name"] == "falcon-task-42" and meta["namespace"] == "falcon-jobs"
-    labels = {"managed-by": "falcon", "falcon.dev/task-id": "42", "falcon.dev/queue": "edge-a.2x4"}
+    labels = {
+        "managed-by": "falcon",
+        "falcon.dev/task-id": "42",
+        "falcon.dev/queue": "edge-a.2x4",
+        "falcon.dev/installation": "default",
+    }
     assert meta["labels"] == labels and jspec["template"]["metadata"]["labels"] == labels
     assert jspec["backoffLimit"] == 0
     assert "ttlSecondsAfterFinished" not in jspec and "activeDeadlineSeconds" not in jspec
@@ -265,7 +270,7 @@ def test_headless_service_selects_the_jobs_pods(shape):
     assert svc["metadata"] == {
         "name": "falcon-task-42",
         "namespace": "falcon-jobs",
-        "labels": {"managed-by": "falcon", "falcon.dev/task-id": "42"},
+        "labels": {"managed-by": "falcon", "falcon.dev/task-id": "42", "falcon.dev/installation": "default"},
     }
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == {"job-name": "falcon-task-42"}

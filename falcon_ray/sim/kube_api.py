@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from . import kube_admission as admission
-from .errors import KubeError, json_response, kube_errors, read_json_object
+from .errors import KubeError, json_response, kube_errors, kube_status, read_json_object
 from .kube_patch import json_patch, merge_patch
 from .kube_store import RESOURCES, ResourceKind, WatchEvent, clone
 from .selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
@@ -648,15 +648,7 @@ class KubeApi:
         self, request: web.Request, code: int, reason: str, message: str
     ) -> web.StreamResponse:
         """HTTP 200 carrying one ERROR event: how the apiserver refuses a watch it accepted."""
-        status = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
+        status = kube_status(code, reason, message)
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)

@@ -121,7 +121,7 @@ def test_create_a_pool_follow_its_operation_then_delete_it(sim, topology, mode):
     assert pool is not None and pool.status == "RUNNING"
     assert pool.machine_type == tpu.lookup("v6e", topology).machine_type
     assert pool.initial_node_count == tpu.lookup("v6e", topology).hosts
-    assert pool.resource_labels == {"managed-by": "falcon", "falcon-task": str(task_id)}
+    assert pool.resource_labels == {"managed-by": "falcon", "falcon-task": str(task_id), "falcon-installation": "default"}
     assert pool.managed_by_falcon and pool.locations == (c.location,)
     assert name in {p.name for p in api.list_node_pools(c.project, c.location, c.name)}
 

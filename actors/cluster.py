@@ -1,8 +1,9 @@
-"""ClusterActor: one per edge cluster; the only holder of its GKE and Kubernetes clients.
+"""The ClusterActor's logic: one per edge cluster; the only holder of its GKE and Kubernetes clients.
 
 Contract
 --------
-Hard state: none. Everything here is a cache of the cluster (node pools, nodes,
+``ClusterGateway`` is a plain object (store, port, settings); the ClusterActor in
+``actors.remote`` is its Ray shell. Hard state: none. Everything here is a cache of the cluster (node pools, nodes,
 Jobs labelled ``managed-by=falcon``, reservation use) or of work in flight (the
 node-pool operation queue). After a restart the caches refill from a full list and
 the QueueActors re-request any create they still need; a create that meets 409
@@ -17,13 +18,15 @@ idempotent and may be retried.
   stockout fails; a delete is retried until it succeeds, each failure counted so
   the QueueActor can report it.
 - One Job watch (list, then watch from the list's resourceVersion, re-list on 410)
-  keeps the Job cache and wakes the QueueActor of the Job's queue.
+  keeps the Job cache and wakes the QueueActor of the Job's queue through the port.
+- Four loops, each a ``Ticker`` (guarded, timed, shown in ``snapshot()["loops"]``):
+  connect-then-watch, the operation worker, the orphan scan, the gauges.
 - The orphan scan deletes a pool named ``falcon-...`` with the ``managed-by=falcon``
   label when no live lease manages it, no non-terminal task holds it, and it is
   older than the create-visibility grace; it also deletes Jobs whose task is over.
 
-Blocking client calls run on the actor's thread pool (a threaded actor), never on
-an event loop.
+Blocking client calls run on the loops' threads and the actor's thread pool (a
+threaded actor), never on an event loop.
 """
 
 from __future__ import annotations
@@ -37,47 +40,59 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
-from actors import names
-from falcon_ray import lifecycle as lc
+from actors.port import Port
+from actors.ticker import Ticker
 from falcon_ray import metrics, render
 from falcon_ray.config import Settings
-from falcon_ray.errors import CloudError, ErrorKind
-from falcon_ray.reconcile import ClusterView, JobView, OpView, PoolView, ReservationView
+from falcon_ray.errors import CloudError
+from falcon_ray.lifecycle import LeaseState
+from falcon_ray.model import (
+    OP_IN_FLIGHT,
+    RETRYABLE_KINDS,
+    ClusterView,
+    ErrorKind,
+    JobPhase,
+    JobView,
+    OpKind,
+    OpState,
+    OpView,
+    PoolView,
+    ReservationError,
+    ReservationView,
+)
 from falcon_ray.store import Store, utcnow
+from falcon_ray.tpu import NODEPOOL_LABEL
 
 log = logging.getLogger("falcon.cluster")
 
-POOL_PREFIX = "falcon-"
-POOL_LABEL = "cloud.google.com/gke-nodepool"
 GAUGE_PERIOD_S = 10.0
-RETRYABLE = (ErrorKind.INCOMPATIBLE_OPERATION, ErrorKind.TOO_MANY_OPERATIONS, ErrorKind.TRANSIENT)
+OP_IDLE_WAIT_S = 0.2
+CONNECT_BACKOFF_MAX_S = 60.0
 
 
 @dataclass
 class PoolOp:
     name: str
-    kind: str  # create | delete
+    kind: OpKind
     request: dict[str, Any] | None = None
-    state: str = "queued"  # queued | running | done | failed | cancelled
+    state: OpState = OpState.QUEUED
     attempts: int = 0
-    error_kind: str = ""
+    error_kind: ErrorKind | None = None
     error: str = ""
     next_at: float = 0.0
-    operation: str = ""
+    operation: str = ""  # GKE's operation name once the call was accepted (or recorded on the lease)
     queued_at: float = field(default_factory=time.monotonic)
 
     def view(self) -> OpView:
-        return OpView(self.kind, self.state, self.attempts, self.error_kind, self.error)
+        return OpView(self.kind, self.state, self.attempts, self.error_kind, self.error, self.operation)
 
 
-@ray.remote
-class ClusterActor:
-    def __init__(self, cluster_name: str, settings: Settings, db_url: str) -> None:
+class ClusterGateway:
+    def __init__(self, cluster_name: str, settings: Settings, store: Store, port: Port) -> None:
         self.s = settings
         self.name = cluster_name
-        self.store = Store(db_url)
+        self.store = store
+        self.port = port
         if settings.metadata_host:  # the simulated fleet's metadata server (configuration, not a branch)
             os.environ["GCE_METADATA_HOST"] = settings.metadata_host
             os.environ["GCE_METADATA_IP"] = settings.metadata_host
@@ -89,6 +104,8 @@ class ClusterActor:
         self.kube = None
         self.watcher = None
         self.connect_error = ""
+        self.connect_failures = 0
+        self.watch_delay = 0.0
         self.pools: dict[str, PoolView] = {}
         self.pool_labels: dict[str, dict[str, str]] = {}
         self.pool_first_seen: dict[str, float] = {}
@@ -101,22 +118,21 @@ class ClusterActor:
         self.failure_detail: dict[str, str] = {}
         self.ops: dict[str, PoolOp] = {}
         self.op_fifo: deque[PoolOp] = deque()
-        self.op_wake = threading.Event()
         self.reservation: ReservationView | None = None
-        self.reservation_error: tuple[str, str] | None = None
+        self.reservation_error: ReservationError | None = None
         self.reservation_at = 0.0
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
-        self.queue_handles: dict[str, Any] = {}
         self.reported_reconnects = 0
-        self.threads = [
-            threading.Thread(target=target, daemon=True, name=target.__name__)
-            for target in (self._connect_and_watch, self._op_worker, self._orphan_loop, self._gauge_loop)
-        ]
-        for th in self.threads:
-            th.start()
+        period = self.s.orphan_scan_interval_s
+        self.tickers = {
+            "watch": Ticker(f"cluster {cluster_name}: watch", self._watch_step, lambda: self.watch_delay, log),
+            "operations": Ticker(f"cluster {cluster_name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log),
+            "orphans": Ticker(f"cluster {cluster_name}: orphans", self.orphan_scan, lambda: period, log, start_after=period),
+            "gauges": Ticker(f"cluster {cluster_name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S),
+        }
 
-    # ---- clients -----------------------------------------------------------------
+    # ---- clients ------------------------------------------------------------------
 
     def _connect(self) -> None:
         import google.auth
@@ -133,30 +149,28 @@ class ClusterActor:
         self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
         self.gke = gke
 
-    def _connect_and_watch(self) -> None:
+    def _watch_step(self) -> None:
+        """Connect (with backoff) until connected, then one round of the Job watch."""
         from falcon_ray.kube import JobWatcher
 
-        delay = 1.0
-        while not self.stop.is_set():
+        if self.gke is None:
             try:
                 self._connect()
-                self.connect_error = ""
-                break
             except Exception as e:  # keep trying: an unreachable cluster must not kill the actor
                 self.connect_error = f"{type(e).__name__}: {e}"[:500]
+                self.connect_failures += 1
                 log.warning("cluster %s: connect failed: %s", self.name, self.connect_error)
-                self.stop.wait(delay + random.random())
-                delay = min(delay * 2, 60.0)
-        if self.stop.is_set():
-            return
-        self.op_wake.set()
-        self.watcher = JobWatcher(
-            self.kube,
-            self.cluster.namespace,
-            label_selector=render.installation_selector(self.s.installation),
-            timeout_seconds=self.s.watch_timeout_s,
-        )
-        self.watcher.run(self._on_job, self.stop, on_resync=self._on_resync)
+                self.watch_delay = min(2.0 ** (self.connect_failures - 1), CONNECT_BACKOFF_MAX_S) + random.random()
+                return
+            self.connect_error = ""
+            self.tickers["operations"].wake()
+            self.watcher = JobWatcher(
+                self.kube,
+                self.cluster.namespace,
+                label_selector=render.installation_selector(self.s.installation),
+                timeout_seconds=self.s.watch_timeout_s,
+            )
+        self.watch_delay = self.watcher.step(self._on_job, self._on_resync, stopping=self.stop.is_set)
 
     # ---- Job watch -----------------------------------------------------------------
 
@@ -164,7 +178,7 @@ class ClusterActor:
         if obs.task_id is None:
             return None
         message = obs.message
-        if obs.phase == "Failed":
+        if obs.phase == JobPhase.FAILED:
             detail = self.failure_detail.get(obs.uid)
             if detail is None:
                 try:
@@ -192,9 +206,9 @@ class ClusterActor:
         if jv is None:
             return
         self.last_ok["kubernetes"] = time.time()
-        queue = (obs.labels or {}).get(render.LABEL_QUEUE, "") if hasattr(obs, "labels") else ""
+        queue = (obs.labels or {}).get(render.LABEL_QUEUE, "")
         with self.lock:
-            if jv.phase == "Deleted":
+            if jv.phase == JobPhase.DELETED:
                 self.jobs.pop(jv.task_id, None)
             else:
                 self.jobs[jv.task_id] = jv
@@ -209,7 +223,7 @@ class ClusterActor:
             jv = self._job_view(obs)
             if jv is not None:
                 views[jv.task_id] = jv
-                q = (getattr(obs, "labels", None) or {}).get(render.LABEL_QUEUE, "")
+                q = (obs.labels or {}).get(render.LABEL_QUEUE, "")
                 if q:
                     queues[jv.task_id] = q
         with self.lock:
@@ -223,13 +237,8 @@ class ClusterActor:
 
     def _wake_queue(self, queue_label: str) -> None:
         """Hint the QueueActor behind a queue label (labels are ``<cluster>.<topology>``)."""
-        if not queue_label.startswith(self.name + "."):
-            return
-        topology = queue_label[len(self.name) + 1 :]
-        h = self.queue_handles.get(queue_label) or names.lookup(names.queue_name(self.name, topology), self.s.namespace)
-        if h is not None:
-            self.queue_handles[queue_label] = h
-            h.hint.remote()
+        if queue_label.startswith(self.name + "."):
+            self.port.hint(self.name, queue_label[len(self.name) + 1 :], create=False)
 
     # ---- node pools: view --------------------------------------------------------------
 
@@ -243,7 +252,7 @@ class ClusterActor:
             try:
                 infos = self.gke.list_node_pools(c.project, c.location, c.name)
                 self.last_ok["gke"] = time.time()
-                nodes = self.kube.list_nodes(POOL_LABEL)
+                nodes = self.kube.list_nodes(NODEPOOL_LABEL)
                 self.last_ok["kubernetes"] = time.time()
             except Exception as e:
                 log.warning("cluster %s: pool refresh failed: %s", self.name, e)
@@ -257,9 +266,7 @@ class ClusterActor:
             labels = {}
             now = time.monotonic()
             for p in infos:
-                pools[p.name] = PoolView(
-                    p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), p.status_message or ""
-                )
+                pools[p.name] = PoolView(p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), p.status_message or "")
                 labels[p.name] = dict(p.resource_labels or {})
                 self.pool_first_seen.setdefault(p.name, now)
             with self.lock:
@@ -267,11 +274,15 @@ class ClusterActor:
                 self.pool_labels = labels
                 self.pools_at = time.monotonic()
                 self.pools_synced = True
-            metrics.pools_alive(self.name, sum(1 for n in pools if n.startswith(POOL_PREFIX)))
+            metrics.pools_alive(self.name, self._falcon_pools_alive())
             w = self.watcher
             if w is not None and w.reconnects > self.reported_reconnects:
                 metrics.watch_reconnects(self.name, w.reconnects - self.reported_reconnects)
                 self.reported_reconnects = w.reconnects
+
+    def _falcon_pools_alive(self) -> int:
+        with self.lock:
+            return sum(1 for n in self.pools if n.startswith(render.POOL_NAME_PREFIX))
 
     def _refresh_reservation(self) -> None:
         c = self.cluster
@@ -285,7 +296,7 @@ class ClusterActor:
             self.last_ok["compute"] = time.time()
         except CloudError as e:
             log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
-            self.reservation_error = (e.kind.value, e.message[:500])
+            self.reservation_error = ReservationError(e.kind, e.message[:500])
             self.reservation = None
             self.reservation_at = time.monotonic()
             return
@@ -300,11 +311,7 @@ class ClusterActor:
         if want_reservation:
             self._refresh_reservation()
         with self.lock:
-            jobs = {
-                tid: jv
-                for tid, jv in self.jobs.items()
-                if self.job_queue.get(tid, queue_label) == queue_label
-            }
+            jobs = {tid: jv for tid, jv in self.jobs.items() if self.job_queue.get(tid, queue_label) == queue_label}
             return ClusterView(
                 pools={n: self.pools[n] for n in pool_names if n in self.pools},
                 ops={n: self.ops[n].view() for n in pool_names if n in self.ops},
@@ -317,38 +324,39 @@ class ClusterActor:
 
     # ---- node pools: operations ------------------------------------------------------
 
-    def ensure_pool(self, name: str, request: dict[str, Any]) -> str:
-        """Queue a create for ``name`` unless one is queued, running or done."""
+    def ensure_pool(self, name: str, request: dict[str, Any], operation: str | None = None) -> str:
+        """Queue a create for ``name`` unless one is queued, running or done. ``operation``:
+        GKE already accepted this create (the lease recorded it): follow that operation."""
         with self.lock:
             op = self.ops.get(name)
-            if op is not None and op.kind == "create" and op.state in ("queued", "running", "done"):
+            if op is not None and op.kind == OpKind.CREATE and op.state in (*OP_IN_FLIGHT, OpState.DONE):
                 return op.state
-            op = PoolOp(name, "create", request)
+            op = PoolOp(name, OpKind.CREATE, request, operation=operation or "")
             self.ops[name] = op
             self.op_fifo.append(op)
-        self.op_wake.set()
-        return "queued"
+        self.tickers["operations"].wake()
+        return OpState.QUEUED
 
     def delete_pool(self, name: str) -> str:
         """Queue a delete for ``name`` (cancelling a create that has not started)."""
         with self.lock:
             op = self.ops.get(name)
-            if op is not None and op.kind == "delete" and op.state in ("queued", "running"):
+            if op is not None and op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT:
                 return op.state
-            if op is not None and op.kind == "create" and op.state == "queued":
-                op.state = "cancelled"
-            op = PoolOp(name, "delete")
+            if op is not None and op.kind == OpKind.CREATE and op.state == OpState.QUEUED:
+                op.state = OpState.CANCELLED
+            op = PoolOp(name, OpKind.DELETE)
             self.ops[name] = op
             self.op_fifo.append(op)
-        self.op_wake.set()
-        return "queued"
+        self.tickers["operations"].wake()
+        return OpState.QUEUED
 
     def _next_op(self) -> PoolOp | None:
         with self.lock:
             now = time.monotonic()
             for _ in range(len(self.op_fifo)):
                 op = self.op_fifo[0]
-                if op.state == "cancelled" or self.ops.get(op.name) is not op:
+                if op.state == OpState.CANCELLED or self.ops.get(op.name) is not op:
                     self.op_fifo.popleft()
                     continue
                 if op.next_at <= now:
@@ -357,77 +365,85 @@ class ClusterActor:
                 self.op_fifo.rotate(-1)
         return None
 
-    def _op_worker(self) -> None:
-        while not self.stop.is_set():
-            if self.gke is None:
-                self.op_wake.wait(0.5)
-                self.op_wake.clear()
-                continue
+    def _op_step(self) -> None:
+        """Run every operation that is due, one at a time (GKE refuses concurrent ones)."""
+        while self.gke is not None and not self.stop.is_set():
             op = self._next_op()
             if op is None:
-                self.op_wake.wait(0.2)
-                self.op_wake.clear()
-                continue
-            op.state = "running"
+                return
+            op.state = OpState.RUNNING
             try:
                 self._run_op(op)
-                op.state = "done"
-                op.error_kind = ""
+                op.state = OpState.DONE
+                op.error_kind = None
                 self.pools_at = 0.0  # next observe re-lists
             except CloudError as e:
                 self._op_failed(op, e)
             except Exception as e:  # never let the worker die
                 self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
-            metrics.pool_op(self.name, op.kind, op.state, op.error_kind)
-            wake = self.queue_for_pool(op.name)
-            if wake:
-                self._wake_queue(wake)
+            metrics.pool_op(self.name, op.kind, op.state, op.error_kind or "")
+            lease = self.store.get_lease(self.cluster.id, op.name)
+            if lease is not None:
+                self.port.hint(self.name, lease.topology, create=False)
 
-    def queue_for_pool(self, name: str) -> str:
-        lease = self.store.get_lease(self.cluster.id, name)
-        return render.queue_label(self.name, lease.topology) if lease else ""
-
-    def _run_op(self, op: PoolOp) -> None:
+    def _start_op(self, op: PoolOp) -> bool:
+        """Make the GKE call; False when there is nothing to follow (adopted, already gone)."""
         c = self.cluster
         try:
-            if op.kind == "create":
+            if op.kind == OpKind.CREATE:
                 op.operation = self.gke.create_node_pool(c.project, c.location, c.name, op.request)
             else:
                 name = self.gke.delete_node_pool(c.project, c.location, c.name, op.name)
                 if name is None:
-                    return
+                    return False
                 op.operation = name
         except CloudError as e:
-            if op.kind == "create" and e.kind == ErrorKind.ALREADY_EXISTS:
-                return  # created before a crash: adopt it
-            if op.kind == "delete" and e.kind == ErrorKind.NOT_FOUND:
-                return
+            if op.kind == OpKind.CREATE and e.kind == ErrorKind.ALREADY_EXISTS:
+                return False  # created before a crash: adopt it
+            if op.kind == OpKind.DELETE and e.kind == ErrorKind.NOT_FOUND:
+                return False
             raise
         self.last_ok["gke"] = time.time()
+        return True
+
+    def _run_op(self, op: PoolOp) -> None:
+        """Call GKE (unless the operation is known already) and follow it to DONE."""
+        c = self.cluster
+        if not op.operation and not self._start_op(op):
+            return
         while not self.stop.is_set():
-            info = self.gke.get_operation(c.project, c.location, op.operation)
+            try:
+                info = self.gke.get_operation(c.project, c.location, op.operation)
+            except CloudError as e:
+                if e.kind != ErrorKind.NOT_FOUND:
+                    raise
+                # a recorded operation GKE no longer knows: make the call again (409/404 adopt)
+                if not self._start_op(op):
+                    return
+                continue
             self.last_ok["gke"] = time.time()
             if info.done:
                 if info.error is not None:
-                    if op.kind == "delete" and info.error.kind == ErrorKind.NOT_FOUND:
+                    if op.kind == OpKind.DELETE and info.error.kind == ErrorKind.NOT_FOUND:
                         return
+                    op.operation = ""  # that operation is over: a retry makes a new call
                     raise info.error
                 return
             self.stop.wait(self.s.operation_poll_s)
 
     def _op_failed(self, op: PoolOp, e: CloudError) -> None:
         op.attempts += 1
-        op.error_kind = e.kind.value
+        op.error_kind = e.kind
         op.error = e.message[:1000]
         log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
-        if op.kind == "create" and e.kind not in RETRYABLE:
-            op.state = "failed"
+        if op.kind == OpKind.CREATE and e.kind not in RETRYABLE_KINDS:
+            op.state = OpState.FAILED
             self.counters["ops_failed"] += 1
             return
         # retry: creates on busy/transient errors, deletes always
         delay = min(self.s.pool_op_backoff_initial_s * (2 ** (op.attempts - 1)), self.s.pool_op_backoff_max_s)
         op.next_at = time.monotonic() + delay * (0.5 + random.random() / 2)
-        op.state = "queued"
+        op.state = OpState.QUEUED
         self.counters["ops_retried"] += 1
         with self.lock:
             if self.ops.get(op.name) is op:
@@ -459,84 +475,72 @@ class ClusterActor:
         self.last_ok["kubernetes"] = time.time()
         return gone
 
-    # ---- orphan scan ------------------------------------------------------------------
+    # ---- orphan scan and gauges -----------------------------------------------------------
 
-    def _orphan_loop(self) -> None:
-        while not self.stop.wait(self.s.orphan_scan_interval_s):
-            try:
-                self.orphan_scan()
-            except Exception as e:
-                log.warning("cluster %s: orphan scan failed: %s", self.name, e)
-
-    def _gauge_loop(self) -> None:
+    def _gauges(self) -> None:
         """Keep the per-cluster gauges fresh: Ray drops a gauge that is not set again for ~20 s."""
-        while not self.stop.wait(GAUGE_PERIOD_S):
-            try:
-                with self.lock:
-                    alive = sum(1 for n in self.pools if n.startswith(POOL_PREFIX))
-                idle = sum(1 for l in self.store.leases(self.cluster.id) if l.state == lc.LeaseState.IDLE.value)
-                metrics.pools_alive(self.name, alive, idle=idle)
-                self._refresh_reservation()
-                r = self.reservation
-                if r is not None:
-                    metrics.reservation_headroom(self.name, self.cluster.default_reservation, r.count - r.in_use)
-            except Exception as e:
-                log.warning("cluster %s: gauges: %s", self.name, e)
+        idle = sum(1 for l in self.store.leases(self.cluster.id) if l.state == LeaseState.IDLE)
+        metrics.pools_alive(self.name, self._falcon_pools_alive(), idle=idle)
+        self._refresh_reservation()
+        r = self.reservation
+        if r is not None:
+            metrics.reservation_headroom(self.name, self.cluster.default_reservation, r.count - r.in_use)
+
+    def _orphan_pools(self) -> list[str]:
+        """Falcon pools of this installation that no live lease manages and no live task holds."""
+        leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
+        held = {t.node_pool_name for t in self.store.live_tasks(self.cluster.id) if t.node_pool_name}
+        now = time.monotonic()
+        with self.lock:
+            labelled = list(self.pool_labels.items())
+        found = []
+        for name, labels in labelled:
+            if not render.owned_pool(name, labels, self.s.installation):
+                continue  # another installation's pool (or not Falcon's at all): never ours to delete
+            lease = leases.get(name)
+            if (lease is not None and lease.state != LeaseState.DELETING) or name in held:
+                continue  # a QueueActor manages it
+            if lease is not None:
+                age = (utcnow() - lease.created_at).total_seconds()
+            else:
+                age = now - self.pool_first_seen.get(name, now)
+            op = self.ops.get(name)
+            busy = op is not None and op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT
+            if age >= self.s.create_visibility_grace_s and not busy:
+                found.append(name)
+        return found
 
     def orphan_scan(self) -> dict[str, list[str]]:
         """Delete leaked pools and Jobs; returns what it found and queued for deletion."""
         if self.gke is None:
             return {"pools": [], "jobs": []}
         self._refresh_pools(force=True)
-        leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
-        live = self.store.live_tasks(self.cluster.id)
-        held = {t.node_pool_name for t in live if t.node_pool_name}
-        grace = self.s.create_visibility_grace_s
-        now = time.monotonic()
-        found: list[str] = []
-        with self.lock:
-            names_labels = list(self.pool_labels.items())
-        for name, labels in names_labels:
-            if not name.startswith(POOL_PREFIX) or labels.get("managed-by") != "falcon":
-                continue
-            if labels.get(render.RESOURCE_LABEL_INSTALLATION) != self.s.installation:
-                continue  # another installation's pool (or not Falcon's at all): never ours to delete
-            lease = leases.get(name)
-            if lease is not None and lease.state != lc.LeaseState.DELETING.value:
-                continue  # a QueueActor manages it
-            if name in held:
-                continue
-            if lease is not None:
-                age = (utcnow() - lease.created_at).total_seconds()
-            else:
-                age = now - self.pool_first_seen.get(name, now)
-            if age < grace:
-                continue
-            op = self.ops.get(name)
-            if op is not None and op.kind == "delete" and op.state in ("queued", "running"):
-                continue
-            found.append(name)
+        found = self._orphan_pools()
+        for name in found:
             self.counters["orphans_found"] += 1
             self.delete_pool(name)
             self.counters["orphans_deleted"] += 1
             log.warning("cluster %s: orphan pool %s queued for deletion", self.name, name)
         metrics.orphans(self.name, len(found))
-        # Jobs whose task is over (a crash between the terminal write and the Job delete)
+        return {"pools": found, "jobs": self._collect_jobs()}
+
+    def _collect_jobs(self) -> list[str]:
+        """Jobs whose task is over (a crash between the terminal write and the Job delete)."""
         with self.lock:
             jobs = dict(self.jobs)
+        if not jobs:
+            return []
         stale: list[str] = []
-        if jobs:
-            # the watch only sees this installation's Jobs; still, delete only those whose task is over
-            terminal = {t.id for t in self.store.get_tasks(jobs) if t.terminal}
-            for tid, jv in jobs.items():
-                if tid in terminal:
-                    try:
-                        self.delete_job(jv.namespace, jv.name)
-                        stale.append(jv.name)
-                        self.counters["jobs_collected"] += 1
-                    except Exception as e:
-                        log.warning("cluster %s: delete stale Job %s: %s", self.name, jv.name, e)
-        return {"pools": found, "jobs": stale}
+        terminal = {t.id for t in self.store.get_tasks(jobs) if t.terminal}
+        for tid, jv in jobs.items():
+            if tid in terminal:
+                try:
+                    self.delete_job(jv.namespace, jv.name)
+                    stale.append(jv.name)
+                    self.counters["jobs_collected"] += 1
+                except Exception as e:
+                    log.warning("cluster %s: delete stale Job %s: %s", self.name, jv.name, e)
+        return stale
 
     # ---- operator surface ---------------------------------------------------------------
 
@@ -544,9 +548,6 @@ class ClusterActor:
         c = self.store.get_cluster(self.name)
         if c is not None:
             self.cluster = c
-
-    def ping(self) -> bool:
-        return True
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -557,8 +558,11 @@ class ClusterActor:
                 "connected": self.gke is not None,
                 "connect_error": self.connect_error,
                 "pools": {n: vars(p) for n, p in self.pools.items()},
-                "pool_ops": {n: {"kind": o.kind, "state": o.state, "attempts": o.attempts, "error": o.error} for n, o in self.ops.items()},
-                "ops_queued": sum(1 for o in self.op_fifo if o.state == "queued"),
+                "pool_ops": {
+                    n: {"kind": o.kind, "state": o.state, "attempts": o.attempts, "error": o.error, "operation": o.operation}
+                    for n, o in self.ops.items()
+                },
+                "ops_queued": sum(1 for o in self.op_fifo if o.state == OpState.QUEUED),
                 "jobs": {t: vars(j) for t, j in self.jobs.items()},
                 "reservation": vars(self.reservation) if self.reservation else None,
                 "last_ok": dict(self.last_ok),
@@ -568,13 +572,15 @@ class ClusterActor:
                     "last_event_at": getattr(w, "last_event_at", None),
                     "last_ok_at": getattr(w, "last_ok_at", None),
                 },
+                "loops": {name: t.status() for name, t in self.tickers.items()},
                 "counters": dict(self.counters),
                 "db_statements": self.store.statements,
             }
 
     def shutdown(self) -> None:
         self.stop.set()
-        self.op_wake.set()
+        for t in self.tickers.values():
+            t.stop()
         if self.watcher is not None:
             self.watcher.close()  # ends a watch that is waiting for events now, not at its timeout
 
@@ -582,15 +588,14 @@ class ClusterActor:
         """Let the running pool operation finish (its GKE call returns), then stop."""
         self.shutdown()
         deadline = time.monotonic() + timeout
-        for th in self.threads:
-            th.join(max(0.0, deadline - time.monotonic()))
-        return not any(th.is_alive() for th in self.threads[1:])
+        ended = [t.join(max(0.0, deadline - time.monotonic())) for name, t in self.tickers.items()]
+        return all(ended[1:])  # the watch may still be closing its stream
 
     def __repr__(self) -> str:
         c = self.cluster
         with self.lock:
-            alive = sum(1 for n in self.pools if n.startswith(POOL_PREFIX))
-            busy = sum(1 for o in self.ops.values() if o.state in ("queued", "running"))
+            busy = sum(1 for o in self.ops.values() if o.state in OP_IN_FLIGHT)
+        alive = self._falcon_pools_alive()
         return f"ClusterActor({self.name} {c.tpu_type if c else '?'} {c.status if c else '?'}: {alive} pools, {busy} ops, {len(self.jobs)} jobs)"
 
 

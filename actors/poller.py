@@ -1,8 +1,9 @@
-"""PollerActor: intake. Reads new and aborting tasks, assigns clusters, wakes queues.
+"""The PollerActor's logic: intake. Reads new and aborting tasks, assigns clusters, wakes queues.
 
 Contract
 --------
-Hard state: none (the ``jobs`` table is the queue of work). Every poll reads only
+``IntakePoller`` is a plain object (store, port, settings); the PollerActor in
+``actors.remote`` is its Ray shell that runs ``poll_once`` on a ``Ticker``. Hard state: none (the ``jobs`` table is the queue of work). Every poll reads only
 live rows -- unassigned Pending tasks and Aborting tasks, through the
 ``(status, cluster_id, id)`` index -- so its cost does not grow with finished rows.
 
@@ -11,7 +12,7 @@ type (UnsupportedTPUType when none is registered; stays Pending with a message
 when all are in maintenance or offline; NoCandidateCluster when none can take it,
 e.g. no reservation), rank them with ``scheduling.place`` and record the choice
 with a compare-and-set (Pending -> Pending/Waiting with the cluster). Then hint the
-QueueActor, creating it if needed. A lost compare-and-set (the upper layer aborted
+QueueActor through the port, creating it if needed (once per queue per poll). A lost compare-and-set (the upper layer aborted
 meanwhile) is simply re-read next poll. The poller never talks to GCP or
 Kubernetes; Aborting tasks go to their queue, or are finished here when no cluster
 was ever assigned.
@@ -23,10 +24,7 @@ import logging
 import time
 from typing import Any
 
-import ray
-
-from actors import names
-from actors.ticker import Ticker, TickerActor
+from actors.port import Port
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
@@ -37,17 +35,15 @@ from falcon_ray.store import Store
 log = logging.getLogger("falcon.poller")
 
 
-@ray.remote
-class PollerActor(TickerActor):
-    def __init__(self, settings: Settings, db_url: str) -> None:
+class IntakePoller:
+    def __init__(self, settings: Settings, store: Store, port: Port) -> None:
         self.s = settings
-        self.db_url = db_url
-        self.store = Store(db_url)
+        self.store = store
+        self.port = port
         self.rows_read = 0
-        self.ticker = Ticker("poll", self.poll_once, lambda: self.s.poll_interval_s, log)
 
-    def poll_now(self) -> None:
-        self.ticker.wake()
+    def interval(self) -> float:
+        return self.s.poll_interval_s
 
     def msg(self, key: str, **kw: object) -> str:
         return messages.text(key, self.s.lang, **kw)
@@ -57,34 +53,40 @@ class PollerActor(TickerActor):
         new, aborting = self.store.intake(self.s.intake_batch)
         counts = {"new": len(new), "aborting": len(aborting), "assigned": 0, "failed": 0}
         self.rows_read += len(new) + len(aborting)
+        wake: set[tuple[str, str]] = set()  # queues to hint, once each
         if new:
             clusters = self.store.list_clusters()
             load = self._fleet_load(clusters)
             for task in new:
                 try:
-                    outcome = self._intake(task, clusters, load)
+                    outcome = self._intake(task, clusters, load, wake)
                     counts[outcome] = counts.get(outcome, 0) + 1
                 except Exception as e:  # one bad row never stops the poll
                     log.exception("task %s: intake failed: %s", task.id, e)
         if aborting:
             clusters_by_id = {c.id: c for c in self.store.list_clusters()}
             for task in aborting:
-                self._route_abort(task, clusters_by_id)
+                try:
+                    self._route_abort(task, clusters_by_id, wake)
+                except Exception as e:
+                    log.exception("task %s: abort routing failed: %s", task.id, e)
+        for cluster, topology in sorted(wake):
+            self.port.hint(cluster, topology)
         metrics.poll(time.monotonic() - t0, len(new) + len(aborting))
         return counts
 
     def _fleet_load(self, clusters) -> scheduling.FleetLoad:
         depth: dict[str, int] = {}
         for t in self.store.live_tasks():
-            if t.cluster_id and t.status == lc.Status.PENDING.value:
+            if t.cluster_id and t.status == lc.Status.PENDING:
                 depth[t.cluster_id] = depth.get(t.cluster_id, 0) + 1
         idle: dict[str, set[str]] = {}
         for lease in self.store.leases():
-            if lease.state == LeaseState.IDLE.value:
+            if lease.state == LeaseState.IDLE:
                 idle.setdefault(lease.cluster_id, set()).add(lease.topology)
         return scheduling.FleetLoad(depth, {k: frozenset(v) for k, v in idle.items()})
 
-    def _intake(self, task, clusters, load: scheduling.FleetLoad) -> str:
+    def _intake(self, task, clusters, load: scheduling.FleetLoad, wake: set[tuple[str, str]]) -> str:
         try:
             spec = parse_spec(task.spec)
         except SpecError as e:
@@ -113,7 +115,7 @@ class PollerActor(TickerActor):
             return "lost"
         load.queue_depth[target.id] = load.queue_depth.get(target.id, 0) + 1
         self._logged(task, lc.WAITING, f"assigned to {target.name}/{spec.topology}", target.name, spec.topology)
-        names.ensure_queue(target.name, spec.topology, self.s, self.db_url).hint.remote()
+        wake.add((target.name, spec.topology))
         return "assigned"
 
     def _fail(self, task, reason: Reason, message: str) -> str:
@@ -142,7 +144,7 @@ class PollerActor(TickerActor):
         )
         metrics.task_transition(cluster, topology, to)
 
-    def _route_abort(self, task, clusters_by_id) -> None:
+    def _route_abort(self, task, clusters_by_id, wake: set[tuple[str, str]]) -> None:
         if task.cluster_id is None:
             if self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted")):
                 metrics.task_transition("", "", lc.ABORTED)
@@ -156,18 +158,7 @@ class PollerActor(TickerActor):
         if cluster is None:  # its cluster was removed from the registry: nothing left to clean here
             self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted"))
             return
-        names.ensure_queue(cluster.name, spec.topology, self.s, self.db_url).hint.remote()
+        wake.add((cluster.name, spec.topology))
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "polls": self.ticker.steps,
-            "last_poll_at": self.ticker.last_step_at,
-            "last_poll_s": self.ticker.last_step_s,
-            "last_error": self.ticker.last_error,
-            "rows_read": self.rows_read,
-            "db_statements": self.store.statements,
-        }
-
-    def __repr__(self) -> str:
-        t = self.ticker
-        return f"PollerActor(polls={t.steps}, rows_read={self.rows_read}, last_error={t.last_error or '-'})"
+        return {"rows_read": self.rows_read, "db_statements": self.store.statements}

@@ -1,45 +1,54 @@
-"""QueueActor: one per (cluster, topology); the single writer of its tasks.
+"""The queue's single writer: one (cluster, topology), its tasks, its node-pool leases.
 
 Contract
 --------
-Hard state lives in the database: the queue's tasks (``jobs`` rows with this
-cluster and topology), its node-pool leases and the last granted actor. Soft state
-is rebuilt on every tick: the ClusterActor's view of pools, operations and Jobs.
-The actor itself keeps only two caches, both safe to lose: parsed specs, and the
-last Job-submission error per task (a lost one is rediscovered by submitting again).
+``QueueReconciler`` is a plain object built from a store, a port and a clock; the
+QueueActor (``actors.remote``) is a thin Ray shell that runs its ``step`` on a
+``Ticker`` and forwards hints. Hard state lives in the database: the queue's tasks
+(``jobs`` rows with this cluster and topology), its node-pool leases, the last
+granted actor, and the task event log (when each task entered its phase). Soft
+state is rebuilt on every step: the ClusterActor's view of pools, operations and
+Jobs, asked through the port. The object keeps only caches that are safe to lose:
+parsed specs, phase-entry times read from the event log, and the last refused Job
+submission per task (a lost one is rediscovered by submitting again).
 
-Each tick -- every ``queue_tick_s``, on a hint from the poller, or on a watch event
--- observes the database and the cluster, calls ``reconcile.decide`` (pure), and
-carries out the effect groups it returns. A group stops at its first failed or
-lost effect; the next tick decides again. Every method is idempotent, so Ray may
-restart the actor at any line: ``__init__`` is the recovery path, there is no other.
+``step()`` observes the database and the cluster, calls ``reconcile.decide`` (pure),
+and carries out the effect groups it returns; it repeats while decisions change
+state (at most ``MAX_ROUNDS`` rounds). A group stops at its first failed or lost
+effect; the next step decides again. Every effect is idempotent, so the process may
+die at any line: the constructor is the recovery path, there is no other.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-import ray
-
-from actors import names
-from actors.ticker import Ticker, TickerActor
+from actors.port import Port
 from falcon_ray import lifecycle as lc
-from falcon_ray import metrics, reconcile
+from falcon_ray import metrics, reconcile, render, scheduling, tpu
 from falcon_ray.config import Settings
-from falcon_ray.errors import ErrorKind
-from falcon_ray.lifecycle import Status
-from falcon_ray.reconcile import (
+from falcon_ray.lifecycle import LeaseState, Phase, Status
+from falcon_ray.model import (
+    PERMANENT_SUBMIT_KINDS,
     ClusterView,
+    ErrorKind,
+    QueueState,
+    QueueTask,
+    SubmitError,
+    Task,
+)
+from falcon_ray.reconcile import (
     CreateLease,
     DeleteJob,
     DeletePool,
     EnsurePool,
     MoveLease,
-    QueueState,
-    QueueTask,
+    RecordOperation,
     RefreshMessages,
     SetLastGranted,
     SubmitJob,
@@ -47,67 +56,79 @@ from falcon_ray.reconcile import (
     Unassign,
     UpdateTask,
 )
-from falcon_ray.spec import SpecError, parse_spec
+from falcon_ray.spec import SpecError, TaskSpec, parse_spec
 from falcon_ray.store import Store, utcnow
 
 log = logging.getLogger("falcon.queue")
-IDLE_TICK_FACTOR = 5
-# A refused Job does not become acceptable by retrying: a 404 is a missing namespace, a 409
-# on a name Falcon cannot adopt is someone else's object.
-PERMANENT_SUBMIT = (
-    ErrorKind.PERMANENT.value,
-    ErrorKind.QUOTA_OR_STOCKOUT.value,
-    ErrorKind.ALREADY_EXISTS.value,
-    ErrorKind.NOT_FOUND.value,
-)
+IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
+MAX_ROUNDS = 8
+IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
 
 
-@ray.remote
-class QueueActor(TickerActor):
-    def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str) -> None:
+class QueueReconciler:
+    def __init__(
+        self,
+        cluster_name: str,
+        topology: str,
+        settings: Settings,
+        store: Store,
+        port: Port,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
         self.s = settings
         self.cluster_name = cluster_name
         self.topology = topology
-        self.label = reconcile.queue_label(cluster_name, topology)
-        self.store = Store(db_url)
-        self.db_url = db_url
-        self.specs: dict[int, Any] = {}
-        self.submit_errors: dict[int, tuple[str, str]] = {}
+        self.label = render.queue_label(cluster_name, topology)
+        self.store = store
+        self.port = port
+        self.clock = clock
+        self.specs: dict[int, TaskSpec] = {}
+        self.phase_since: dict[int, tuple[Phase, dt.datetime]] = {}
+        self.submit_errors: dict[int, SubmitError] = {}
         self.lock = threading.Lock()
-        self.cluster_handle = None
         self.last_state: QueueState | None = None
         self.last_view: ClusterView | None = None
-        self.ticks = 0
-        self.phase_since: dict[int, tuple[lc.Phase, float]] = {}  # for the time-in-reason histograms
+        self.rounds = 0
         self.idle_accounted_at = time.monotonic()
-        self.ticker = Ticker(f"queue {self.label}", self._tick, self._interval, log)
 
-    # ---- remote surface ---------------------------------------------------------------
+    # ---- the loop ------------------------------------------------------------------------
 
-    def hint(self) -> None:
-        """Something changed for this queue (a new task, an abort, a Job event)."""
-        self.ticker.wake()
-
-    # ---- loop ------------------------------------------------------------------------------
-
-    def _interval(self) -> float:
-        # an empty queue re-reads less often; a hint (new task, abort, Job event) wakes it at once
-        empty = self.last_state is not None and not self.last_state.tasks and not self.last_state.leases
+    def interval(self) -> float:
+        state = self.last_state
+        empty = state is not None and not state.tasks and not state.leases
         return self.s.queue_tick_s * (IDLE_TICK_FACTOR if empty else 1)
 
-    def _tick(self) -> None:
+    def step(self) -> int:
+        """One tick: observe, decide, act; repeated while decisions change state."""
         t0 = time.monotonic()
-        self.reconcile_once()
+        applied = self.reconcile_once()
         metrics.queue_tick(self.cluster_name, self.topology, time.monotonic() - t0)
         if self.last_state is not None:
             metrics.queue_depth(self.cluster_name, self.topology, self.last_state.tasks)
+        return applied
 
-    def _cluster(self):
-        if self.cluster_handle is None:
-            self.cluster_handle = names.ensure_cluster(self.cluster_name, self.s, self.db_url)
-        return self.cluster_handle
+    def reconcile_once(self) -> int:
+        applied = 0
+        for _ in range(MAX_ROUNDS):
+            observed = self.observe()
+            if observed is None:
+                break
+            state, view = observed
+            with self.lock:
+                self.last_state, self.last_view = state, view
+            groups = reconcile.decide(state, view, self.clock(), self.s)
+            if not groups:
+                break
+            progressed = self.act(groups)
+            applied += progressed
+            self.rounds += 1
+            if not progressed:
+                break
+        return applied
 
-    def _spec(self, task) -> Any:
+    # ---- observe ---------------------------------------------------------------------------
+
+    def _spec(self, task: Task) -> TaskSpec | None:
         spec = self.specs.get(task.id)
         if spec is None:
             try:
@@ -117,6 +138,16 @@ class QueueActor(TickerActor):
             self.specs[task.id] = spec
         return spec
 
+    def _phase_since(self, tasks: list[tuple[Task, TaskSpec]]) -> dict[int, dt.datetime]:
+        """When each task entered its current phase: cached, else from the event log."""
+        unknown = {t.id for t, _ in tasks if self.phase_since.get(t.id, (None,))[0] != t.phase}
+        if unknown:
+            entered = self.store.phase_entered(unknown)
+            for t, _ in tasks:
+                if t.id in unknown:
+                    self.phase_since[t.id] = (t.phase, entered.get((t.id, t.phase)) or t.updated_at)
+        return {t.id: self.phase_since[t.id][1] for t, _ in tasks if t.id in self.phase_since}
+
     def observe(self) -> tuple[QueueState, ClusterView] | None:
         clusters = self.store.list_clusters()
         cluster = next((c for c in clusters if c.name == self.cluster_name), None)
@@ -124,111 +155,82 @@ class QueueActor(TickerActor):
             return None
         live = self.store.live_tasks(cluster.id)
         leases = tuple(l for l in self.store.leases(cluster.id) if l.topology == self.topology)
-        mine: list[QueueTask] = []
+        mine: list[tuple[Task, TaskSpec]] = []
         other_waiting = False
         for t in live:
             spec = self._spec(t)
             if spec is None:
                 continue
-            if spec.topology != self.topology:
-                if t.status == Status.PENDING.value and t.reason:
-                    other_waiting = True
-                continue
-            mine.append(
-                QueueTask(
-                    id=t.id,
-                    name=t.name,
-                    actor=t.actor,
-                    phase=t.phase,
-                    created_at=t.created_at,
-                    dispatched_at=t.dispatched_at,
-                    spec=spec,
-                    node_pool_name=t.node_pool_name,
-                    job_uid=t.job_uid,
-                    message=t.message,
-                )
+            if spec.topology == self.topology:
+                mine.append((t, spec))
+            elif t.status == Status.PENDING and t.reason:
+                other_waiting = True
+        since = self._phase_since(mine)
+        tasks = tuple(
+            QueueTask(
+                id=t.id,
+                name=t.name,
+                actor=t.actor,
+                phase=t.phase,
+                created_at=t.created_at,
+                dispatched_at=t.dispatched_at,
+                spec=spec,
+                node_pool_name=t.node_pool_name,
+                job_uid=t.job_uid,
+                message=t.message,
+                phase_since=since.get(t.id),
             )
-        live_ids = {t.id for t in mine}
-        now_m = time.monotonic()
-        for t in mine:
-            if self.phase_since.get(t.id, (None, 0.0))[0] != t.phase:
-                self.phase_since[t.id] = (t.phase, now_m)
-        for tid in list(self.phase_since):
-            if tid not in live_ids:
-                del self.phase_since[tid]
-        self._account_idle_chips(cluster, leases)
-        live_anywhere = {t.id for t in live}
-        for tid in list(self.specs):
-            if tid not in live_anywhere:
-                self.specs.pop(tid, None)
-                self.submit_errors.pop(tid, None)
-        # last holders of pools whose delete keeps failing (their task is terminal)
-        failing = [
-            l.task_id
-            for l in leases
-            if l.state == lc.LeaseState.DELETING.value and l.task_id is not None and l.task_id not in live_ids
-            and l.delete_attempts + 1 >= self.s.pool_delete_report_after
-        ]
-        terminal_messages = {
-            t.id: (t.phase, t.message) for t in self.store.get_tasks(failing) if t.terminal
-        }
+            for t, spec in mine
+        )
+        self._forget_ended({t.id for t in live}, {t.id for t in tasks})
+        self._account_idle_chips(cluster.tpu_type, leases)
         state = QueueState(
             cluster=cluster,
             topology=self.topology,
-            tasks=tuple(mine),
+            tasks=tasks,
             leases=leases,
             last_granted=self.store.last_granted(cluster.id, self.topology),
             other_topology_waiting=other_waiting,
-            alternatives_exist=any(
-                c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters
-            ),
+            alternatives_exist=any(c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters),
             submit_errors=dict(self.submit_errors),
-            phase_age_s={tid: now_m - since for tid, (_, since) in self.phase_since.items()},
-            terminal_messages=terminal_messages,
+            terminal_messages=self._terminal_messages(leases, {t.id for t in tasks}),
         )
         want_reservation = bool(cluster.default_reservation) and any(
-            t.phase in lc.ACQUIRING_PHASES or t.phase == lc.WAITING for t in mine
+            t.phase in lc.ACQUIRING_PHASES or t.phase == lc.WAITING for t in tasks
         )
-        view = ray.get(
-            self._cluster().observe.remote(self.label, [l.name for l in leases], want_reservation), timeout=60
-        )
+        view = self.port.observe(self.cluster_name, self.label, [l.name for l in leases], want_reservation)
         return state, view
 
-    def _account_idle_chips(self, cluster, leases) -> None:
-        """Chip-seconds of this queue's pools that exist but run nothing (Ready, Idle, Deleting)."""
-        from falcon_ray import tpu
+    def _forget_ended(self, live_anywhere: set[int], mine: set[int]) -> None:
+        for tid in [tid for tid in self.specs if tid not in live_anywhere]:
+            self.specs.pop(tid, None)
+            self.submit_errors.pop(tid, None)
+        for tid in [tid for tid in self.phase_since if tid not in mine]:
+            del self.phase_since[tid]
 
+    def _terminal_messages(self, leases, live_ids: set[int]) -> dict[int, tuple[Phase, str]]:
+        """Last holders of pools whose delete keeps failing (their task is terminal)."""
+        failing = [
+            l.task_id
+            for l in leases
+            if l.state == LeaseState.DELETING and l.task_id is not None and l.task_id not in live_ids
+            and l.delete_attempts + 1 >= self.s.pool_delete_report_after
+        ]
+        return {t.id: (t.phase, t.message) for t in self.store.get_tasks(failing) if t.terminal}
+
+    def _account_idle_chips(self, tpu_type: str, leases) -> None:
+        """Chip-seconds of this queue's pools that exist but run nothing (Ready, Idle, Deleting)."""
         now = time.monotonic()
         elapsed, self.idle_accounted_at = now - self.idle_accounted_at, now
         try:
-            chips = tpu.lookup(cluster.tpu_type, self.topology).chips
+            chips = tpu.lookup(tpu_type, self.topology).chips
         except tpu.UnknownShape:
             return
-        idle = sum(1 for l in leases if l.state in ("Ready", "Idle", "Deleting"))
+        idle = sum(1 for l in leases if l.state in IDLE_LEASE_STATES)
         if idle:
             metrics.idle_chip_seconds(self.cluster_name, idle * chips * elapsed)
 
-    def reconcile_once(self) -> int:
-        """One tick: observe, decide, act; repeated while decisions change state (at most 8 rounds)."""
-        applied = 0
-        for _ in range(8):
-            observed = self.observe()
-            if observed is None:
-                return applied
-            state, view = observed
-            with self.lock:
-                self.last_state, self.last_view = state, view
-            groups = reconcile.decide(state, view, utcnow(), self.s)
-            if not groups:
-                break
-            progressed = self.act(groups)
-            applied += progressed
-            self.ticks += 1
-            if not progressed:
-                break
-        return applied
-
-    # ---- effects -----------------------------------------------------------------------------
+    # ---- act ----------------------------------------------------------------------------------
 
     def act(self, groups: list[reconcile.EffectGroup]) -> int:
         """Carry out each group in order; returns how many groups changed a task's phase or a lease."""
@@ -257,55 +259,63 @@ class QueueActor(TickerActor):
 
     def apply(self, e: reconcile.Effect) -> tuple[bool, bool]:
         """Returns (carry on with the group, this effect moved a task or lease)."""
-        st = self.store
-        if isinstance(e, Transition):
-            won = st.transition(e.task_id, e.expect, e.to, e.message, **e.fields)
-            if won:
-                self._transitioned(e)
-            return won, won
-        if isinstance(e, UpdateTask):
-            return st.update_task(e.task_id, e.expect, e.message, **e.fields) or not e.fields, False
-        if isinstance(e, RefreshMessages):
-            st.refresh_messages(e.updates)
-            return True, False
-        if isinstance(e, SetLastGranted):
-            st.set_last_granted(self._cluster_id(), self.topology, e.actor)
-            return True, False
-        if isinstance(e, CreateLease):
-            st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
-            metrics.pool_created(self.cluster_name, e.supply_mode)
-            return True, True
-        if isinstance(e, EnsurePool):
-            ray.get(self._cluster().ensure_pool.remote(e.name, e.request), timeout=60)
-            return True, False
-        if isinstance(e, MoveLease):
-            won = st.move_lease(e.lease_id, e.expect, e.to, **e.fields)
-            if won:
-                metrics.lease_moved(self.cluster_name, self.topology, e.expect[0], e.to)
-            return won, won
-        if isinstance(e, DeletePool):
-            ray.get(self._cluster().delete_pool.remote(e.name), timeout=60)
-            return True, False
-        if isinstance(e, SubmitJob):
-            res = ray.get(self._cluster().submit_job.remote(e.manifest, e.service), timeout=120)
-            if "error_kind" in res:
-                if res["error_kind"] in PERMANENT_SUBMIT:
-                    self.submit_errors[e.task_id] = (res["error_kind"], res["error"])
-                    return False, True  # decide again: the task fails with JobSubmitFailed
-                raise RuntimeError(f"Job submit for task {e.task_id}: {res['error']}")
-            self.submit_errors.pop(e.task_id, None)
-            fields: dict[str, Any] = {"job_uid": res["uid"]}
-            if e.first:
-                fields["dispatched_at"] = utcnow()
-            st.update_task(e.task_id, (lc.DISPATCHING,), None, **fields)
-            return True, True
-        if isinstance(e, DeleteJob):
-            ray.get(self._cluster().delete_job.remote(e.namespace, e.name), timeout=60)
-            return True, False
-        if isinstance(e, Unassign):
-            won = st.unassign(e.task_id, e.message)
-            return won, won
+        st, c = self.store, self.cluster_name
+        match e:
+            case Transition():
+                won = st.transition(e.task_id, e.expect, e.to, e.message, **e.fields)
+                if won:
+                    self._transitioned(e)
+                return won, won
+            case UpdateTask():
+                return st.update_task(e.task_id, e.expect, e.message, **e.fields) or not e.fields, False
+            case RefreshMessages():
+                st.refresh_messages(e.updates)
+                return True, False
+            case SetLastGranted():
+                st.set_last_granted(self._cluster_id(), self.topology, e.actor)
+                return True, False
+            case CreateLease():
+                st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
+                metrics.pool_created(c, e.supply_mode)
+                return True, True
+            case RecordOperation():
+                st.touch_lease(e.lease_id, operation=e.operation)
+                return True, False
+            case EnsurePool():
+                self.port.ensure_pool(c, e.name, e.request, e.operation)
+                return True, False
+            case MoveLease():
+                won = st.move_lease(e.lease_id, e.expect, e.to, **e.fields)
+                if won:
+                    metrics.lease_moved(c, self.topology, e.expect[0], e.to)
+                return won, won
+            case DeletePool():
+                self.port.delete_pool(c, e.name)
+                return True, False
+            case SubmitJob():
+                return self._submit(e)
+            case DeleteJob():
+                self.port.delete_job(c, e.namespace, e.name)
+                return True, False
+            case Unassign():
+                won = st.unassign(e.task_id, e.message)
+                return won, won
         raise TypeError(f"unknown effect {e!r}")
+
+    def _submit(self, e: SubmitJob) -> tuple[bool, bool]:
+        res = self.port.submit_job(self.cluster_name, e.manifest, e.service)
+        if "error_kind" in res:
+            kind = ErrorKind(res["error_kind"])
+            if kind in PERMANENT_SUBMIT_KINDS:
+                self.submit_errors[e.task_id] = SubmitError(kind, res["error"])
+                return False, True  # decide again: the task fails with JobSubmitFailed
+            raise RuntimeError(f"Job submit for task {e.task_id}: {res['error']}")
+        self.submit_errors.pop(e.task_id, None)
+        fields: dict[str, Any] = {"job_uid": res["uid"]}
+        if e.first:
+            fields["dispatched_at"] = self.clock()
+        self.store.update_task(e.task_id, (lc.DISPATCHING,), None, **fields)
+        return True, True
 
     def _transitioned(self, e: Transition) -> None:
         """One log line and the metrics of a won transition."""
@@ -326,30 +336,28 @@ class QueueActor(TickerActor):
             },
         )
         metrics.task_transition(self.cluster_name, self.topology, e.to)
-        since = self.phase_since.pop(e.task_id, None)
-        if since is not None and since[0].status == lc.Status.PENDING and since[0].reason:
-            metrics.pending_reason_time(self.cluster_name, self.topology, str(since[0].reason), time.monotonic() - since[1])
-        if e.to == lc.RUNNING and task is not None:
-            metrics.time_to_running(self.cluster_name, self.topology, (utcnow() - task.created_at).total_seconds())
+        if task is None:
+            return
+        now = self.clock()
+        if task.phase.status == Status.PENDING and task.phase.reason and task.phase_since is not None:
+            seconds = (now - task.phase_since).total_seconds()
+            metrics.pending_reason_time(self.cluster_name, self.topology, str(task.phase.reason), seconds)
+        if e.to == lc.RUNNING:
+            metrics.time_to_running(self.cluster_name, self.topology, (now - task.created_at).total_seconds())
 
     def _cluster_id(self) -> str:
         assert self.last_state is not None
         return self.last_state.cluster.id
 
-    # ---- operator surface ----------------------------------------------------------------------
+    # ---- operator surface -----------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """The queue as an operator reads it: waiting in pick order, slot holder, running, pools."""
-        from falcon_ray import scheduling
-
         with self.lock:
             state, view = self.last_state, self.last_view
         out: dict[str, Any] = {
-            "queue": names.queue_name(self.cluster_name, self.topology),
             "cluster": self.cluster_name,
             "topology": self.topology,
-            "last_tick_at": self.ticker.last_step_at,
-            "last_error": self.ticker.last_error,
             "waiting": [],
             "acquiring": [],
             "running": [],
@@ -360,7 +368,7 @@ class QueueActor(TickerActor):
         }
         if state is None:
             return out
-        now = utcnow()
+        now = self.clock()
 
         def row(t: QueueTask) -> dict[str, Any]:
             return {
@@ -372,6 +380,7 @@ class QueueActor(TickerActor):
                 "message": t.message,
                 "node_pool": t.node_pool_name,
                 "waiting_s": round((now - t.created_at).total_seconds(), 1),
+                "in_phase_s": round((now - t.phase_since).total_seconds(), 1) if t.phase_since else None,
             }
 
         waiting = [t for t in state.tasks if t.phase == lc.WAITING]
@@ -386,12 +395,13 @@ class QueueActor(TickerActor):
             out["leases"].append(
                 {
                     "name": l.name,
-                    "state": l.state,
+                    "state": str(l.state),
                     "task_id": l.task_id,
-                    "supply_mode": l.supply_mode,
+                    "supply_mode": str(l.supply_mode),
+                    "operation": l.operation,
                     "created_at": l.created_at.isoformat(),
                     "idle_since": l.idle_since.isoformat() if l.idle_since else None,
-                    "pool_status": pool.status if pool else None,
+                    "pool_status": str(pool.status) if pool else None,
                     "nodes_ready": pool.ready if pool else 0,
                     "delete_attempts": l.delete_attempts,
                 }
@@ -402,13 +412,12 @@ class QueueActor(TickerActor):
         state = self.last_state
         if state is None:
             return f"QueueActor({self.cluster_name}/{self.topology}: starting)"
-        by = {"W": 0, "A": 0, "R": 0}
+        by = {"W": 0, "R": 0}
         holder = ""
         for t in state.tasks:
             if t.phase == lc.WAITING:
                 by["W"] += 1
             elif t.phase in lc.ACQUIRING_PHASES:
-                by["A"] += 1
                 holder = f" slot={t.id}:{t.phase.reason}"
             elif t.phase == lc.RUNNING:
                 by["R"] += 1

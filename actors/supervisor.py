@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 
-from actors import names
+from actors import names, remote
 from falcon_ray.config import Settings
 from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import Store
@@ -90,7 +90,7 @@ class Supervisor:
 
     def start(self) -> None:
         """Create or adopt every actor the registry calls for (requires the lease)."""
-        self.known[names.POLLER] = names.ensure_poller(self.s, self.db_url)
+        self.known[names.POLLER] = remote.ensure_poller(self.s, self.db_url)
         self.reconcile_registry()
 
     def reconcile_registry(self) -> dict[str, list[str]]:
@@ -115,10 +115,10 @@ class Supervisor:
         created = []
         for name, what in sorted(wanted.items()):
             if what[0] == "cluster":
-                h = names.ensure_cluster(what[1], self.s, self.db_url)
+                h = remote.ensure_cluster(what[1], self.s, self.db_url)
                 h.refresh_cluster.remote()
             else:
-                h = names.ensure_queue(what[1], what[2], self.s, self.db_url)
+                h = remote.ensure_queue(what[1], what[2], self.s, self.db_url)
                 h.hint.remote()
             if name not in self.known:
                 created.append(name)
@@ -140,7 +140,6 @@ class Supervisor:
                 ray.kill(h, no_restart=True)
             except Exception as e:
                 log.warning("retire %s: %s", name, e)
-        names.forget(self.s.namespace, name)
         self.retired.append(name)
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -195,7 +194,6 @@ class Supervisor:
                         ray.kill(h, no_restart=True)
                     except Exception:
                         pass
-            names.forget(self.s.namespace)
             self.known.clear()
         try:
             self.store.release_leader(self.holder)

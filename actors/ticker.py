@@ -2,8 +2,8 @@
 
 Contract
 --------
-A daemon thread calls ``step()`` at once, then again whenever ``wake()`` is called
-or ``interval()`` seconds have passed. A step that raises is logged and recorded in
+A daemon thread calls ``step()`` (at once, or after ``start_after`` seconds), then
+again whenever ``wake()`` is called or ``interval()`` seconds have passed. A step that raises is logged and recorded in
 ``last_error``; the loop never dies of it. ``stop()`` ends the loop after the step in
 progress; ``drain(timeout)`` stops and waits for that step to finish.
 """
@@ -17,8 +17,16 @@ from collections.abc import Callable
 
 
 class Ticker:
-    def __init__(self, name: str, step: Callable[[], object], interval: Callable[[], float], log: logging.Logger) -> None:
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], object],
+        interval: Callable[[], float],
+        log: logging.Logger,
+        start_after: float = 0.0,
+    ) -> None:
         self.name = name
+        self._start_after = start_after
         self._step = step
         self._interval = interval
         self._log = log
@@ -32,6 +40,8 @@ class Ticker:
         self._thread.start()
 
     def _run(self) -> None:
+        if self._start_after > 0:
+            self._stop.wait(self._start_after)
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:
@@ -60,21 +70,11 @@ class Ticker:
     def drain(self, timeout: float = 30.0) -> bool:
         """Stop after the step in progress; True when the loop has ended."""
         self.stop()
+        return self.join(timeout)
+
+    def join(self, timeout: float) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-
-class TickerActor:
-    """The remote surface every actor with a ``self.ticker`` shares."""
-
-    ticker: Ticker
-
-    def ping(self) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self.ticker.stop()
-
-    def drain(self, timeout: float = 30.0) -> bool:
-        """Finish the step in progress, then stop; True when the loop has ended."""
-        return self.ticker.drain(timeout)
+    def status(self) -> dict[str, object]:
+        return {"steps": self.steps, "last_step_at": self.last_step_at, "last_step_s": self.last_step_s, "last_error": self.last_error}

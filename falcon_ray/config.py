@@ -16,6 +16,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from falcon_ray.spec import SupplyMode
+
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +46,13 @@ class Settings(BaseModel):
     orphan_scan_interval_s: float = Field(60.0, gt=0, description="ClusterActor: seconds between orphan scans")
     v7x_workload_policy: str = Field(
         "falcon-{topology}", description="name of the TPU7x workload policy per topology (UNVERIFIED field mapping)"
+    )
+    # --- calls between actors
+    actor_call_timeout_s: float = Field(
+        60.0, gt=0, description="QueueActor: longest wait for one call to its ClusterActor (observe, pools, Jobs)"
+    )
+    submit_call_timeout_s: float = Field(
+        120.0, gt=0, description="QueueActor: longest wait for one Job submission through its ClusterActor"
     )
     # --- Kubernetes
     watch_timeout_s: int = Field(300, gt=0, description="server-side timeout of one Job watch request")
@@ -78,6 +87,18 @@ class Settings(BaseModel):
         },
         description="health: a task whose Message has not changed this long in this Reason is reported stuck",
     )
+
+    def idle_seconds(self, mode: SupplyMode | str) -> int:
+        """The autoscaler idle time of a pool, by the supply mode it was created with."""
+        return {
+            SupplyMode.RESERVATION: self.reservation_idle_s,
+            SupplyMode.ON_DEMAND: self.on_demand_idle_s,
+            SupplyMode.FLEX_START: self.flex_start_idle_s,
+        }[SupplyMode(mode)]
+
+    def workload_policy(self, topology: str) -> str:
+        """The TPU7x workload policy's name for a topology."""
+        return self.v7x_workload_policy.format(topology=topology)
 
 
 def load_settings(path: str | Path | None = None, **overrides: object) -> Settings:

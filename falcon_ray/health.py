@@ -22,9 +22,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import ray
-
-from actors import names
 from falcon_ray.store import utcnow
 
 
@@ -47,6 +44,10 @@ def stuck_tasks(store, stuck_after: dict[str, float], now=None) -> list[dict[str
 
 
 def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
+    import ray  # Ray and the actors only where a live controller is probed
+
+    from actors import names
+
     report: dict[str, Any] = {"holder": sup.holder, "checked_at": time.time()}
     try:
         sup.store.ping()

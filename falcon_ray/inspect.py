@@ -15,18 +15,21 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-import ray
-
-from actors import names
 from falcon_ray.store import Store, utcnow
 
 
 def connect(address: str | None = "auto", namespace: str = "falcon") -> None:
+    import ray
+
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace, log_to_driver=False)
 
 
 def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, Any]]:
+    import ray  # Ray and the actors only where live actors are read
+
+    from actors import names
+
     refs = {}
     for name in names.list_falcon_actors(namespace):
         if name.startswith(prefix):

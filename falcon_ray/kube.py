@@ -468,6 +468,9 @@ class JobWatcher:
         self._watch: watch.Watch | None = None
         self._closed = threading.Event()
         self._watches = 0
+        self._failures = 0  # failed rounds in a row
+        self._gone_in_a_row = 0  # 410s in a row
+        self._listed_at = time.monotonic()
 
     def close(self) -> None:
         """End the current ``run`` soon, also interrupting a watch that is waiting for events."""
@@ -483,47 +486,52 @@ class JobWatcher:
         on_resync: Callable[[list[JobObservation]], None] | None = None,
     ) -> None:
         """Deliver observations until ``stop`` is set (or ``close()`` is called)."""
-        on_resync = on_resync or self.on_resync
         self._closed.clear()  # close() ends one run; the watcher may run again later
-        failures = 0
-        gone_in_a_row = 0
-        listed_at = time.monotonic()
-        stopping = lambda: stop.is_set() or self._closed.is_set()  # noqa: E731
-        while not stopping():
-            try:
-                resync_due = (
-                    self.resync_seconds is not None and time.monotonic() - listed_at > self.resync_seconds
-                )
-                if self.resource_version is None or resync_due:
-                    self._list(on_event, on_resync)
-                    listed_at = time.monotonic()
-                    if stopping():
-                        break
-                self._watch_once(on_event, stopping)
-                failures = gone_in_a_row = 0
-            except Exception as exc:  # the watcher must never die
-                if stopping():  # close() cut the stream: not an error
-                    break
-                err = classify(exc)
-                if err.status_code == 410:  # our resourceVersion is too old: list again
-                    log.info("job watch %s: %s; re-listing", self.namespace, err.message)
-                    self.resource_version = None
-                    gone_in_a_row += 1
-                    if gone_in_a_row > 1 and stop.wait(
-                        min(self.backoff_max, self.backoff_initial * gone_in_a_row)
-                    ):
-                        break
-                    continue
-                failures += 1
-                self.errors += 1
-                self.last_error = f"{err.kind}: {err.message}"[:500]
-                log.warning("job watch %s: %s (attempt %d)", self.namespace, self.last_error, failures)
-                if err.status_code == 401:
-                    self.kube.refresh_credentials()
-                ceiling = min(self.backoff_max, self.backoff_initial * 2 ** min(failures, 30))
-                delay = random.uniform(ceiling / 2, ceiling)
-                if stop.wait(delay) or self._closed.is_set():
-                    break
+        while not (stop.is_set() or self._closed.is_set()):
+            delay = self.step(on_event, on_resync, stopping=stop.is_set)
+            if delay and (stop.wait(delay) or self._closed.is_set()):
+                break
+
+    def step(
+        self,
+        on_event: Callable[[JobObservation], None],
+        on_resync: Callable[[list[JobObservation]], None] | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> float:
+        """One round: list when there is no resourceVersion (or a resync is due), then one
+        watch request. Never raises; returns how long to wait before the next round (0
+        after a clean round, a jittered backoff after a failure)."""
+        on_resync = on_resync or self.on_resync
+        done = lambda: stopping() or self._closed.is_set()  # noqa: E731
+        try:
+            resync_due = self.resync_seconds is not None and time.monotonic() - self._listed_at > self.resync_seconds
+            if self.resource_version is None or resync_due:
+                self._list(on_event, on_resync)
+                self._listed_at = time.monotonic()
+                if done():
+                    return 0.0
+            self._watch_once(on_event, done)
+            self._failures = self._gone_in_a_row = 0
+            return 0.0
+        except Exception as exc:  # the watcher must never die
+            if done():  # close() cut the stream: not an error
+                return 0.0
+            return self._failed(classify(exc))
+
+    def _failed(self, err: CloudError) -> float:
+        if err.status_code == 410:  # our resourceVersion is too old: list again
+            log.info("job watch %s: %s; re-listing", self.namespace, err.message)
+            self.resource_version = None
+            self._gone_in_a_row += 1
+            return min(self.backoff_max, self.backoff_initial * self._gone_in_a_row) if self._gone_in_a_row > 1 else 0.0
+        self._failures += 1
+        self.errors += 1
+        self.last_error = f"{err.kind}: {err.message}"[:500]
+        log.warning("job watch %s: %s (attempt %d)", self.namespace, self.last_error, self._failures)
+        if err.status_code == 401:
+            self.kube.refresh_credentials()
+        ceiling = min(self.backoff_max, self.backoff_initial * 2 ** min(self._failures, 30))
+        return random.uniform(ceiling / 2, ceiling)
 
     def _emit(self, callback: Callable[[Any], None], value: Any) -> None:
         try:

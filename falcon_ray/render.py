@@ -51,8 +51,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from falcon_ray.model import Cluster
 from falcon_ray.spec import SupplyMode, TaskSpec
-from falcon_ray.store.repository import Cluster
 from falcon_ray.tpu import NODEPOOL_LABEL, TPU_RESOURCE, Placement, SliceShape
 
 # --- labels and names ------------------------------------------------------------------
@@ -74,17 +74,11 @@ POOL_NAME_PREFIX = "falcon-"
 MAX_POOL_NAME = 40
 MAX_LABEL_VALUE = 63
 
-# --- autoscaler idle time per supply mode (original section 5) -------------------------
-
-RESERVATION_IDLE_SECONDS = 600  # short: reserved capacity comes back when asked for
-ON_DEMAND_IDLE_SECONDS = 600  # short: nothing is held for Falcon anyway
-FLEX_START_IDLE_SECONDS = 6 * 3600  # long: scarce capacity, hard to get back once released
 FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600  # flex-start VMs live at most seven days
 
 # --- node pool constants ---------------------------------------------------------------
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
-DEFAULT_WORKLOAD_POLICY = "falcon-{topology}"  # matches config.Settings.v7x_workload_policy
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 
 # --- pod constants ---------------------------------------------------------------------
@@ -190,37 +184,6 @@ def worker_hostnames(task_id: int, hosts: int) -> list[str]:
 # --- supply modes and reservations -----------------------------------------------------
 
 
-def autoscaler_idle_seconds(supply_mode: SupplyMode | str, settings: Any = None) -> int:
-    """Idle time before the autoscaler may remove a pool's nodes, by the supply mode used.
-
-    ``settings`` may be anything with ``reservation_idle_s``, ``on_demand_idle_s`` and
-    ``flex_start_idle_s`` (e.g. ``config.Settings``) or a mapping from supply mode to
-    seconds; missing values fall back to the module defaults.
-    """
-    mode = SupplyMode(supply_mode)
-    defaults = {
-        SupplyMode.RESERVATION: ("reservation_idle_s", RESERVATION_IDLE_SECONDS),
-        SupplyMode.ON_DEMAND: ("on_demand_idle_s", ON_DEMAND_IDLE_SECONDS),
-        SupplyMode.FLEX_START: ("flex_start_idle_s", FLEX_START_IDLE_SECONDS),
-    }
-    attr, default = defaults[mode]
-    if settings is None:
-        return default
-    if isinstance(settings, Mapping):
-        return int(settings.get(mode.value, settings.get(mode, default)))
-    return int(getattr(settings, attr, default))
-
-
-def reservation_slices_needed(shape: SliceShape) -> int:
-    """Reserved VMs one slice of this shape consumes: one per host."""
-    return shape.hosts
-
-
-def headroom_slices(count: int, in_use: int, hosts_per_slice: int) -> int:
-    """Whole slices that still fit in a reservation of ``count`` VMs with ``in_use`` taken."""
-    return max(0, count - in_use) // max(1, hosts_per_slice)
-
-
 def cluster_zone(cluster: Cluster) -> str | None:
     """The cluster's zone when its location is a zone (``us-east5-b``), else None (regional)."""
     return cluster.location if _ZONE_RE.match(cluster.location) else None
@@ -236,7 +199,9 @@ def _placement_policy(shape: SliceShape, workload_policy: str | None) -> dict[st
         # UNVERIFIED: gcloud's --placement-policy=NAME for TPU7x maps to policyName; the
         # workload policy (HIGH_THROUGHPUT, accelerator topology T) replaces COMPACT and
         # tpuTopology and must exist in the cluster's region (created by the operator).
-        return {"policyName": workload_policy or DEFAULT_WORKLOAD_POLICY.format(topology=shape.topology)}
+        if not workload_policy:
+            raise ValueError(f"topology {shape.topology} needs a workload policy name (Settings.v7x_workload_policy)")
+        return {"policyName": workload_policy}
     # Single host: the machine type fixes the slice, and GKE asks for a TPU topology only
     # for multi-host slices, so no placement policy is sent.
     return None
@@ -249,14 +214,14 @@ def node_pool_request(
     name: str,
     task_id: int,
     *,
-    idle_seconds: int | None = None,
+    idle_seconds: int,
     workload_policy: str | None = None,
     installation: str = DEFAULT_INSTALLATION,
 ) -> dict[str, Any]:
     """The NodePool to create for one slice of ``spec``'s shape, in GKE v1 REST JSON."""
     shape = spec.shape
     mode = SupplyMode(supply_mode)
-    idle = autoscaler_idle_seconds(mode) if idle_seconds is None else int(idle_seconds)
+    idle = int(idle_seconds)
     config: dict[str, Any] = {
         "machineType": shape.machine_type,
         "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE},
@@ -332,6 +297,15 @@ def log_path(cluster: Cluster, task_id: int, pod_name: str) -> str | None:
 def logs_captured(spec: TaskSpec, cluster: Cluster) -> bool:
     """Whether the Job for ``spec`` on ``cluster`` writes its output to GCS."""
     return bool(bucket_name(cluster)) and bool(spec.command)
+
+
+def owned_pool(name: str, resource_labels: Mapping[str, str], installation: str) -> bool:
+    """A node pool this installation created: both marks, and its installation label."""
+    return (
+        name.startswith(POOL_NAME_PREFIX)
+        and resource_labels.get(LABEL_MANAGED_BY) == MANAGED_BY_VALUE
+        and resource_labels.get(RESOURCE_LABEL_INSTALLATION) == installation
+    )
 
 
 def installation_selector(installation: str) -> str:

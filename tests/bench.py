@@ -22,7 +22,7 @@ from falcon_ray.demo import DemoRun, demo_settings
 from falcon_ray.store import Store
 from falcon_ray.store import tables as t
 from falcon_ray.store.migrate import upgrade
-from tests.harness import make_fleet, spec
+from tests.harness.e2e import make_fleet, spec
 
 SPEC = spec("2x2", 1)
 FLEET = make_fleet(with_b=False, seed=1)

@@ -1,3 +1,3 @@
 """Shared fixtures live in their own modules, one per concern."""
 
-pytest_plugins = ["tests.fixtures_db", "tests.fixtures_sim", "tests.fixtures_ray"]
+pytest_plugins = ["tests.harness.db", "tests.harness.sim", "tests.harness.ray_session"]

@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,9 +36,10 @@ from sqlalchemy.engine import Engine
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
 from falcon_ray.messages import MAX_MESSAGE
+from falcon_ray.model import Cluster, ClusterStatus, Lease, Task, TaskEvent
 from falcon_ray.store import tables as t
 
-CLUSTER_STATUSES = ("active", "maintenance", "offline")
+CLUSTER_STATUSES = tuple(s.value for s in ClusterStatus)
 DEFAULT_DB_URL = "sqlite:///falcon.db"
 
 
@@ -50,95 +50,6 @@ def utcnow() -> dt.datetime:
 
 class IllegalTransition(ValueError):
     pass
-
-
-@dataclass(frozen=True)
-class Cluster:
-    id: str
-    name: str
-    project: str
-    location: str
-    tpu_type: str
-    gcs_bucket: str
-    default_reservation: str
-    status: str
-    namespace: str
-    service_account: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-    @property
-    def active(self) -> bool:
-        return self.status == "active"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Task:
-    id: int
-    name: str
-    actor: str
-    spec: str
-    status: str
-    reason: str
-    message: str
-    cluster_id: str | None
-    node_pool_name: str | None
-    job_uid: str | None
-    timeout_seconds: int | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    dispatched_at: dt.datetime | None
-    finished_at: dt.datetime | None
-    aborting_at: dt.datetime | None
-    aborted_at: dt.datetime | None
-
-    @property
-    def phase(self) -> Phase:
-        return lc.phase_of(self.status, self.reason)
-
-    @property
-    def terminal(self) -> bool:
-        return Status(self.status) in lc.TERMINAL
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Lease:
-    id: int
-    cluster_id: str
-    topology: str
-    name: str
-    supply_mode: str
-    state: str
-    task_id: int | None
-    operation: str | None
-    delete_attempts: int
-    last_error: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    ready_at: dt.datetime | None
-    idle_since: dt.datetime | None
-    deleted_at: dt.datetime | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class TaskEvent:
-    task_id: int
-    at: dt.datetime
-    status: str
-    reason: str
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _row(cls, row) -> Any:
@@ -456,6 +367,25 @@ class Store:
         with self.engine.connect() as c:
             rows = c.execute(e.select().where(e.c.task_id == task_id).order_by(e.c.id)).all()
         return [_row(TaskEvent, r) for r in rows]
+
+    def phase_entered(self, task_ids: Iterable[int]) -> dict[tuple[int, Phase], dt.datetime]:
+        """When each task last entered each phase it has been in, from the event log."""
+        e = t.task_events
+        ids = sorted(set(task_ids))
+        out: dict[tuple[int, Phase], dt.datetime] = {}
+        with self.engine.connect() as c:
+            for i in range(0, len(ids), 500):
+                rows = c.execute(
+                    sa.select(e.c.task_id, e.c.status, e.c.reason, sa.func.max(e.c.at))
+                    .where(e.c.task_id.in_(ids[i : i + 500]))
+                    .group_by(e.c.task_id, e.c.status, e.c.reason)
+                ).all()
+                for task_id, status, reason, at in rows:
+                    try:
+                        out[(int(task_id), lc.phase_of(status, reason))] = at
+                    except ValueError:
+                        continue  # a status or reason Falcon does not know: not a phase of ours
+        return out
 
     def events_since(self, since: dt.datetime) -> list[TaskEvent]:
         e = t.task_events

@@ -1,0 +1,264 @@
+"""The Ray side of Falcon: the actor shells, how they are created, and the one port.
+
+Contract
+--------
+``PollerActor``, ``QueueActor`` and ``ClusterActor`` are thin ``@ray.remote`` shells
+around the plain objects that hold the logic (``IntakePoller``,
+``QueueReconciler``, ``ClusterGateway``): each builds its object with a ``Store``
+and a ``RayPort``, runs its loop on a ``Ticker``, and forwards its remote methods.
+``ensure_poller`` / ``ensure_cluster`` / ``ensure_queue`` create an actor or return
+the live one (get-if-exists), with the options from ``actors.names``.
+
+``RayPort`` is the only code that calls ``ray.get`` on another actor. It keeps one
+handle per actor name; a call that meets a dead actor drops the handle, looks the
+actor up again (creating it when that is the caller's right) and retries once. A
+hint is fired without waiting; when it meets a dead actor the same happens from the
+reply's callback, so a queue that was retired and created again gets the wake-up at
+once instead of at its next timed tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors import names
+from actors.cluster import ClusterGateway
+from actors.poller import IntakePoller
+from actors.queue import QueueReconciler
+from actors.ticker import Ticker
+from falcon_ray.config import Settings
+from falcon_ray.model import ClusterView
+from falcon_ray.store import Store
+
+log = logging.getLogger("falcon.remote")
+
+POLLER_CONCURRENCY = 8
+QUEUE_CONCURRENCY = 16
+CLUSTER_CONCURRENCY = 64
+
+
+class RayPort:
+    """``actors.port.Port`` over Ray actor calls, with the timeouts from ``Settings``."""
+
+    def __init__(self, settings: Settings, db_url: str) -> None:
+        self.s = settings
+        self.db_url = db_url
+        self._handles: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.dropped = 0  # handles found dead and looked up again
+
+    # ---- handles ------------------------------------------------------------------------
+
+    def _handle(self, name: str, make: Callable[[], Any] | None) -> Any:
+        with self._lock:
+            h = self._handles.get(name)
+        if h is None:
+            h = make() if make is not None else names.lookup(name, self.s.namespace)
+            if h is not None:
+                with self._lock:
+                    self._handles[name] = h
+        return h
+
+    def _drop(self, name: str, h: Any) -> None:
+        with self._lock:
+            if self._handles.get(name) is h:
+                del self._handles[name]
+                self.dropped += 1
+
+    def _cluster_call(self, cluster: str, method: str, *args: Any, timeout: float) -> Any:
+        name = names.cluster_name(cluster)
+        for attempt in (1, 2):
+            h = self._handle(name, lambda: ensure_cluster(cluster, self.s, self.db_url))
+            try:
+                return ray.get(getattr(h, method).remote(*args), timeout=timeout)
+            except RayActorError:
+                self._drop(name, h)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # ---- the port ---------------------------------------------------------------------------
+
+    def observe(self, cluster: str, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
+        return self._cluster_call(cluster, "observe", queue_label, pool_names, want_reservation, timeout=self.s.actor_call_timeout_s)
+
+    def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str:
+        return self._cluster_call(cluster, "ensure_pool", name, request, operation, timeout=self.s.actor_call_timeout_s)
+
+    def delete_pool(self, cluster: str, name: str) -> str:
+        return self._cluster_call(cluster, "delete_pool", name, timeout=self.s.actor_call_timeout_s)
+
+    def submit_job(self, cluster: str, manifest: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
+        return self._cluster_call(cluster, "submit_job", manifest, service, timeout=self.s.submit_call_timeout_s)
+
+    def delete_job(self, cluster: str, namespace: str, name: str) -> bool:
+        return self._cluster_call(cluster, "delete_job", namespace, name, timeout=self.s.actor_call_timeout_s)
+
+    def hint(self, cluster: str, topology: str, create: bool = True) -> None:
+        name = names.queue_name(cluster, topology)
+        make = (lambda: ensure_queue(cluster, topology, self.s, self.db_url)) if create else None
+        self._fire_hint(name, make, retry=True)
+
+    def _fire_hint(self, name: str, make: Callable[[], Any] | None, retry: bool) -> None:
+        h = None
+        try:
+            h = self._handle(name, make)
+            if h is None:
+                return  # no such queue and not ours to create: nothing to wake
+            ref = h.hint.remote()
+        except RayActorError:  # refused at once: the cached handle's actor is gone
+            self._drop(name, h)
+            if retry:
+                self._fire_hint(name, make, retry=False)
+            return
+        except Exception as e:  # a hint is best effort: the queue's own tick re-reads anyway
+            log.warning("hint %s: %s", name, e)
+            return
+        if retry:
+            ref.future().add_done_callback(lambda f: self._hint_done(f, name, h, make))
+
+    def _hint_done(self, f, name: str, h: Any, make: Callable[[], Any] | None) -> None:
+        try:
+            f.result()
+        except RayActorError:  # the actor behind the cached handle is gone: find the live one
+            self._drop(name, h)
+            self._fire_hint(name, make, retry=False)
+        except Exception as e:
+            log.warning("hint %s: %s", name, e)
+
+
+# ---- the shells ------------------------------------------------------------------------------
+
+
+class _Shell:
+    """What every Falcon actor answers: ping, snapshot, shutdown, drain, and a readable repr."""
+
+    ticker: Ticker
+    core: Any
+
+    def ping(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self.ticker.stop()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Finish the step in progress, then stop; True when the loop has ended."""
+        return self.ticker.drain(timeout)
+
+    def loop(self) -> dict[str, Any]:
+        return {"steps": self.ticker.steps, "last_step_at": self.ticker.last_step_at, "last_error": self.ticker.last_error}
+
+    def __repr__(self) -> str:
+        return repr(self.core)
+
+
+@ray.remote
+class PollerActor(_Shell):
+    def __init__(self, settings: Settings, db_url: str) -> None:
+        self.core = IntakePoller(settings, Store(db_url), RayPort(settings, db_url))
+        self.ticker = Ticker("poll", self.core.poll_once, self.core.interval, logging.getLogger("falcon.poller"))
+
+    def poll_now(self) -> None:
+        self.ticker.wake()
+
+    def snapshot(self) -> dict[str, Any]:
+        t = self.ticker
+        return {
+            "polls": t.steps,
+            "last_poll_at": t.last_step_at,
+            "last_poll_s": t.last_step_s,
+            "last_error": t.last_error,
+            **self.core.snapshot(),
+        }
+
+    def __repr__(self) -> str:
+        t = self.ticker
+        return f"PollerActor(polls={t.steps}, rows_read={self.core.rows_read}, last_error={t.last_error or '-'})"
+
+
+@ray.remote
+class QueueActor(_Shell):
+    def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str) -> None:
+        self.core = QueueReconciler(cluster_name, topology, settings, Store(db_url), RayPort(settings, db_url))
+        self.ticker = Ticker(f"queue {self.core.label}", self.core.step, self.core.interval, logging.getLogger("falcon.queue"))
+
+    def hint(self) -> None:
+        """Something changed for this queue (a new task, an abort, a Job event)."""
+        self.ticker.wake()
+
+    def snapshot(self) -> dict[str, Any]:
+        c = self.core
+        return {
+            "queue": names.queue_name(c.cluster_name, c.topology),
+            "last_tick_at": self.ticker.last_step_at,
+            "last_error": self.ticker.last_error,
+            "ticks": self.ticker.steps,
+            **c.snapshot(),
+        }
+
+
+@ray.remote
+class ClusterActor:
+    def __init__(self, cluster_name: str, settings: Settings, db_url: str) -> None:
+        self.core = ClusterGateway(cluster_name, settings, Store(db_url), RayPort(settings, db_url))
+
+    def ping(self) -> bool:
+        return True
+
+    def observe(self, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
+        return self.core.observe(queue_label, pool_names, want_reservation)
+
+    def ensure_pool(self, name: str, request: dict[str, Any], operation: str | None = None) -> str:
+        return self.core.ensure_pool(name, request, operation)
+
+    def delete_pool(self, name: str) -> str:
+        return self.core.delete_pool(name)
+
+    def submit_job(self, manifest: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
+        return self.core.submit_job(manifest, service)
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        return self.core.delete_job(namespace, name)
+
+    def orphan_scan(self) -> dict[str, list[str]]:
+        return self.core.orphan_scan()
+
+    def refresh_cluster(self) -> None:
+        self.core.refresh_cluster()
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.core.snapshot()
+
+    def shutdown(self) -> None:
+        self.core.shutdown()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        return self.core.drain(timeout)
+
+    def __repr__(self) -> str:
+        return repr(self.core)
+
+
+# ---- creation ---------------------------------------------------------------------------------
+
+
+def ensure_poller(settings: Settings, db_url: str):
+    opts = names.options(names.POLLER, settings.namespace, POLLER_CONCURRENCY)
+    return PollerActor.options(**opts).remote(settings, db_url)
+
+
+def ensure_cluster(cluster: str, settings: Settings, db_url: str):
+    opts = names.options(names.cluster_name(cluster), settings.namespace, CLUSTER_CONCURRENCY)
+    return ClusterActor.options(**opts).remote(cluster, settings, db_url)
+
+
+def ensure_queue(cluster: str, topology: str, settings: Settings, db_url: str):
+    opts = names.options(names.queue_name(cluster, topology), settings.namespace, QUEUE_CONCURRENCY)
+    return QueueActor.options(**opts).remote(cluster, topology, settings, db_url)

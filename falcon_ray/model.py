@@ -1,0 +1,356 @@
+"""The values the decisions see: frozen types with enum fields, and nothing that does I/O.
+
+Contract
+--------
+Everything that crosses from the database or from an edge cluster into a decision is
+one of these types. The store maps its rows to ``Cluster``, ``Task``, ``Lease`` and
+``TaskEvent``; the ClusterActor maps what GKE and Kubernetes answer to ``PoolView``,
+``OpView``, ``JobView`` and ``ReservationView``; the QueueActor assembles a
+``QueueState`` and a ``ClusterView`` and hands both to ``reconcile.decide``. States
+and kinds are enums (``ClusterStatus``, ``LeaseState``, ``OpKind``, ``OpState``,
+``JobPhase``, ``PoolStatus``, ``ErrorKind``), never strings: a ``StrEnum`` still
+compares equal to its stored text, so rows and JSON read the same as before.
+
+This module imports only the other core modules (lifecycle, spec); the layer contract
+in ``pyproject.toml`` keeps it that way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum, auto
+from typing import Any
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
+from falcon_ray.spec import SupplyMode, TaskSpec
+
+# --- kinds -------------------------------------------------------------------------------
+
+
+class ClusterStatus(StrEnum):
+    ACTIVE = "active"  # takes new tasks
+    MAINTENANCE = "maintenance"  # no new tasks; running ones finish, waiting ones re-rank
+    OFFLINE = "offline"  # the same, and it is not expected back soon
+
+
+class ErrorKind(StrEnum):
+    """The few kinds of cloud and cluster failure the controller decides on (see ``errors``)."""
+
+    NOT_FOUND = auto()
+    ALREADY_EXISTS = auto()
+    INCOMPATIBLE_OPERATION = auto()
+    TOO_MANY_OPERATIONS = auto()
+    QUOTA_OR_STOCKOUT = auto()
+    TRANSIENT = auto()
+    PERMANENT = auto()
+
+
+# GKE refused for now, nothing was done: the same call later may succeed.
+BUSY_KINDS = frozenset({ErrorKind.INCOMPATIBLE_OPERATION, ErrorKind.TOO_MANY_OPERATIONS})
+RETRYABLE_KINDS = frozenset({ErrorKind.TRANSIENT, *BUSY_KINDS})
+# A refused Job does not become acceptable by retrying: a 404 is a missing namespace, a 409
+# on a name Falcon cannot adopt is someone else's object.
+PERMANENT_SUBMIT_KINDS = frozenset(
+    {ErrorKind.PERMANENT, ErrorKind.QUOTA_OR_STOCKOUT, ErrorKind.ALREADY_EXISTS, ErrorKind.NOT_FOUND}
+)
+# A reservation read that failed like this will not heal by reading again.
+FINAL_READ_KINDS = frozenset({ErrorKind.NOT_FOUND, ErrorKind.PERMANENT})
+
+
+class OpKind(StrEnum):
+    CREATE = "create"
+    DELETE = "delete"
+
+
+class OpState(StrEnum):
+    QUEUED = "queued"  # waiting its turn (or its backoff) in the cluster's FIFO
+    RUNNING = "running"  # the GKE call was made; its operation is being followed
+    DONE = "done"
+    FAILED = "failed"  # a create GKE refused for good (quota, stockout, bad request)
+    CANCELLED = "cancelled"  # a queued create overtaken by a delete
+
+
+OP_IN_FLIGHT = (OpState.QUEUED, OpState.RUNNING)
+
+
+class JobPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DELETED = "Deleted"  # the watch saw it go
+
+
+class PoolStatus(StrEnum):
+    """GKE's NodePool.status; anything GKE adds later reads as UNSPECIFIED."""
+
+    UNSPECIFIED = "STATUS_UNSPECIFIED"
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    RUNNING_WITH_ERROR = "RUNNING_WITH_ERROR"
+    RECONCILING = "RECONCILING"
+    STOPPING = "STOPPING"
+    ERROR = "ERROR"
+
+    @classmethod
+    def of(cls, value: str) -> PoolStatus:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNSPECIFIED
+
+    @property
+    def up(self) -> bool:
+        """The control plane serves the pool (nodes may still be registering)."""
+        return self in (PoolStatus.RUNNING, PoolStatus.RECONCILING, PoolStatus.RUNNING_WITH_ERROR)
+
+
+def _enum(kind: type[StrEnum], value: Any) -> Any:
+    """The enum member for a stored value; text no member knows is kept as it is."""
+    try:
+        return kind(value)
+    except ValueError:
+        return value
+
+
+# --- rows, as the store hands them out -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    id: str
+    name: str
+    project: str
+    location: str
+    tpu_type: str
+    gcs_bucket: str
+    default_reservation: str
+    status: ClusterStatus
+    namespace: str
+    service_account: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ClusterStatus(self.status))
+
+    @property
+    def active(self) -> bool:
+        return self.status == ClusterStatus.ACTIVE
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A ``jobs`` row. ``spec`` is the upper layer's text, parsed only where it is used."""
+
+    id: int
+    name: str
+    actor: str
+    spec: str
+    status: Status
+    reason: Reason
+    message: str
+    cluster_id: str | None
+    node_pool_name: str | None
+    job_uid: str | None
+    timeout_seconds: int | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    dispatched_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    aborting_at: dt.datetime | None
+    aborted_at: dt.datetime | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _enum(Status, self.status))
+        object.__setattr__(self, "reason", _enum(Reason, self.reason or ""))
+
+    @property
+    def phase(self) -> Phase:
+        return lc.phase_of(self.status, self.reason)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in lc.TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A node-pool lease row: the pool's name is fixed here before GKE is asked."""
+
+    id: int
+    cluster_id: str
+    topology: str
+    name: str
+    supply_mode: SupplyMode
+    state: LeaseState
+    task_id: int | None
+    operation: str | None  # the last GKE operation on the pool (create or delete)
+    delete_attempts: int
+    last_error: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    ready_at: dt.datetime | None
+    idle_since: dt.datetime | None
+    deleted_at: dt.datetime | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", LeaseState(self.state))
+        object.__setattr__(self, "supply_mode", SupplyMode(self.supply_mode))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    task_id: int
+    at: dt.datetime
+    status: str
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- what an edge cluster says ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolView:
+    name: str
+    status: PoolStatus
+    registered: int  # nodes of the pool that exist as Kubernetes Nodes
+    ready: int  # ... of which Ready
+    status_message: str = ""  # GKE's statusMessage (why a pool is in ERROR)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", PoolStatus.of(self.status))
+
+
+@dataclass(frozen=True)
+class OpView:
+    kind: OpKind
+    state: OpState
+    attempts: int = 0
+    error_kind: ErrorKind | None = None  # of the last failure
+    error: str = ""  # the API's own message
+    operation: str = ""  # GKE's operation name, once the call was accepted
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))
+        object.__setattr__(self, "state", OpState(self.state))
+        object.__setattr__(self, "error_kind", ErrorKind(self.error_kind) if self.error_kind else None)
+
+    @property
+    def busy(self) -> bool:
+        """Refused because the cluster runs another operation, and still waiting to retry."""
+        return self.error_kind in BUSY_KINDS and self.state != OpState.DONE
+
+
+@dataclass(frozen=True)
+class JobView:
+    task_id: int
+    name: str
+    namespace: str
+    uid: str
+    phase: JobPhase
+    active: int
+    ready: int
+    expected: int
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", JobPhase(self.phase))
+
+
+@dataclass(frozen=True)
+class ReservationView:
+    count: int
+    in_use: int
+
+
+@dataclass(frozen=True)
+class ReservationError:
+    kind: ErrorKind
+    message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ErrorKind(self.kind))
+
+    @property
+    def final(self) -> bool:
+        return self.kind in FINAL_READ_KINDS
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The ClusterActor's answer for one queue. ``synced`` is False until its first
+    full list of pools and Jobs has completed (e.g. right after a restart): then an
+    absent pool or Job proves nothing and nothing is concluded from absence."""
+
+    pools: dict[str, PoolView] = field(default_factory=dict)
+    ops: dict[str, OpView] = field(default_factory=dict)
+    jobs: dict[int, JobView] = field(default_factory=dict)
+    reservation: ReservationView | None = None
+    reservation_error: ReservationError | None = None  # of the last read
+    synced: bool = True
+    error: str = ""  # why the ClusterActor cannot reach GKE, if it cannot
+
+
+# --- what the database says about one queue -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueTask:
+    """A live task of the queue as the decisions see it: its spec parsed once."""
+
+    id: int
+    name: str
+    actor: str
+    phase: Phase
+    created_at: dt.datetime
+    dispatched_at: dt.datetime | None
+    spec: TaskSpec
+    node_pool_name: str | None
+    job_uid: str | None
+    message: str
+    phase_since: dt.datetime | None = None  # when it entered ``phase``, from the event log
+
+
+@dataclass(frozen=True)
+class SubmitError:
+    """A Job submission the Kubernetes API refused for good (the task fails with it)."""
+
+    kind: ErrorKind
+    message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ErrorKind(self.kind))
+
+
+@dataclass(frozen=True)
+class QueueState:
+    cluster: Cluster
+    topology: str
+    tasks: tuple[QueueTask, ...]
+    leases: tuple[Lease, ...]
+    last_granted: str
+    other_topology_waiting: bool = False
+    alternatives_exist: bool = False  # another active cluster of the same TPU type
+    submit_errors: dict[int, SubmitError] = field(default_factory=dict)
+    # last holders of pools whose delete keeps failing: task -> (its terminal phase, its message)
+    terminal_messages: dict[int, tuple[Phase, str]] = field(default_factory=dict)
+
+    @property
+    def cluster_active(self) -> bool:
+        return self.cluster.active

@@ -1,0 +1,101 @@
+"""The QueueActor's decisions: one pure function from what is observed to what to do.
+
+Contract
+--------
+``decide(queue, view, now, settings) -> list[EffectGroup]``. ``queue`` is what the
+database says (the queue's live tasks, its node-pool leases, the last granted
+actor); ``view`` is what the edge cluster says (node pools and their nodes, pool
+operations the ClusterActor runs, Jobs, reservation use). Both are frozen values
+from ``falcon_ray.model``. The function reads no clock and does no I/O. Each
+returned group is a short sequence of effects (``reconcile.effects``) for one task
+or one lease; the actor carries a group out in order and stops that group at the
+first failure, then decides again on the next tick from fresh observations. Every
+effect is idempotent (deterministic names, compare-and-set writes), so repeating a
+group after a crash is harmless.
+
+The rules, in the order ``decide`` applies them (original design, sections 4-9):
+
+1. Aborting tasks: delete the Job, hand the pool to keep-or-delete, then Aborted
+   (``finish.abort``).
+2. Running tasks: Succeeded, JobFailed (the Job failed or vanished) or Timeout
+   (dispatched_at + timeout passed) end them; otherwise their Message follows the
+   pods (``finish.execute``).
+3. Re-rank: a cluster in maintenance or offline sends its Waiting tasks back to the
+   poller when another cluster of the TPU type is active (``pick.rerank``).
+4. The acquisition slot: the one task that is Provisioning, ClusterBusy,
+   WaitingForNode or Dispatching moves one step, decided by its lease's state
+   (``acquire.acquire``; Dispatching ends in ``dispatch.dispatching``).
+5. The pick: a free slot goes to the next Waiting task by the pick rule; an idle
+   pool of the topology goes straight to it (``pick.pick``).
+6. Pools nobody needs: orphaned leases, idle pools nobody waits for, pools of a
+   cluster out of service; Deleting leases followed to Deleted (``pools.leases``).
+7. Jobs of this queue whose task is no longer live are deleted (``pools.stale_jobs``).
+8. Waiting tasks get their position and the tasks ahead (``positions.positions``).
+
+Keep-or-delete (``Decision.release``): a pool that a task releases is kept (Idle)
+while more tasks of its topology wait for a pool than there are idle pools,
+otherwise deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.config import Settings
+from falcon_ray.model import ClusterView, QueueState
+from falcon_ray.reconcile import acquire, finish, pick, pools, positions
+from falcon_ray.reconcile.context import Decision
+from falcon_ray.reconcile.effects import (
+    CreateLease,
+    DeleteJob,
+    DeletePool,
+    Effect,
+    EffectGroup,
+    EnsurePool,
+    MoveLease,
+    RecordOperation,
+    RefreshMessages,
+    SetLastGranted,
+    SubmitJob,
+    Transition,
+    Unassign,
+    UpdateTask,
+)
+
+
+def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings) -> list[EffectGroup]:
+    d = Decision(q, view, now, settings)
+    for t in q.tasks:  # 1
+        if t.phase == lc.ABORTING:
+            finish.abort(d, t)
+    for t in q.tasks:  # 2
+        if t.phase == lc.RUNNING:
+            finish.execute(d, t)
+    pick.rerank(d)  # 3
+    for t in d.acquiring:  # 4
+        acquire.acquire(d, t)
+    pick.pick(d)  # 5
+    pools.leases(d)  # 6
+    pools.stale_jobs(d)  # 7
+    positions.positions(d)  # 8
+    return d.groups
+
+
+__all__ = [
+    "CreateLease",
+    "DeleteJob",
+    "DeletePool",
+    "Effect",
+    "EffectGroup",
+    "EnsurePool",
+    "MoveLease",
+    "RecordOperation",
+    "RefreshMessages",
+    "SetLastGranted",
+    "SubmitJob",
+    "Transition",
+    "Unassign",
+    "UpdateTask",
+    "decide",
+]

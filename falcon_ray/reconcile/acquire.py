@@ -1,0 +1,252 @@
+"""Rule 4: the task that holds the queue's acquisition slot, decided by its lease's state.
+
+Contract
+--------
+At most one task of a queue is Provisioning, ClusterBusy, WaitingForNode or
+Dispatching. ``acquire(d, t)`` moves it one step:
+
+- an idle pool of its topology appears: it switches to it (abandoning its own create
+  to keep-or-delete) -- ``switch_to_idle``;
+- no lease yet: the cluster must be reachable, the supply decision made (reservation
+  headroom, or ClusterBusy; never a silent fallback), then the lease row with the
+  pool's name is written before the create is asked for -- ``no_pool_yet``;
+- Requested / Creating: a refused create or a pool in ERROR fails it
+  (NodePoolFailed); the control plane RUNNING with every node Ready makes it
+  Dispatching; nodes still registering keep it WaitingForNode (kept unless another
+  topology waits on the cluster and the node-pool timeout passed); a control plane
+  not RUNNING in time fails it (NodePoolTimeout) -- ``creating``;
+- Ready / InUse: Dispatching -- ``pool_ready``;
+- Dispatching: ``finish.execute``.
+
+Every timer here is measured from a durable record: the lease's ``created_at`` for a
+create, the task's event log (``phase_since``) for an unreachable cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import render, scheduling
+from falcon_ray.lifecycle import LeaseState, Phase, Reason
+from falcon_ray.model import Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
+from falcon_ray.reconcile import finish
+from falcon_ray.reconcile.context import Decision, fmt_limit
+from falcon_ray.reconcile.effects import (
+    CreateLease,
+    Effect,
+    EnsurePool,
+    MoveLease,
+    RecordOperation,
+    Transition,
+    UpdateTask,
+)
+from falcon_ray.spec import SupplyMode
+
+
+def acquire(d: Decision, t: QueueTask) -> None:
+    if t.phase == lc.DISPATCHING:
+        finish.execute(d, t)
+        return
+    lease = d.lease_by_task.get(t.id)
+    if switch_to_idle(d, t, lease):
+        return
+    if lease is None:
+        no_pool_yet(d, t)
+    elif lease.state in (LeaseState.READY, LeaseState.IN_USE):
+        pool_ready(d, t, lease)
+    else:
+        creating(d, t, lease)
+
+
+def fail(d: Decision, t: QueueTask, lease: Lease | None, to: Phase, message: str) -> None:
+    effects: list[Effect] = d.delete_lease(lease, t.id) if lease is not None else []
+    d.add(f"task {t.id}: acquisition failed", *effects, Transition(t.id, (t.phase,), to, message))
+
+
+def to_dispatching(d: Decision, t: QueueTask, pool: str) -> Transition:
+    return Transition(t.id, (t.phase,), lc.DISPATCHING, d.msg("dispatching", pool=pool), {"node_pool_name": pool})
+
+
+def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
+    """Take an idle pool for ``t``: the hand-over (original, section 5)."""
+    d.claimed.add(idle.id)
+    d.demand.discard(t.id)
+    return [
+        MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, {"task_id": t.id, "idle_since": None}),
+        to_dispatching(d, t, idle.name),
+    ]
+
+
+def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
+    idle = d.free_idle()
+    if idle is None or (lease is not None and lease.state not in (LeaseState.REQUESTED, LeaseState.CREATING)):
+        return False
+    effects = claim_idle(d, t, idle)
+    if lease is not None:
+        effects = d.release(lease, t.id) + effects
+    d.add(f"task {t.id}: switch to idle pool {idle.name}", *effects)
+    return True
+
+
+def pool_ready(d: Decision, t: QueueTask, lease: Lease) -> None:
+    d.add(f"task {t.id}: pool ready", to_dispatching(d, t, lease.name))
+
+
+# ---- no lease yet: reachability, supply, create ----------------------------------------------
+
+
+def no_pool_yet(d: Decision, t: QueueTask) -> None:
+    if d.v.error:
+        unreachable(d, t)
+        return
+    mode = scheduling.supply_mode_for(t.spec, d.q.cluster.default_reservation)
+    if mode == SupplyMode.RESERVATION and not reservation_allows(d, t):
+        return
+    create_pool(d, t, mode)
+
+
+def unreachable(d: Decision, t: QueueTask) -> None:
+    """The ClusterActor cannot reach GKE (credentials, IAM, endpoint): say so, and give up
+    like a create that never came back once the node-pool timeout has passed."""
+    cluster, age = d.q.cluster.name, d.phase_age_s(t)
+    if age > d.s.node_pool_timeout_s:
+        detail = f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.v.error}"
+        text = d.msg("node_pool_timeout", limit=fmt_limit(d.s.node_pool_timeout_s), detail=detail)
+        fail(d, t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), text)
+        return
+    d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.v.error), "cluster unreachable")
+
+
+def reservation_allows(d: Decision, t: QueueTask) -> bool:
+    """Reservation supply: True when a slice fits now; otherwise fail, wait or say why."""
+    name = d.q.cluster.default_reservation
+    failed = lc.failed(Reason.NODE_POOL_FAILED)
+    if not name:
+        fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cluster {d.q.cluster.name} has no reservation configured"))
+        return False
+    r, err = d.v.reservation, d.v.reservation_error
+    if err is not None and err.final:
+        fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cannot read reservation {name}: {err.message}"))
+        return False
+    if r is None:  # not read yet (the ClusterActor fetches it for the next tick), or failing for now
+        if err is not None:
+            d.say(t, d.msg("reservation_unreadable", reservation=name, detail=err.message), "reservation unreadable")
+        return False
+    head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts)
+    if head.enough:
+        return True
+    text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
+    if t.phase != lc.CLUSTER_BUSY:
+        d.add(f"task {t.id}: cluster busy", Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text))
+    else:
+        d.say(t, text, "busy message")
+    return False
+
+
+def pool_request(d: Decision, t: QueueTask, mode: SupplyMode, name: str) -> dict[str, Any]:
+    return render.node_pool_request(
+        t.spec,
+        d.q.cluster,
+        mode,
+        name,
+        t.id,
+        idle_seconds=d.s.idle_seconds(mode),
+        workload_policy=d.s.workload_policy(t.spec.topology) if t.spec.tpu_type == "v7x" else None,
+        installation=d.s.installation,
+    )
+
+
+def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
+    name = render.node_pool_name(t.id, d.q.topology)
+    text = d.msg("provisioning", pool=name, supply=mode.value)
+    move: Effect
+    if t.phase == lc.PROVISIONING:
+        move = UpdateTask(t.id, (lc.PROVISIONING,), text, {"node_pool_name": name})
+    else:
+        move = Transition(t.id, (t.phase,), lc.PROVISIONING, text, {"node_pool_name": name})
+    d.add(f"task {t.id}: create pool {name}", CreateLease(t.id, name, mode), move, EnsurePool(name, pool_request(d, t, mode, name)))
+
+
+# ---- Requested / Creating ---------------------------------------------------------------------
+
+
+def create_failed(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> bool:
+    """GKE refused the create, or the pool is in ERROR: NodePoolFailed with GKE's own words."""
+    failed_op = op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED
+    if failed_op:
+        fail(d, t, lease, lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=op.error))
+        return True
+    if pool is None or pool.status != PoolStatus.ERROR:
+        return False
+    if op is not None and op.kind == OpKind.CREATE and op.state in (OpState.QUEUED, OpState.RUNNING):
+        return True  # the operation's own error (the API's message) arrives with its result
+    detail = (op.error if op else "") or pool.status_message or f"node pool {lease.name} is in ERROR"
+    fail(d, t, lease, lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=detail))
+    return True
+
+
+def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tuple[LeaseState, list[Effect]]:
+    """Requested -> Creating once GKE accepted the create; the operation's name on the lease."""
+    effects: list[Effect] = []
+    st = lease.state
+    accepted = op is not None and op.state in (OpState.RUNNING, OpState.DONE)
+    if st == LeaseState.REQUESTED and (accepted or pool is not None):
+        effects.append(MoveLease(lease.id, lease.name, (LeaseState.REQUESTED,), LeaseState.CREATING))
+        st = LeaseState.CREATING
+    if op is not None and op.operation and op.operation != lease.operation:
+        effects.append(RecordOperation(lease.id, op.operation))
+    return st, effects
+
+
+def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
+    op, pool = d.v.ops.get(lease.name), d.v.pools.get(lease.name)
+    if create_failed(d, t, lease, op, pool):
+        return
+    st, effects = confirm_create(lease, op, pool)
+    if pool is not None and pool.status.up:
+        nodes_coming(d, t, lease, st, pool, effects)
+        return
+    age, limit = (d.now - lease.created_at).total_seconds(), d.s.node_pool_timeout_s
+    if age > limit:
+        detail = f"control plane {pool.status if pool else 'not visible'} after {int(age)}s"
+        if op is not None and op.error:
+            detail += f"; last error: {op.error}"
+        fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
+        return
+    d.add(f"task {t.id}: creating {lease.name}", *effects, *control_plane_pending(d, t, lease, op, pool))
+
+
+def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: PoolView, effects: list[Effect]) -> None:
+    """The control plane is RUNNING: Dispatching once every node is Ready, else WaitingForNode."""
+    hosts = t.spec.shape.hosts
+    if pool.registered >= hosts and pool.ready >= hosts:
+        effects += [MoveLease(lease.id, lease.name, (st,), LeaseState.READY, {"ready_at": d.now}), to_dispatching(d, t, lease.name)]
+        d.add(f"task {t.id}: nodes ready", *effects)
+        return
+    limit = d.s.node_pool_timeout_s
+    if d.q.other_topology_waiting and (d.now - lease.created_at).total_seconds() > limit:
+        detail = f"{pool.registered}/{hosts} node(s) registered and another topology is waiting"
+        fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
+        return
+    text = d.msg("waiting_for_node", pool=lease.name, registered=pool.registered, expected=hosts, ready=pool.ready)
+    if t.phase != lc.WAITING_FOR_NODE:
+        effects.append(Transition(t.id, (t.phase,), lc.WAITING_FOR_NODE, text))
+    else:
+        effects += d.say_effect(t, text)
+    d.add(f"task {t.id}: waiting for nodes", *effects)
+
+
+def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> list[Effect]:
+    """Not RUNNING (or not visible) yet: ask again if the ClusterActor forgot, say why it waits."""
+    effects: list[Effect] = []
+    if op is None and pool is None and d.v.synced:
+        # The ClusterActor does not know this create (it restarted): ask again, following the
+        # operation GKE accepted before if the lease recorded one; a 409 adopts.
+        request = pool_request(d, t, lease.supply_mode, lease.name)
+        effects.append(EnsurePool(lease.name, request, operation=lease.operation))
+    if pool is None and op is not None and op.state == OpState.DONE and lease.supply_mode == SupplyMode.FLEX_START:
+        effects += d.say_effect(t, d.msg("flex_not_visible", pool=lease.name))
+    elif op is not None and op.busy:
+        effects += d.say_effect(t, d.msg("cluster_busy_ops", cluster=d.q.cluster.name, detail=op.error))
+    return effects

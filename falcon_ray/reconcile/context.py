@@ -1,0 +1,130 @@
+"""One decision in progress: the observations, what is already claimed, the groups so far.
+
+Contract
+--------
+``Decision`` is built fresh by ``decide()`` for one call and thrown away after it.
+The rule modules read the queue state and the cluster view through it and append
+effect groups to it; the only state that passes from one rule to a later one lives
+here and is named: the idle pools already claimed this call, the tasks that would
+take an idle pool (``demand``), the pools kept idle this call, and the slot holders
+that the queue positions count ahead of the waiting tasks. Nothing here does I/O or
+reads a clock; ``now`` is given.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import messages
+from falcon_ray.config import Settings
+from falcon_ray.lifecycle import LeaseState, Phase
+from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, QueueState, QueueTask
+from falcon_ray.reconcile.effects import (
+    DeleteJob,
+    DeletePool,
+    Effect,
+    EffectGroup,
+    MoveLease,
+    Transition,
+    UpdateTask,
+)
+
+# A lease in one of these belongs to its task.
+HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE)
+
+
+def fmt_limit(seconds: float) -> str:
+    return f"{int(seconds // 60)}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+class Decision:
+    def __init__(self, q: QueueState, v: ClusterView, now: dt.datetime, s: Settings) -> None:
+        self.q, self.v, self.now, self.s = q, v, now, s
+        self.groups: list[EffectGroup] = []
+        self.lease_by_task = {l.task_id: l for l in q.leases if l.state in HELD and l.task_id is not None}
+        self.idle = [l for l in q.leases if l.state == LeaseState.IDLE]
+        self.claimed: set[int] = set()  # idle leases taken (or deleted) this call
+        self.kept = 0  # pools moved to Idle this call
+        self.live_ids = {t.id for t in q.tasks}
+        self.waiting = [t for t in q.tasks if t.phase == lc.WAITING]
+        self.acquiring = [t for t in q.tasks if t.phase in lc.ACQUIRING_PHASES]
+        self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
+        ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}
+        # tasks that would take an idle pool now: Waiting ones, and acquiring ones whose own
+        # pool is not ready yet (they switch to an idle pool, original section 5)
+        self.demand = {t.id for t in self.waiting} | {
+            t.id for t in self.acquiring if t.phase != lc.DISPATCHING and t.id not in ready
+        }
+
+    # ---- output ------------------------------------------------------------------------
+
+    def msg(self, key: str, **kw: object) -> str:
+        return messages.text(key, self.s.lang, **kw)
+
+    def add(self, what: str, *effects: Effect) -> None:
+        if effects:
+            self.groups.append(EffectGroup(what, tuple(effects)))
+
+    def say(self, t: QueueTask, text: str, what: str) -> None:
+        """Refresh the task's Message, only when the text changes."""
+        if text != t.message:
+            self.add(f"task {t.id}: {what}", UpdateTask(t.id, (t.phase,), text))
+
+    def say_effect(self, t: QueueTask, text: str) -> list[Effect]:
+        return [UpdateTask(t.id, (t.phase,), text)] if text != t.message else []
+
+    # ---- idle pools ----------------------------------------------------------------------
+
+    def free_idle(self) -> Lease | None:
+        return next((l for l in self.idle if l.id not in self.claimed), None)
+
+    def unclaimed_idle(self) -> int:
+        return sum(1 for l in self.idle if l.id not in self.claimed)
+
+    # ---- keep-or-delete --------------------------------------------------------------------
+
+    def release(self, lease: Lease, holder: int | None) -> list[Effect]:
+        """The deprovisioning decision for a pool its task no longer needs: keep it Idle
+        while more tasks of its topology wait for a pool than there are idle pools."""
+        st = lease.state
+        if st not in HELD:
+            return []
+        want = len(self.demand - {holder}) - (self.unclaimed_idle() + self.kept)
+        if self.q.cluster_active and want > 0 and st != LeaseState.REQUESTED:
+            self.kept += 1
+            return [MoveLease(lease.id, lease.name, (st,), LeaseState.IDLE, {"task_id": None})]
+        return self.delete_lease(lease, holder)
+
+    @staticmethod
+    def delete_lease(lease: Lease, holder: int | None) -> list[Effect]:
+        return [
+            MoveLease(lease.id, lease.name, (lease.state,), LeaseState.DELETING, {"task_id": holder}),
+            DeletePool(lease.name),
+        ]
+
+    def finish(self, t: QueueTask, to: Phase, message: str) -> None:
+        """End a task: keep-or-delete its pool, write the terminal status, then delete the
+        Job. The terminal write comes first because the Job is the only record of the
+        outcome: a crash in between leaves a Job whose task is terminal, which rule 7 deletes."""
+        effects: list[Effect] = []
+        lease = self.lease_by_task.get(t.id)
+        if lease is not None:
+            effects += self.release(lease, t.id)
+        effects.append(Transition(t.id, (t.phase,), to, message))
+        effects += self.delete_job(t)
+        self.add(f"task {t.id}: finish {to}", *effects)
+
+    # ---- Jobs ----------------------------------------------------------------------------------
+
+    def job_of(self, t: QueueTask) -> JobView | None:
+        j = self.v.jobs.get(t.id)
+        return j if j and j.phase != JobPhase.DELETED else None
+
+    def delete_job(self, t: QueueTask) -> list[Effect]:
+        j = self.job_of(t)
+        return [DeleteJob(t.id, j.namespace, j.name)] if j is not None else []
+
+    def phase_age_s(self, t: QueueTask) -> float:
+        """Seconds the task has spent in its phase, from the durable event log (0 if unknown)."""
+        return max(0.0, (self.now - t.phase_since).total_seconds()) if t.phase_since else 0.0

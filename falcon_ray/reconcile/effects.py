@@ -1,0 +1,116 @@
+"""What a decision asks for: effects, grouped per task or per lease.
+
+Contract
+--------
+An effect names one idempotent step: a compare-and-set write (``Transition``,
+``UpdateTask``, ``RefreshMessages``, ``MoveLease``, ``SetLastGranted``,
+``CreateLease``, ``RecordOperation``, ``Unassign``) or a call to the edge cluster
+(``EnsurePool``, ``DeletePool``, ``SubmitJob``, ``DeleteJob``). An ``EffectGroup``
+is carried out in order and stops at its first failed or lost step; the next tick
+decides again from what is observed then, so a group cut short by a crash is simply
+decided again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from falcon_ray.lifecycle import LeaseState, Phase
+from falcon_ray.spec import SupplyMode
+
+
+@dataclass(frozen=True)
+class Transition:
+    task_id: int
+    expect: tuple[Phase, ...]
+    to: Phase
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UpdateTask:
+    task_id: int
+    expect: tuple[Phase, ...]
+    message: str | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RefreshMessages:
+    updates: tuple[tuple[int, Phase, str], ...]
+
+
+@dataclass(frozen=True)
+class SetLastGranted:
+    actor: str
+
+
+@dataclass(frozen=True)
+class CreateLease:
+    task_id: int
+    name: str
+    supply_mode: SupplyMode
+
+
+@dataclass(frozen=True)
+class RecordOperation:
+    """Write GKE's operation name on the lease: it outlives the ClusterActor's memory."""
+
+    lease_id: int
+    operation: str
+
+
+@dataclass(frozen=True)
+class EnsurePool:
+    name: str
+    request: dict[str, Any]
+    operation: str | None = None  # a create GKE accepted before: follow it instead of asking again
+
+
+@dataclass(frozen=True)
+class MoveLease:
+    lease_id: int
+    name: str
+    expect: tuple[LeaseState, ...]
+    to: LeaseState
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeletePool:
+    name: str
+
+
+@dataclass(frozen=True)
+class SubmitJob:
+    task_id: int
+    manifest: dict[str, Any]
+    service: dict[str, Any] | None
+    first: bool  # dispatched_at is not set yet: the timeout clock starts now
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    task_id: int
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Unassign:
+    task_id: int
+    message: str
+
+
+Effect = (
+    Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | RecordOperation | EnsurePool
+    | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign
+)
+
+
+@dataclass(frozen=True)
+class EffectGroup:
+    what: str  # e.g. "task 42: finish", for logs
+    effects: tuple[Effect, ...]

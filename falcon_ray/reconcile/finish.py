@@ -1,0 +1,67 @@
+"""Rules 1 and 2: aborts, and tasks whose Job ended, failed or ran out of time.
+
+Contract
+--------
+``abort(d, t)``: an Aborting task's Job is deleted, its pool goes through
+keep-or-delete, then it is Aborted. ``execute(d, t)`` for a Dispatching or Running
+task: Succeeded, JobFailed or Timeout end it (``finish``); otherwise a Running task's
+Message follows its pods and a Dispatching one goes on to ``dispatch.dispatching``.
+Ending a task is ``Decision.finish``: the terminal write comes before the Job delete.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import render
+from falcon_ray.lifecycle import Reason
+from falcon_ray.model import JobPhase, QueueTask
+from falcon_ray.reconcile import dispatch
+from falcon_ray.reconcile.context import Decision
+from falcon_ray.reconcile.effects import Effect, Transition, UpdateTask
+
+
+def abort(d: Decision, t: QueueTask) -> None:
+    text = d.msg("aborting")
+    if t.message != text:  # what an operator sees if the cleanup below has to be retried
+        d.add(f"task {t.id}: aborting message", UpdateTask(t.id, (lc.ABORTING,), text))
+    effects: list[Effect] = list(d.delete_job(t))
+    lease = d.lease_by_task.get(t.id)
+    if lease is not None:
+        effects += d.release(lease, t.id)
+    effects.append(Transition(t.id, (lc.ABORTING,), lc.ABORTED, d.msg("aborted")))
+    d.add(f"task {t.id}: abort", *effects)
+
+
+def timed_out(d: Decision, t: QueueTask) -> bool:
+    return t.dispatched_at is not None and d.now >= t.dispatched_at + dt.timedelta(seconds=t.spec.timeout_seconds)
+
+
+def ended(d: Decision, t: QueueTask) -> bool:
+    """Rule 2 for a Dispatching or Running task: True when it was finished here."""
+    job = d.job_of(t)
+    if job is not None and job.phase == JobPhase.SUCCEEDED:
+        d.finish(t, lc.SUCCEEDED, d.msg("succeeded"))
+    elif job is not None and job.phase == JobPhase.FAILED:
+        d.finish(t, lc.failed(Reason.JOB_FAILED), d.msg("job_failed", detail=job.message or f"Job {job.name} failed"))
+    elif timed_out(d, t):
+        d.finish(t, lc.failed(Reason.TIMEOUT), d.msg("timeout", seconds=t.spec.timeout_seconds))
+    elif t.phase == lc.RUNNING and job is None and d.v.synced and t.id not in d.v.jobs:
+        detail = f"Job {render.job_name(t.id)} disappeared from the cluster"
+        d.finish(t, lc.failed(Reason.JOB_FAILED), d.msg("job_failed", detail=detail))
+    else:
+        return False
+    return True
+
+
+def execute(d: Decision, t: QueueTask) -> None:
+    """Dispatching or Running: finish it (rule 2), or follow its pods (rule 4's last step)."""
+    if ended(d, t):
+        return
+    if t.phase == lc.RUNNING:
+        job = d.job_of(t)
+        if job is not None:
+            d.say(t, d.msg("running", active=job.ready, expected=t.spec.shape.hosts), "running message")
+        return
+    dispatch.dispatching(d, t)

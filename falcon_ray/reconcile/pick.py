@@ -1,0 +1,46 @@
+"""Rules 3 and 5: waiting tasks of a cluster out of service go back to the poller; the
+pick gives a free slot to the next waiting task.
+
+Contract
+--------
+``rerank(d)``: when the cluster is in maintenance or offline and another active
+cluster of its TPU type exists, every Waiting task is unassigned (Pending, no
+cluster) so the poller ranks it again; they leave the queue's waiting list.
+``pick(d)``: when no task holds the slot and the cluster is active, the pick rule
+(``scheduling.pick_next``) chooses; the last granted actor is written with it; an
+idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
+becomes Provisioning. The chosen task joins ``d.holders`` and leaves ``d.waiting``.
+"""
+
+from __future__ import annotations
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import scheduling
+from falcon_ray.reconcile.acquire import claim_idle
+from falcon_ray.reconcile.context import Decision
+from falcon_ray.reconcile.effects import SetLastGranted, Transition, Unassign
+
+
+def rerank(d: Decision) -> None:
+    q = d.q
+    if q.cluster_active or not d.waiting or not q.alternatives_exist:
+        return
+    for t in d.waiting:
+        d.add(f"task {t.id}: re-rank", Unassign(t.id, d.msg("requeued", cluster=q.cluster.name, status=q.cluster.status)))
+    d.waiting = []
+
+
+def pick(d: Decision) -> None:
+    if d.acquiring or not d.q.cluster_active or not d.waiting:
+        return
+    nxt = scheduling.pick_next(d.waiting, d.q.last_granted)
+    assert nxt is not None
+    idle = d.free_idle()
+    if idle is not None:
+        d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", SetLastGranted(nxt.actor), *claim_idle(d, nxt, idle))
+    else:
+        mode = scheduling.supply_mode_for(nxt.spec, d.q.cluster.default_reservation)
+        text = d.msg("picked", supply=mode.value)
+        d.add(f"task {nxt.id}: picked", SetLastGranted(nxt.actor), Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
+    d.holders = [nxt]
+    d.waiting = [t for t in d.waiting if t.id != nxt.id]

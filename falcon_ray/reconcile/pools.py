@@ -1,0 +1,85 @@
+"""Rules 6 and 7: pools and Jobs nobody needs any more.
+
+Contract
+--------
+``leases(d)``: a held lease whose task is no longer live (a crash between two writes)
+goes through keep-or-delete; an idle pool is deleted when fewer tasks would take one
+than there are idle pools, or when the cluster left service; a Deleting lease is
+followed until GKE says the pool is gone (never before the create-visibility grace
+for flex-start pools, which may read as 404 for a while after their create), and a
+delete that keeps failing is counted on the lease and, past
+``pool_delete_report_after`` attempts, reported in its last holder's Message.
+``stale_jobs(d)``: a Job of this queue whose task is no longer live is deleted.
+"""
+
+from __future__ import annotations
+
+from falcon_ray.lifecycle import LeaseState
+from falcon_ray.model import JobPhase, Lease, OpKind, OpState
+from falcon_ray.reconcile.context import HELD, Decision
+from falcon_ray.reconcile.effects import DeleteJob, DeletePool, Effect, MoveLease, RecordOperation, UpdateTask
+from falcon_ray.spec import SupplyMode
+
+
+def leases(d: Decision) -> None:
+    for lease in d.q.leases:
+        if lease.state in HELD and (lease.task_id is None or lease.task_id not in d.live_ids):
+            d.add(f"lease {lease.name}: orphaned by task {lease.task_id}", *d.release(lease, lease.task_id))
+        elif lease.state == LeaseState.IDLE and lease.id not in d.claimed:
+            idle_unwanted(d, lease)
+        elif lease.state == LeaseState.DELETING:
+            deleting(d, lease)
+
+
+def idle_unwanted(d: Decision, lease: Lease) -> None:
+    if d.q.cluster_active and len(d.demand) >= d.unclaimed_idle():
+        return
+    d.claimed.add(lease.id)  # take it out of the pool of idle ones
+    d.add(
+        f"lease {lease.name}: idle, nobody waits",
+        MoveLease(lease.id, lease.name, (LeaseState.IDLE,), LeaseState.DELETING),
+        DeletePool(lease.name),
+    )
+
+
+def deleting(d: Decision, lease: Lease) -> None:
+    op, pool = d.v.ops.get(lease.name), d.v.pools.get(lease.name)
+    if pool is None and d.v.synced and (op is None or op.state == OpState.DONE):
+        young = (d.now - lease.created_at).total_seconds() < d.s.create_visibility_grace_s
+        if not (young and lease.supply_mode == SupplyMode.FLEX_START):
+            d.add(f"lease {lease.name}: deleted", MoveLease(lease.id, lease.name, (LeaseState.DELETING,), LeaseState.DELETED))
+            return
+    effects: list[Effect] = []
+    if op is None or op.kind != OpKind.DELETE:
+        effects.append(DeletePool(lease.name))
+    else:
+        if op.operation and op.operation != lease.operation:
+            effects.append(RecordOperation(lease.id, op.operation))
+        if op.attempts > lease.delete_attempts:
+            effects += delete_failing(d, lease, op.attempts, op.error)
+    d.add(f"lease {lease.name}: deleting", *effects)
+
+
+def delete_failing(d: Decision, lease: Lease, attempts: int, error: str) -> list[Effect]:
+    effects: list[Effect] = [
+        MoveLease(
+            lease.id,
+            lease.name,
+            (LeaseState.DELETING,),
+            LeaseState.DELETING,
+            {"delete_attempts": attempts, "last_error": error[:1000]},
+        )
+    ]
+    holder = lease.task_id
+    if attempts >= d.s.pool_delete_report_after and holder is not None and holder in d.q.terminal_messages:
+        suffix = d.msg("pool_not_deleted", pool=lease.name, detail=error or "retrying")
+        phase, base = d.q.terminal_messages[holder]
+        if suffix.strip() not in base:
+            effects.append(UpdateTask(holder, (phase,), base + suffix))
+    return effects
+
+
+def stale_jobs(d: Decision) -> None:
+    for task_id, job in d.v.jobs.items():
+        if task_id not in d.live_ids and job.phase != JobPhase.DELETED:
+            d.add(f"job {job.name}: task no longer live", DeleteJob(task_id, job.namespace, job.name))

@@ -1,0 +1,963 @@
+"""The deployment files agree with the code they deploy.
+
+Fast and offline: YAML parses, core Kubernetes kinds validate (kubernetes-validate's
+bundled schemas, strict), the RayCluster and PodMonitor are checked for what KubeRay and
+the Prometheus Operator need, the kustomizations build (``kubectl kustomize`` when a
+kubectl with a modern kustomize is on PATH, and always a small resolver of our own), and
+every name the manifests share with the code is the code's: the ``falcon-ray`` command
+and its options, the Settings file, the health endpoints and port, the Secret keys, the
+ServiceAccount, the Ray version, the IAM permissions for every client call in
+``falcon_ray/gcp.py`` and ``falcon_ray/kube.py``, and every metric on the dashboard.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import kubernetes_validate
+import pytest
+import ray
+import yaml
+from click.testing import CliRunner
+
+from falcon_ray import health, metrics
+from falcon_ray.cli import main as cli_main
+from falcon_ray.config import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+KUBERAY = DEPLOY / "kuberay"
+KUBERAY_GSA = DEPLOY / "kuberay-gsa"
+DB_UPGRADE = KUBERAY / "db-upgrade"
+KUSTOMIZATIONS = (KUBERAY, KUBERAY_GSA, DB_UPGRADE)
+ROLE_FILE = DEPLOY / "iam" / "falcon-controller-role.yaml"
+PRINT_GCLOUD = DEPLOY / "iam" / "print-gcloud.sh"
+DASHBOARD = DEPLOY / "grafana" / "falcon-dashboard.json"
+DOCKERFILE = DEPLOY / "Dockerfile"
+
+# The Kubernetes version the core kinds are validated against (a bundled schema of
+# kubernetes-validate; GKE's stable channel is at or above it).
+K8S_VERSION = "1.32"
+CORE_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Secret", "NetworkPolicy", "Job"}
+CLUSTER_SCOPED = {"Namespace"}
+CONTROLLER = "falcon-controller"
+RAY_CONTAINER = "ray-head"
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+def docs_of(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def one(path: Path) -> dict[str, Any]:
+    docs = docs_of(path)
+    assert len(docs) == 1, f"{path}: expected one document, found {len(docs)}"
+    return docs[0]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def kube_objects() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in yaml_files():
+        for doc in docs_of(path):
+            if "apiVersion" in doc and "kind" in doc and doc["kind"] != "Kustomization":
+                yield path, doc
+
+
+def raycluster() -> dict[str, Any]:
+    return one(KUBERAY / "raycluster.yaml")
+
+
+def head_spec() -> dict[str, Any]:
+    return raycluster()["spec"]["headGroupSpec"]
+
+
+def container(name: str) -> dict[str, Any]:
+    found = [c for c in head_spec()["template"]["spec"]["containers"] if c["name"] == name]
+    assert len(found) == 1, f"head pod must have exactly one {name!r} container"
+    return found[0]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def named_port(c: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}
+    assert port in ports, f"container {c['name']} has no port named {port!r}"
+    return ports[port]
+
+
+def volume(name: str) -> dict[str, Any]:
+    vols = {v["name"]: v for v in head_spec()["template"]["spec"]["volumes"]}
+    assert name in vols, f"head pod has no volume {name!r}"
+    return vols[name]
+
+
+def mount_path(c: dict[str, Any], volume_name: str) -> str:
+    mounts = [m for m in c.get("volumeMounts", []) if m["name"] == volume_name]
+    assert len(mounts) == 1, f"container {c['name']} does not mount {volume_name!r} once"
+    return mounts[0]["mountPath"]
+
+
+# --- the falcon-ray command line -------------------------------------------------------------
+
+
+def resolve_cli(argv: list[str]) -> tuple[click.Command, list[str], list[str]]:
+    """Walk ``falcon-ray ARGV`` down the click groups: (command, its path, the rest)."""
+    assert argv and argv[0] == "falcon-ray", argv
+    cmd: click.Command = cli_main
+    path = ["falcon-ray"]
+    rest = list(argv[1:])
+    while isinstance(cmd, click.Group) and rest and not rest[0].startswith("-"):
+        sub = cmd.commands.get(rest[0])
+        assert sub is not None, f"`{' '.join(path)}` has no command {rest[0]!r}"
+        cmd, path, rest = sub, [*path, rest[0]], rest[1:]
+    return cmd, path, rest
+
+
+def check_options(cmd: click.Command, path: list[str], rest: list[str]) -> dict[str, str | None]:
+    """Every ``--option`` in ``rest`` exists on ``cmd``; returns {option: value}."""
+    opts: dict[str, click.Option] = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            for o in (*p.opts, *p.secondary_opts):
+                opts[o] = p
+    for h in cmd.context_settings.get("help_option_names", ["--help"]) + ["-h", "--help"]:
+        opts.setdefault(h, None)  # type: ignore[arg-type]
+    seen: dict[str, str | None] = {}
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if tok == "--":
+            break
+        if tok.startswith("-"):
+            name, eq, inline = tok.partition("=")
+            assert name in opts, f"`{' '.join(path)}` has no option {name} (has: {', '.join(sorted(opts))})"
+            p = opts[name]
+            if p is not None and not p.is_flag and not eq:
+                assert i + 1 < len(rest), f"`{' '.join(path)} {name}` needs a value"
+                seen[name] = rest[i + 1]
+                i += 1
+            else:
+                seen[name] = inline if eq else None
+        i += 1
+    return seen
+
+
+# --- YAML and schemas ------------------------------------------------------------------------
+
+
+def test_every_yaml_file_in_deploy_parses_into_known_documents():
+    files = yaml_files()
+    assert files, "no YAML under deploy/"
+    for path in files:
+        docs = docs_of(path)
+        assert docs, f"{rel(path)} is empty"
+        for doc in docs:
+            assert isinstance(doc, dict), f"{rel(path)}: a document is not a mapping"
+            known = ("apiVersion" in doc and "kind" in doc) or "includedPermissions" in doc
+            assert known, f"{rel(path)}: neither a Kubernetes object, a Kustomization nor an IAM role"
+
+
+def test_core_kinds_validate_strictly_against_the_bundled_kubernetes_schema():
+    assert K8S_VERSION in {
+        kubernetes_validate.utils.major_minor(v) for v in kubernetes_validate.utils.all_versions()
+    }
+    checked: set[str] = set()
+    for path, doc in kube_objects():
+        if doc["kind"] not in CORE_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(
+                f"{rel(path)} {doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, e.path))}: {e.message}"
+            )
+        checked.add(doc["kind"])
+    assert {"Namespace", "ServiceAccount", "ConfigMap", "Secret", "NetworkPolicy", "Job"} <= checked
+
+
+def test_the_head_pod_template_is_a_valid_pod():
+    template = head_spec()["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "falcon-head", "namespace": "falcon", **template.get("metadata", {})},
+        "spec": template["spec"],
+    }
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+# --- the RayCluster --------------------------------------------------------------------------
+
+
+def test_raycluster_has_what_kuberay_requires_and_no_workers():
+    rc = raycluster()
+    assert rc["apiVersion"] == "ray.io/v1" and rc["kind"] == "RayCluster"
+    assert rc["metadata"]["name"] == "falcon"
+    spec = rc["spec"]
+    assert spec["enableInTreeAutoscaling"] is False
+    assert spec["upgradeStrategy"]["type"] in ("Recreate", "None")
+    # No worker group (or only empty ones): the actors reserve no CPU and run on the head.
+    for group in spec.get("workerGroupSpecs", []):
+        assert group.get("replicas", 0) == 0 and group.get("maxReplicas", 0) == 0
+    head = spec["headGroupSpec"]
+    params = head["rayStartParams"]
+    assert all(isinstance(v, str) for v in params.values()), "rayStartParams values must be strings"
+    assert params["num-cpus"] == "0"
+    assert params["metrics-export-port"] == "8080"
+    containers = head["template"]["spec"]["containers"]
+    assert containers[0]["name"] == RAY_CONTAINER, "KubeRay treats the first container as Ray's"
+    assert [c["name"] for c in containers] == [RAY_CONTAINER, CONTROLLER]
+    for c in containers:
+        assert c["image"] == "falcon-ray", "both containers run the one image (set in kustomization.yaml)"
+        res = c["resources"]
+        assert set(res) == {"requests", "limits"} and {"cpu", "memory"} <= set(res["requests"])
+        assert {"cpu", "memory"} <= set(res["limits"])
+
+
+def test_the_actors_reserve_no_cpu_so_a_zero_cpu_head_can_host_them():
+    from actors import names
+
+    opts = names.options("poller", Settings().namespace, 1)
+    assert opts["num_cpus"] == 0
+    assert head_spec()["rayStartParams"]["num-cpus"] == "0"
+
+
+def test_ray_versions_agree_between_pyproject_dockerfile_raycluster_and_the_installed_ray():
+    pyproject = (REPO / "pyproject.toml").read_text()
+    m = re.search(r'"ray\[default\]>=(\d+)\.(\d+),<(\d+)\.(\d+)"', pyproject)
+    assert m, "pyproject pins ray[default] as >=X.Y,<X.Y+1"
+    line = f"{m.group(1)}.{m.group(2)}"
+    assert ray.__version__.startswith(line + ".")
+    from_line = re.search(
+        r"^ARG RAY_IMAGE=rayproject/ray:(\d+\.\d+\.\d+)-py(\d)(\d+)\s*$", DOCKERFILE.read_text(), re.M
+    )
+    assert from_line, "deploy/Dockerfile: ARG RAY_IMAGE=rayproject/ray:X.Y.Z-pyNN"
+    assert from_line.group(1).startswith(line + "."), "the image's Ray is not pyproject's Ray line"
+    image_py = (int(from_line.group(2)), int(from_line.group(3)))
+    requires = re.search(r'requires-python\s*=\s*">=(\d+)\.(\d+)"', pyproject)
+    assert requires and image_py >= (int(requires.group(1)), int(requires.group(2)))
+    assert image_py == (3, 11), "the image's Python is the one this project is tested on"
+    assert raycluster()["spec"]["rayVersion"] == from_line.group(1)
+
+
+def test_the_dockerfile_installs_this_package_from_the_files_it_copies():
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM \$\{RAY_IMAGE\}\s*$", text, re.M)
+    copied = set()
+    for m in re.finditer(r"^COPY (?:--chown=\S+ )?(.+) (\S+)$", text, re.M):
+        copied.update(m.group(1).split())
+    assert {"pyproject.toml", "README.md", "falcon_ray", "actors"} <= copied
+    for name in copied:
+        assert (REPO / name).exists(), f"the Dockerfile copies {name}, which the repository lacks"
+    assert re.search(r"pip install --no-cache-dir /home/ray/falcon-ray-src\b", text)
+    assert "-e " not in text, "install the package, not an editable checkout"
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
+    assert "*" in ignore and {f"!{n}" for n in copied} <= set(ignore)
+
+
+def test_controller_command_is_a_real_falcon_ray_run_with_real_options():
+    command = container(CONTROLLER)["command"]
+    cmd, path, rest = resolve_cli(command)
+    assert path == ["falcon-ray", "run"]
+    given = check_options(cmd, path, rest)
+    assert given["--ray-address"] == "127.0.0.1:6379", "the head's GCS, over the pod's loopback"
+    gcs_port = named_port(container(RAY_CONTAINER), "gcs-server")
+    assert given["--ray-address"].rsplit(":", 1)[1] == str(gcs_port)
+    # The settings file is the ConfigMap's config.yaml where it is mounted.
+    cfg_mount = mount_path(container(CONTROLLER), "falcon-config")
+    items = volume("falcon-config")["configMap"]["items"]
+    assert {"key": "config.yaml", "path": "config.yaml"} in items
+    assert given["--config"] == f"{cfg_mount}/config.yaml"
+    # The help of `run` lists exactly these options (the brief's check, through click).
+    result = CliRunner().invoke(cli_main, ["run", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in given:
+        assert option in result.output
+
+
+def test_controller_reads_the_database_url_from_the_falcon_db_secret():
+    env = env_of(container(CONTROLLER))
+    run = cli_main.commands["run"]
+    db = next(p for p in run.params if p.name == "db_url")
+    assert db.envvar == "FALCON_DB_URL"
+    assert env["FALCON_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "falcon-db", "key": "url"}
+    assert "FALCON_DB_URL" not in env_of(container(RAY_CONTAINER)), "only the driver needs the URL"
+    job = one(DB_UPGRADE / "job.yaml")
+    job_env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert job_env["FALCON_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "falcon-db", "key": "url"}
+
+
+def test_both_containers_share_the_ray_auth_token_secret():
+    for name in (RAY_CONTAINER, CONTROLLER):
+        env = env_of(container(name))
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "falcon-ray-auth",
+            "key": "auth_token",
+        }
+
+
+def test_secret_example_shows_every_secret_the_pods_reference_and_is_not_applied():
+    example = {d["metadata"]["name"]: d for d in docs_of(KUBERAY / "secret.example.yaml")}
+    refs: set[tuple[str, str]] = set()
+    pods = [head_spec()["template"]["spec"], one(DB_UPGRADE / "job.yaml")["spec"]["template"]["spec"]]
+    for pod in pods:
+        for c in pod["containers"]:
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    refs.add((ref["name"], ref["key"]))
+    assert refs == {("falcon-db", "url"), ("falcon-ray-auth", "auth_token")}
+    for name, key in refs:
+        secret = example[name]
+        assert secret["kind"] == "Secret" and secret["metadata"]["namespace"] == "falcon"
+        assert key in secret["stringData"]
+        assert "CHANGE-ME" in secret["stringData"][key], "placeholders only"
+    kustomization = one(KUBERAY / "kustomization.yaml")
+    assert "secret.example.yaml" not in kustomization["resources"]
+    assert not any(d["kind"] == "Secret" for _p, d in kube_objects() if _p.name != "secret.example.yaml")
+
+
+def test_configmap_config_loads_with_load_settings_and_matches_the_manifests(tmp_path):
+    cm = one(KUBERAY / "configmap.yaml")
+    assert cm["metadata"]["name"] == "falcon-config"
+    assert volume("falcon-config")["configMap"]["name"] == "falcon-config"
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    settings = load_settings(path)  # unknown keys or bad values raise
+    raw = yaml.safe_load(cm["data"]["config.yaml"])
+    assert raw["health_port"] == 8088 == Settings().health_port == settings.health_port
+    assert settings.namespace == Settings().namespace == "falcon"
+    # Production-ish: nothing scaled down to the demo's seconds.
+    assert settings.node_pool_timeout_s >= Settings().node_pool_timeout_s
+    assert settings.leader_ttl_s >= Settings().leader_ttl_s
+    assert (
+        settings.gke_endpoint is None and settings.compute_endpoint is None and settings.metadata_host is None
+    )
+    assert settings.kubernetes_scheme == "https"
+
+
+def test_probes_use_the_health_servers_paths_on_settings_health_port():
+    c = container(CONTROLLER)
+    port = Settings().health_port
+    for probe, path in (
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path
+        assert named_port(c, get["port"]) == port
+        assert c[probe]["timeoutSeconds"] >= 6, "health.check waits up to 5 s for the actors"
+    # Ray's metrics port and Falcon's health port never collide.
+    assert int(head_spec()["rayStartParams"]["metrics-export-port"]) != port
+
+
+def test_health_server_answers_the_probe_paths():
+    """Serve the real handler on a loopback port with a supervisor stand-in."""
+
+    class Store:
+        def ping(self) -> None:
+            return None
+
+        def leader(self) -> None:
+            return None
+
+        def live_tasks(self) -> list:
+            return []
+
+    class Standby:  # a controller waiting for the lease: live, not ready
+        holder = "test"
+        leader = False
+        lease_renewed_at = None
+        known: dict = {}
+        s = Settings()
+        store = Store()
+
+        def actor_names(self) -> list[str]:
+            return []
+
+    server = health.serve(Standby(), 0, host="127.0.0.1")
+    try:
+        port = server.server_address[1]
+
+        def status(path: str) -> int:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        probes = {
+            c_probe: container(CONTROLLER)[c_probe]["httpGet"]["path"]
+            for c_probe in ("livenessProbe", "readinessProbe")
+        }
+        assert status(probes["livenessProbe"]) == 200
+        assert status(probes["readinessProbe"]) == 503
+        assert status("/nothing-here") == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_service_account_namespace_and_workload_identity_variants():
+    sa = one(KUBERAY / "serviceaccount.yaml")
+    assert sa["metadata"] == {**sa["metadata"], "name": "falcon-controller", "namespace": "falcon"}
+    assert "annotations" not in sa["metadata"], "the base uses the direct principal: no GSA annotation"
+    text = (KUBERAY / "serviceaccount.yaml").read_text()
+    assert (
+        "principal://iam.googleapis.com/projects/CENTRAL_PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+        "CENTRAL_PROJECT_ID.svc.id.goog/subject/ns/falcon/sa/falcon-controller" in text
+    )
+    assert head_spec()["template"]["spec"]["serviceAccountName"] == "falcon-controller"
+    ns = one(KUBERAY / "namespace.yaml")
+    assert ns["metadata"]["name"] == "falcon" == Settings().namespace
+    assert one(KUBERAY / "kustomization.yaml")["namespace"] == "falcon"
+    patch = one(KUBERAY_GSA / "serviceaccount-gsa.yaml")
+    assert patch["metadata"]["name"] == "falcon-controller"
+    gsa = patch["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+    assert re.fullmatch(r"[a-z][a-z0-9-]+@[A-Za-z0-9_-]+\.iam\.gserviceaccount\.com", gsa)
+
+
+def test_podmonitor_scrapes_rays_metrics_port_on_the_head_pod():
+    pm = one(KUBERAY / "podmonitor.yaml")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1" and pm["kind"] == "PodMonitor"
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "ray.io/cluster": raycluster()["metadata"]["name"],
+        "ray.io/node-type": "head",
+    }
+    endpoints = pm["spec"]["podMetricsEndpoints"]
+    assert len(endpoints) == 1
+    ep = endpoints[0]
+    assert ep.get("path", "/metrics") == "/metrics"
+    assert named_port(container(RAY_CONTAINER), ep["port"]) == int(
+        head_spec()["rayStartParams"]["metrics-export-port"]
+    )
+    for r in ep.get("relabelings", []):
+        assert r.get("action", "replace") in ("replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep")
+
+
+def test_network_policy_leaves_only_the_metrics_port_open():
+    np = one(KUBERAY / "networkpolicy.yaml")
+    assert np["spec"]["podSelector"]["matchLabels"] == {"ray.io/cluster": "falcon"}
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    ports = [p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == [int(head_spec()["rayStartParams"]["metrics-export-port"])]
+
+
+def test_db_upgrade_job_runs_a_real_falcon_ray_command():
+    job = one(DB_UPGRADE / "job.yaml")
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    cmd, path, rest = resolve_cli(c["command"])
+    assert path == ["falcon-ray", "db", "upgrade"]
+    check_options(cmd, path, rest)
+    assert "--with-jobs-table" not in rest, "in production the upper layer owns the jobs table"
+
+
+# --- kustomize ----------------------------------------------------------------------------------
+
+
+def _identity(doc: dict[str, Any]) -> tuple[str, str, str, str]:
+    group = doc["apiVersion"].rsplit("/", 1)[0] if "/" in doc["apiVersion"] else ""
+    ns = "" if doc["kind"] in CLUSTER_SCOPED else doc["metadata"].get("namespace", "")
+    return group, doc["kind"], ns, doc["metadata"]["name"]
+
+
+def resolve_kustomization(directory: Path, seen: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """A minimal kustomize: resources (files and directories), namespace, images, and
+    strategic-merge patches of metadata. Enough to prove every entry exists, parses and
+    lands in the right namespace without duplicates."""
+    directory = directory.resolve()
+    assert directory not in seen, f"kustomization cycle through {directory}"
+    k = one(directory / "kustomization.yaml")
+    assert k["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and k["kind"] == "Kustomization"
+    objects: list[dict[str, Any]] = []
+    for entry in k.get("resources", []):
+        target = (directory / entry).resolve()
+        assert target.exists(), f"{rel(directory)}/kustomization.yaml: resource {entry} does not exist"
+        if target.is_dir():
+            objects += resolve_kustomization(target, (*seen, directory))
+        else:
+            for doc in docs_of(target):
+                assert doc.get("kind") != "Kustomization"
+                objects.append(doc)
+    for patch in k.get("patches", []):
+        p = one(directory / patch["path"])
+        matches = [
+            o for o in objects if (o["kind"], o["metadata"]["name"]) == (p["kind"], p["metadata"]["name"])
+        ]
+        assert len(matches) == 1, f"{patch['path']} patches no single object"
+        for key in ("labels", "annotations"):
+            if key in p["metadata"]:
+                matches[0]["metadata"].setdefault(key, {}).update(p["metadata"][key])
+    if "namespace" in k:
+        for o in objects:
+            if o["kind"] not in CLUSTER_SCOPED:
+                assert o["metadata"].get("namespace", k["namespace"]) == k["namespace"], (
+                    f"{o['kind']}/{o['metadata']['name']} names another namespace than the kustomization"
+                )
+                o["metadata"]["namespace"] = k["namespace"]
+    for image in k.get("images", []):
+        for o in objects:
+            for c in _containers(o):
+                if c["image"] == image["name"]:
+                    c["image"] = f"{image['newName']}:{image['newTag']}"
+    ids = [_identity(o) for o in objects]
+    dupes = {i for i in ids if ids.count(i) > 1}
+    assert not dupes, f"duplicate objects: {dupes}"
+    return objects
+
+
+def _containers(o: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = o.get("spec", {})
+    for path in (("template", "spec"), ("headGroupSpec", "template", "spec")):
+        node: Any = spec
+        for key in path:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if node.get("containers"):
+            return node["containers"]
+    return []
+
+
+def test_kustomization_lists_every_manifest_and_nothing_else():
+    k = one(KUBERAY / "kustomization.yaml")
+    listed = set(k["resources"])
+    on_disk = {
+        p.name for p in KUBERAY.glob("*.yaml") if p.name not in ("kustomization.yaml", "secret.example.yaml")
+    }
+    assert listed == on_disk
+    assert "secret.example.yaml" not in listed
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: rel(p))
+def test_kustomizations_resolve(directory: Path):
+    objects = resolve_kustomization(directory)
+    assert objects
+    for o in objects:
+        if o["kind"] not in CLUSTER_SCOPED:
+            assert o["metadata"]["namespace"] == "falcon"
+        for c in _containers(o):
+            assert c["image"].endswith("/falcon-ray:" + c["image"].rsplit(":", 1)[1]), c["image"]
+    if directory == KUBERAY_GSA:
+        sa = next(o for o in objects if o["kind"] == "ServiceAccount")
+        assert "iam.gke.io/gcp-service-account" in sa["metadata"]["annotations"]
+    images = {rel(d): one(d / "kustomization.yaml")["images"] for d in (KUBERAY, DB_UPGRADE)}
+    assert len({json.dumps(v, sort_keys=True) for v in images.values()}) == 1, (
+        f"image settings differ: {images}"
+    )
+
+
+def _kubectl_with_modern_kustomize() -> str | None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return None
+    try:
+        out = subprocess.run(
+            [kubectl, "version", "--client"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"Kustomize Version: v(\d+)", out)
+    return kubectl if m and int(m.group(1)) >= 4 else None
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: rel(p))
+def test_kubectl_kustomize_builds_the_same_objects(directory: Path):
+    kubectl = _kubectl_with_modern_kustomize()
+    if kubectl is None:
+        pytest.skip(
+            "no kubectl with kustomize >= v4 on PATH; test_kustomizations_resolve covers the structure"
+        )
+    out = subprocess.run(
+        [kubectl, "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    built = [d for d in yaml.safe_load_all(out.stdout) if d]
+    ours = resolve_kustomization(directory)
+    assert sorted(map(_identity, built)) == sorted(map(_identity, ours))
+    by_id = {_identity(o): o for o in ours}
+    for o in built:
+        want = by_id[_identity(o)]
+        assert [c["image"] for c in _containers(o)] == [c["image"] for c in _containers(want)]
+        assert o["metadata"].get("annotations", {}) == want["metadata"].get("annotations", {})
+
+
+# --- IAM -------------------------------------------------------------------------------------------
+
+# Client method -> IAM permission. A method missing here fails the test: map it, then
+# add the permission to deploy/iam/falcon-controller-role.yaml.
+GKE_PERMISSIONS = {
+    "get_cluster": "container.clusters.get",
+    "create_node_pool": "container.nodePools.create",
+    "delete_node_pool": "container.nodePools.delete",
+    "get_node_pool": "container.nodePools.get",
+    "list_node_pools": "container.nodePools.list",
+    "get_operation": "container.operations.get",
+}
+COMPUTE_PERMISSIONS = {"get": "compute.reservations.get"}  # ReservationsClient
+K8S_VERBS = {
+    "create": "create",
+    "read": "get",
+    "delete": "delete",
+    "list": "list",
+    "patch": "update",
+    "replace": "update",
+}
+CLIENT_ATTRS = {"client", "batch", "core"}
+NOT_CALLS = {"transport"}  # attributes of the clients that are not API methods
+
+
+def _client_attribute(node: ast.AST) -> str | None:
+    """``self.client.X`` / ``self.batch.X`` / ``self.kube.core.X`` -> ``X``."""
+    if not isinstance(node, ast.Attribute):
+        return None
+    owner = node.value
+    if isinstance(owner, ast.Attribute) and owner.attr in CLIENT_ATTRS:
+        base = owner.value
+        if isinstance(base, ast.Name) and base.id == "self":
+            return node.attr
+        if isinstance(base, ast.Attribute) and base.attr == "kube":
+            return node.attr
+    return None
+
+
+def _k8s_permission(method: str, watch: bool = False) -> str:
+    m = re.fullmatch(r"(create|read|delete|list|patch|replace)_(namespaced_)?([a-z_]+)", method)
+    assert m, f"unmapped Kubernetes client method {method}"
+    resource = m.group(3)
+    plural = resource if resource.endswith("s") else resource + "s"
+    verb = "watch" if watch else K8S_VERBS[m.group(1)]
+    return f"container.{plural}.{verb}"
+
+
+def permissions_the_code_needs() -> dict[str, set[str]]:
+    """Permission -> where it is needed, from the ASTs of the two API adapters."""
+    needed: dict[str, set[str]] = {}
+
+    def need(perm: str, where: str) -> None:
+        needed.setdefault(perm, set()).add(where)
+
+    gcp = ast.parse((REPO / "falcon_ray" / "gcp.py").read_text())
+    classes = {n.name: n for n in gcp.body if isinstance(n, ast.ClassDef)}
+    for cls, table, client in (
+        ("GkeApi", GKE_PERMISSIONS, "container_v1.ClusterManagerClient"),
+        ("ComputeApi", COMPUTE_PERMISSIONS, "compute_v1.ReservationsClient"),
+    ):
+        assert cls in classes, f"falcon_ray/gcp.py has no class {cls}"
+        assert client in ast.unparse(classes[cls]), f"{cls} no longer builds a {client}"
+        for node in ast.walk(classes[cls]):
+            method = _client_attribute(node)
+            if method is None or method in NOT_CALLS:
+                continue
+            assert method in table, f"gcp.{cls} calls {method}: map it to an IAM permission"
+            need(table[method], f"gcp.{cls}.{method}")
+
+    kube_src = (REPO / "falcon_ray" / "kube.py").read_text()
+    assert (
+        "self.batch = client.BatchV1Api(api)" in kube_src and "self.core = client.CoreV1Api(api)" in kube_src
+    )
+    kube = ast.parse(kube_src)
+    watched: set[str] = set()
+    for node in ast.walk(kube):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "stream":
+            assert node.args, "watch.stream without the list function"
+            method = _client_attribute(node.args[0])
+            assert method, f"watch of something other than a client method: {ast.unparse(node.args[0])}"
+            watched.add(method)
+    for node in ast.walk(kube):
+        method = _client_attribute(node)
+        if method is None or method in NOT_CALLS:
+            continue
+        need(_k8s_permission(method), f"kube.{method}")
+    for method in watched:
+        need(_k8s_permission(method, watch=True), f"kube watch of {method}")
+    return needed
+
+
+def test_only_the_two_adapters_talk_to_google_and_kubernetes_apis():
+    """So that scanning gcp.py and kube.py finds every call the controller makes."""
+    allowed = {
+        "falcon_ray/gcp.py",
+        "falcon_ray/kube.py",
+        "falcon_ray/errors.py",
+    }  # errors: exception types only
+    for path in [*(REPO / "falcon_ray").rglob("*.py"), *(REPO / "actors").rglob("*.py")]:
+        name = rel(path)
+        if name.startswith("falcon_ray/sim/"):
+            continue  # the simulated fleet serves these APIs; it does not call them
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            mods: list[str] = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            for mod in mods:
+                if mod.split(".")[0] == "kubernetes" or mod.startswith("google.cloud"):
+                    assert name in allowed, f"{name} imports {mod}; only gcp.py and kube.py may call the APIs"
+
+
+def test_iam_role_grants_exactly_what_the_code_calls():
+    role = one(ROLE_FILE)
+    assert set(role) >= {"title", "description", "stage", "includedPermissions"}
+    assert role["stage"] == "GA"
+    granted = role["includedPermissions"]
+    assert len(granted) == len(set(granted)), "duplicate permissions"
+    needed = permissions_the_code_needs()
+    missing = set(needed) - set(granted)
+    extra = set(granted) - set(needed)
+    assert not missing, f"the role lacks {sorted(missing)} ({ {p: sorted(needed[p]) for p in missing} })"
+    assert not extra, f"the role grants {sorted(extra)}, which no code calls"
+    # The families the controller cannot work without.
+    assert {"container.nodePools.create", "container.jobs.watch", "compute.reservations.get"} <= set(granted)
+
+
+def _run_print_gcloud(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    marker = tmp_path / "gcloud-was-run"
+    for tool in ("gcloud", "kubectl"):
+        fake = fake_bin / tool
+        fake.write_text(f"#!/bin/sh\necho {tool} >> '{marker}'\nexit 1\n")
+        fake.chmod(0o755)
+    full_env = {"PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": str(tmp_path), **env}
+    result = subprocess.run(
+        ["bash", str(PRINT_GCLOUD.relative_to(REPO)), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=full_env,
+        timeout=30,
+        check=False,
+    )
+    assert not marker.exists(), "print-gcloud.sh must only print, never run gcloud or kubectl"
+    return result
+
+
+def test_print_gcloud_is_valid_bash():
+    subprocess.run(["bash", "-n", str(PRINT_GCLOUD)], check=True, timeout=30)
+    assert os.access(PRINT_GCLOUD, os.X_OK)
+
+
+def test_print_gcloud_prints_role_and_bindings_for_every_edge_project(tmp_path):
+    env = {
+        "CENTRAL_PROJECT": "tpu-service-473302",
+        "CENTRAL_PROJECT_NUMBER": "123456789012",
+        "EDGE_PROJECTS": "poc-tpu-partner edge-two-1",
+        "LOG_BUCKETS": "poc-tpu-partner=gs://falcon-logs",
+    }
+    result = _run_print_gcloud(tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    principal = (
+        "principal://iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/"
+        "tpu-service-473302.svc.id.goog/subject/ns/falcon/sa/falcon-controller"
+    )
+    commands = [
+        line for line in out.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")
+    ]
+    for edge in ("poc-tpu-partner", "edge-two-1"):
+        create = [
+            c for c in commands if c.startswith(f"gcloud iam roles create falconController --project={edge} ")
+        ]
+        assert len(create) == 1
+        file_arg = re.search(r"--file=(\S+)", create[0]).group(1)
+        assert (REPO / file_arg).resolve() == ROLE_FILE.resolve()
+        binding = [c for c in commands if c.startswith(f"gcloud projects add-iam-policy-binding {edge} ")]
+        assert len(binding) == 1
+        assert f"--role=projects/{edge}/roles/falconController" in binding[0]
+        assert f"--member='{principal}'" in binding[0]
+        act_as = [c for c in commands if "roles/iam.serviceAccountUser" in c and f"--project={edge}" in c]
+        assert len(act_as) == 1 and principal in act_as[0]
+    bucket = [
+        c for c in commands if c.startswith("gcloud storage buckets add-iam-policy-binding gs://falcon-logs ")
+    ]
+    assert len(bucket) == 1
+    assert "--role=roles/storage.objectUser" in bucket[0]
+    assert (
+        "workloadIdentityPools/poc-tpu-partner.svc.id.goog/subject/ns/falcon-jobs/sa/falcon-job" in bucket[0]
+    )
+    # Without a bucket for edge-two-1 the binding is printed as a comment to fill in.
+    assert "workloadIdentityPools/edge-two-1.svc.id.goog/subject/ns/falcon-jobs/sa/falcon-job" in out
+    assert "--workload-pool=" in out and "GcsFuseCsiDriver=ENABLED" in out and "GKE_METADATA" in out
+    # The printed `clusters add` uses only real options.
+    add = re.search(r"#\s+(falcon-ray clusters add .*?)(?:\n(?!#\s{5,})|\Z)", out, re.S).group(1)
+    argv = [
+        t for t in shlex.split(add.replace("\\\n#", " ").replace("[", " ").replace("]", " ")) if t != "\\"
+    ]
+    cmd, path, rest = resolve_cli(argv)
+    assert path == ["falcon-ray", "clusters", "add"]
+    check_options(cmd, path, rest)
+
+
+def test_print_gcloud_gsa_variant_binds_the_google_service_account(tmp_path):
+    gsa = "falcon-controller@tpu-service-473302.iam.gserviceaccount.com"
+    env = {"CENTRAL_PROJECT": "tpu-service-473302", "CENTRAL_PROJECT_NUMBER": "123456789012", "GSA": gsa}
+    result = _run_print_gcloud(tmp_path, env, "poc-tpu-partner")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "--role=roles/iam.workloadIdentityUser" in out
+    assert "serviceAccount:tpu-service-473302.svc.id.goog[falcon/falcon-controller]" in out
+    assert f"--member='serviceAccount:{gsa}'" in out
+    assert "principal://" not in out.split("# ---- edge project")[1].split("GCS FUSE")[0]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"CENTRAL_PROJECT": "tpu-service-473302", "EDGE_PROJECTS": "poc-tpu-partner"},
+        {"CENTRAL_PROJECT": "tpu-service-473302", "CENTRAL_PROJECT_NUMBER": "123456789012"},
+        {"CENTRAL_PROJECT": "Bad_Project", "CENTRAL_PROJECT_NUMBER": "1", "EDGE_PROJECTS": "poc-tpu-partner"},
+    ],
+    ids=["nothing", "no-number", "no-edges", "bad-id"],
+)
+def test_print_gcloud_refuses_incomplete_input(tmp_path, env):
+    result = _run_print_gcloud(tmp_path, env)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "print-gcloud.sh:" in result.stderr
+
+
+# --- Grafana ---------------------------------------------------------------------------------------
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+METRIC_RE = re.compile(r"\bray_[A-Za-z0-9_]+")
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    out = []
+    for p in dashboard()["panels"]:
+        out.append(p)
+        out.extend(p.get("panels", []))
+    return out
+
+
+def resolve_metric(exported: str) -> tuple[str, str]:
+    """``ray_falcon_x_bucket`` -> (``falcon_x``, ``_bucket``), checked against DEFINITIONS."""
+    name = exported.removeprefix("ray_")
+    if name in metrics.DEFINITIONS:
+        kind = metrics.DEFINITIONS[name][0]
+        assert kind != "histogram", f"{exported}: a histogram is queried through _bucket, _sum or _count"
+        return name, ""
+    for suffix in HISTOGRAM_SUFFIXES:
+        base = name.removesuffix(suffix)
+        if name.endswith(suffix) and base in metrics.DEFINITIONS:
+            assert metrics.DEFINITIONS[base][0] == "histogram", f"{exported}: {base} is not a histogram"
+            return base, suffix
+    raise AssertionError(f"{exported} is not in falcon_ray/metrics.py DEFINITIONS")
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    exprs = []
+    for p in dashboard_panels():
+        for t in p.get("targets", []):
+            exprs.append((p["title"], t["expr"]))
+    return exprs
+
+
+def test_dashboard_uses_a_prometheus_datasource_variable():
+    d = dashboard()
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    ds = variables["datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+    ids = [p["id"] for p in dashboard_panels()]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for p in dashboard_panels():
+        assert 0 <= p["gridPos"]["x"] and p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"], f"panel {p['title']!r} has no query"
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+    cluster = variables["cluster"]
+    (metric,) = METRIC_RE.findall(cluster["definition"])
+    name, _ = resolve_metric(metric)
+    assert "cluster" in metrics.DEFINITIONS[name][2]
+
+
+def test_every_metric_and_label_on_the_dashboard_exists_in_metrics_definitions():
+    for title, expr in dashboard_exprs():
+        assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), (
+            f"{title}: unbalanced {expr}"
+        )
+        found = METRIC_RE.findall(expr)
+        assert found, f"{title}: no ray_falcon_ metric in {expr}"
+        allowed: set[str] = set()
+        for exported in found:
+            name, suffix = resolve_metric(exported)
+            allowed.update(metrics.DEFINITIONS[name][2])
+            if suffix == "_bucket":
+                allowed.add("le")
+        for selector in re.findall(r"\{([^}]*)\}", expr):
+            for label in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", selector):
+                assert label in allowed, f"{title}: label {label!r} is not a label of {found}"
+        for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            for label in filter(None, (x.strip() for x in group.split(","))):
+                assert label in allowed, f"{title}: grouping by {label!r}, not a label of {found}"
+
+
+def test_dashboard_charts_what_operators_asked_for():
+    used = {
+        resolve_metric(m)[0] + resolve_metric(m)[1]
+        for _t, e in dashboard_exprs()
+        for m in METRIC_RE.findall(e)
+    }
+    required = {
+        "falcon_queue_tasks",
+        "falcon_time_to_running_seconds_bucket",
+        "falcon_pending_reason_seconds_bucket",
+        "falcon_task_outcomes_total",
+        "falcon_node_pools_alive",
+        "falcon_node_pools_idle",
+        "falcon_reservation_headroom_hosts",
+        "falcon_gke_operations_total",
+        "falcon_watch_relists_total",
+        "falcon_watch_reconnects_total",
+        "falcon_poll_duration_seconds_bucket",
+        "falcon_orphan_pools_deleted_total",
+        "falcon_idle_tpu_chip_seconds_total",
+    }
+    assert required <= used, f"not charted: {sorted(required - used)}"
+    exprs = [e for _t, e in dashboard_exprs()]
+    assert any(
+        'status="Failed"' in e and "by (reason)" in e and "ray_falcon_task_outcomes_total" in e for e in exprs
+    )
+    assert any("histogram_quantile" in e and "ray_falcon_time_to_running_seconds_bucket" in e for e in exprs)
+    assert any("ray_falcon_gke_operations_total" in e and "result" in e and "error_kind" in e for e in exprs)
+    assert any("ray_falcon_queue_tasks" in e and "state" in e for e in exprs)

@@ -1,0 +1,397 @@
+"""End-to-end scenarios through the demo machinery: real Ray actors, the simulated fleet
+over the real GKE / Compute / Kubernetes clients, and a real database.
+
+After every scenario the same three checks hold: no Falcon node pool is alive in the
+fleet, every dispatched task had its Job created exactly once, and every task's event
+log moves only along edges of the lifecycle table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+import ray
+
+from actors import names
+from falcon_ray import lifecycle as lc
+from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.render import job_name
+from falcon_ray.sim.fleet import FleetConfig
+from tests.harness.db import fresh_mysql_database
+from tests.harness.e2e import make_fleet, spec, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+@pytest.fixture
+def controller(ray_session, tmp_path):
+    started: list[tuple[DemoRun, contextlib.ExitStack]] = []
+
+    def start(fleet: FleetConfig | None = None, db: str = "sqlite", **overrides) -> DemoRun:
+        stack = contextlib.ExitStack()
+        if db == "mysql":
+            url = stack.enter_context(fresh_mysql_database())
+        else:
+            url = f"sqlite:///{tmp_path / f'falcon-{len(started)}.db'}"
+        run = DemoRun(fleet or make_fleet(), demo_settings(**overrides), url)
+        started.append((run, stack))
+        return run.start()
+
+    yield start
+    for run, stack in started:
+        run.stop()
+        stack.close()
+
+
+def phase_is(*phases):
+    return lambda t: t.phase in phases
+
+
+def assert_clean(run: DemoRun, timeout: float = 60.0, serial_pool_ops: bool = True) -> dict:
+    assert run.wait_done(timeout), (
+        f"not done: {[(t.id, t.status, t.reason, t.message) for t in run.tasks() if not t.terminal]}; "
+        f"pools alive: {run.falcon_pools_alive()}"
+    )
+    stats = run.sim.stats()
+    creates = {j["name"]: j["creates"] for c in stats["clusters"].values() for j in c["jobs"]}
+    if serial_pool_ops:  # one ClusterActor runs one node-pool operation at a time per cluster
+        assert all(c["max_concurrent_pool_ops"] <= 1 for c in stats["clusters"].values()), stats["clusters"]
+    assert all(n == 1 for n in creates.values()), creates
+    for t in run.tasks():
+        if t.dispatched_at is not None:
+            assert creates.get(job_name(t.id)) == 1, (t.id, creates)
+        phases = [lc.phase_of(e.status, e.reason) for e in run.store.events(t.id)]
+        assert phases[0] == lc.NEW
+        for a, b in zip(phases, phases[1:], strict=False):
+            assert a == b or lc.allowed(a, b), f"task {t.id}: {a} -> {b} is not in the lifecycle table"
+    return stats
+
+
+def reasons(run: DemoRun, task_id: int) -> list[str]:
+    return [str(lc.phase_of(e.status, e.reason)) for e in run.store.events(task_id)]
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def test_status_and_failure_tables_end_to_end(controller, db):
+    run = controller(make_fleet(a={"faults": {"deny_images": ["registry.example.com/denied"]}}), db=db)
+    ok = run.submit("alice", spec("2x2", 1), "profiling-v6e")
+    multi = run.submit("bob", spec("2x4", 1), "benchmark-v6e")
+    oom = run.submit("erin", spec("2x2", 0.5, env={"FALCON_SIM_OOM": "1"}), "train-oom")
+    slow = run.submit("grace", spec("2x2", 60, timeout_seconds=2), "slow-eval")
+    bad = run.submit("dave", {"tpu_type": "v6e", "topology": "3x3", "image": "x", "command": ["y"], "hostNetwork": True}, "bad")
+    v5p = run.submit("frank", {"tpu_type": "v5p", "topology": "2x2x1", "image": "img:1", "command": ["y"]}, "v5p")
+    denied = run.submit("hank", {**spec("2x2", 1), "image": "registry.example.com/denied/app:1"}, "denied")
+    not_json = run.submit("ivan", "{not json", "broken")
+    assert_clean(run, timeout=90)
+    t = {x.id: x for x in run.tasks()}
+    assert t[ok].status == "Succeeded" and t[ok].message == ""
+    path = reasons(run, ok)
+    for step in ("Pending/Waiting", "Pending/Provisioning", "Pending/Dispatching", "Running", "Succeeded"):
+        assert step in path, path
+    assert t[multi].status == "Succeeded"
+    assert (t[oom].status, t[oom].reason) == ("Failed", "JobFailed")
+    assert "OOMKilled" in t[oom].message and "exit code 137" in t[oom].message
+    assert (t[slow].status, t[slow].reason) == ("Failed", "Timeout")
+    assert "(2s)" in t[slow].message
+    assert (t[bad].status, t[bad].reason) == ("Failed", "InvalidSpec")
+    assert "hostNetwork: unknown field" in t[bad].message
+    assert (t[v5p].status, t[v5p].reason) == ("Failed", "UnsupportedTPUType") and "v5p" in t[v5p].message
+    assert (t[not_json].status, t[not_json].reason) == ("Failed", "InvalidSpec")
+    denied_row = t[denied]
+    if denied_row.cluster_id == run.store.get_cluster("edge-a").id:
+        assert (denied_row.status, denied_row.reason) == ("Failed", "JobSubmitFailed")
+        assert "denied" in denied_row.message
+
+
+def test_job_submit_failure_is_reported_and_pool_cleaned(controller):
+    run = controller(make_fleet(a={"faults": {"deny_images": ["us-docker.pkg.dev/p/r/img"]}}, with_b=False))
+    tid = run.submit("alice", spec("2x2", 1))
+    assert_clean(run)
+    t = run.store.get_task(tid)
+    assert (t.status, t.reason) == ("Failed", "JobSubmitFailed")
+    assert "admission webhook" in t.message
+
+
+def test_cluster_busy_until_the_reservation_frees(controller):
+    run = controller(make_fleet(a={"reservation": {"name": "res-a", "count": 2}}, with_b=False))
+    big = run.submit("alice", spec("2x4", 3, supply_mode="reservation"))
+    wait_for(run, big, phase_is(lc.RUNNING))
+    small = run.submit("bob", spec("2x2", 1, supply_mode="reservation"))
+    busy = wait_for(run, small, phase_is(lc.CLUSTER_BUSY))
+    assert "reservation_remaining_slices=0 reservation_needed_slices=1" in busy.message
+    assert_clean(run)
+    assert run.store.get_task(small).status == "Succeeded"
+    path = reasons(run, small)
+    assert path.index("Pending/ClusterBusy") < path.index("Pending/Provisioning", path.index("Pending/ClusterBusy"))
+    stats = run.sim.stats()["clusters"]["edge-a"]
+    assert not any("on-demand" in str(p["request"]) or "flexStart" in str(p["request"]) for p in stats["node_pools"])
+
+
+def test_finished_pool_is_handed_over_to_the_next_same_topology_task(controller):
+    slow = {"node_pool_create": 3.0}
+    run = controller(make_fleet(a={"timings": slow}, with_b=False))
+    first = run.submit("alice", spec("2x2", 0.5))
+    second = run.submit("alice", spec("2x2", 0.5))
+    assert_clean(run)
+    t1, t2 = run.store.get_task(first), run.store.get_task(second)
+    assert t1.status == t2.status == "Succeeded"
+    assert t2.node_pool_name == t1.node_pool_name, "the second task should run on the first task's pool"
+    pools = [p for p in run.sim.stats()["clusters"]["edge-a"]["node_pools"] if p["name"].startswith("falcon-")]
+    assert {p["name"] for p in pools} >= {t1.node_pool_name}
+
+
+def test_pick_order_is_fifo_per_actor_and_round_robin_between_actors(controller):
+    run = controller(make_fleet(with_b=False))
+    ids = {}
+    for label in ("alice1", "alice2", "alice3", "bob1", "bob2", "carol1"):
+        ids[label] = run.submit(label[:-1], spec("2x2", 0.3), label)
+        time.sleep(0.02)  # distinct created_at
+    waiting_seen = wait_for(run, ids["carol1"], lambda t: "ahead" in t.message)
+    assert waiting_seen.message.startswith("Queue position #")
+    assert_clean(run, timeout=120)
+
+    def granted_at(tid):
+        for e in run.store.events(tid):
+            if e.status == "Pending" and e.reason not in ("", "Waiting"):
+                return e.at
+        raise AssertionError(f"task {tid} never left Waiting")
+
+    order = sorted(ids, key=lambda k: granted_at(ids[k]))
+    assert order == ["alice1", "bob1", "alice2", "bob2", "alice3", "carol1"], order
+    cluster = run.store.get_cluster("edge-a")
+    assert run.store.last_granted(cluster.id, "2x2") == "carol"
+
+
+def test_abort_in_every_phase(controller):
+    run = controller(make_fleet(a={"timings": {"node_pool_create": 2.5, "pod_start": 2.5}}, with_b=False))
+    holder = run.submit("alice", spec("2x2", 30), "holder")
+    waiting = run.submit("bob", spec("2x2", 30), "waiting")
+    wait_for(run, waiting, phase_is(lc.WAITING))
+    assert run.abort(waiting)
+    wait_for(run, holder, phase_is(lc.PROVISIONING, lc.WAITING_FOR_NODE))
+    assert run.abort(holder)  # abort while provisioning, nobody waits: the pool is deleted
+    disp = run.submit("carol", spec("2x2", 30), "dispatching")
+    wait_for(run, disp, phase_is(lc.DISPATCHING), timeout=40)
+    assert run.abort(disp)
+    running = run.submit("dan", spec("2x2", 30), "running")
+    wait_for(run, running, phase_is(lc.RUNNING), timeout=40)
+    assert run.abort(running)
+    assert_clean(run, timeout=60)
+    for tid in (waiting, holder, disp, running):
+        t = run.store.get_task(tid)
+        assert (t.status, t.message) == ("Aborted", "Aborted by user"), (tid, t.status, t.message)
+        assert t.aborted_at is not None and t.aborting_at is not None
+    assert reasons(run, waiting)[-2:] == ["Aborting", "Aborted"]
+    assert run.store.get_task(waiting).node_pool_name is None
+    jobs = {j["name"] for j in run.sim.stats()["clusters"]["edge-a"]["jobs"]}
+    assert job_name(waiting) not in jobs and job_name(holder) not in jobs
+
+
+def test_abort_while_provisioning_keeps_the_pool_for_the_next_task(controller):
+    run = controller(make_fleet(a={"timings": {"node_pool_create": 4.0}}, with_b=False))
+    first = run.submit("alice", spec("2x2", 0.5), "first")
+    second = run.submit("bob", spec("2x2", 0.5), "second")
+    pool = wait_for(run, first, lambda t: t.node_pool_name is not None).node_pool_name
+    # abort once GKE has accepted the create (a lease still Requested is never kept)
+    assert run.wait(lambda: [l.state for l in run.store.leases()] == ["Creating"], 30)
+    assert run.store.get_task(first).phase in (lc.PROVISIONING, lc.WAITING_FOR_NODE)
+    run.abort(first)
+    assert_clean(run)
+    assert run.store.get_task(first).status == "Aborted"
+    t2 = run.store.get_task(second)
+    assert t2.status == "Succeeded" and t2.node_pool_name == pool
+
+
+def test_node_pool_create_failure_and_timeout(controller):
+    run = controller(
+        make_fleet(
+            a={"faults": {"create_error": "Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0 in region us-east5."}},
+            b={"timings": {"node_pool_create": 8.0}},
+        ),
+        node_pool_timeout_s=3,
+    )
+    quota = run.submit("alice", spec("2x2", 1), "quota")  # edge-a first (name order)
+    wait_for(run, quota, lambda t: t.cluster_id is not None)
+    slow = run.submit("bob", spec("2x2", 1), "slow")  # edge-b (shorter queue)
+    assert_clean(run, timeout=90)
+    q, s = run.store.get_task(quota), run.store.get_task(slow)
+    assert (q.status, q.reason) == ("Failed", "NodePoolFailed") and "TPUS_PER_PROJECT" in q.message
+    assert (s.status, s.reason) == ("Failed", "NodePoolTimeout") and "(3s)" in s.message
+
+
+def test_flex_start_visibility_gap_is_not_deleted_as_an_orphan(controller):
+    run = controller(
+        make_fleet(b={"timings": {"flex_visibility_lag": 2.5}}, with_b=True, a={"status": "maintenance"}),
+        create_visibility_grace_s=8,
+        orphan_scan_interval_s=0.3,
+    )
+    tid = run.submit("alice", spec("2x2", 1), "flex")
+    t = wait_for(run, tid, lambda t: "not yet visible" in t.message, timeout=30)
+    assert t.phase == lc.PROVISIONING
+    assert_clean(run)
+    assert run.store.get_task(tid).status == "Succeeded"
+    snap = ray.get(names.lookup(names.cluster_name("edge-b"), run.settings.namespace).snapshot.remote())
+    assert snap["counters"]["orphans_found"] == 0
+    pool = run.sim.stats()["clusters"]["edge-b"]["node_pools"][0]
+    assert pool["request"]["config"].get("flexStart") is True
+
+
+def test_orphan_scan_deletes_only_leaked_falcon_pools(controller):
+    from falcon_ray.gcp import GkeApi
+
+    run = controller(make_fleet(with_b=False), create_visibility_grace_s=1, orphan_scan_interval_s=0.5)
+    gke = GkeApi(endpoint=run.settings.gke_endpoint)
+
+    def pool(name, labels):
+        return {
+            "name": name,
+            "initialNodeCount": 1,
+            "config": {"machineType": "ct6e-standard-4t", "resourceLabels": labels},
+            "placementPolicy": {"tpuTopology": "2x2"},
+        }
+
+    ours = {"managed-by": "falcon", "falcon-installation": run.settings.installation}
+    staging = {"managed-by": "falcon", "falcon-installation": "staging"}
+    # the ones that are not ours first: GKE runs one operation at a time, and the scan's
+    # delete of the leaked pool must not collide with these creates
+    for name, labels in (("falcon-foreign", {}), ("team-pool", ours), ("falcon-t998-2x2", staging), ("falcon-t999-2x2", ours)):
+        gke.create_node_pool("proj-a", "us-east5-b", "edge-a", pool(name, labels))
+        time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "falcon-t999-2x2" in run.falcon_pools_alive():
+        time.sleep(0.3)
+    alive = {p["name"] for p in run.sim.stats()["clusters"]["edge-a"]["node_pools"] if p["deleted_at"] is None}
+    assert "falcon-t999-2x2" not in alive
+    assert {"falcon-foreign", "team-pool", "falcon-t998-2x2"} <= alive  # not ours: left alone
+    for name in ("falcon-foreign", "team-pool", "falcon-t998-2x2"):  # leave the fleet clean for the shared checks
+        with contextlib.suppress(Exception):
+            time.sleep(0.5)
+            gke.delete_node_pool("proj-a", "us-east5-b", "edge-a", name)
+
+
+def test_maintenance_cluster_gets_no_new_tasks_and_waiting_ones_move(controller):
+    run = controller(make_fleet(a={"timings": {"node_pool_create": 2.0}}))
+    first = run.submit("alice", spec("2x2", 3), "first")
+    t = wait_for(run, first, lambda t: t.cluster_id is not None)
+    home = run.store.get_cluster(t.cluster_id).name
+    other = "edge-b" if home == "edge-a" else "edge-a"
+    behind = run.submit("bob", spec("2x2", 1), "behind")
+    wait_for(run, behind, lambda t: t.cluster_id is not None)
+    run.store.set_cluster_status(other, "maintenance")
+    # both now sit on `home` or are moved there; put home in maintenance while `first` acquires
+    b = run.store.get_task(behind)
+    if run.store.get_cluster(b.cluster_id).name == other:
+        wait_for(run, behind, lambda t: run.store.get_cluster(t.cluster_id or "x") is not None and run.store.get_cluster(t.cluster_id).name == home)
+    run.store.set_cluster_status(other, "active")
+    wait_for(run, behind, phase_is(lc.WAITING))
+    run.store.set_cluster_status(home, "maintenance")
+    moved = wait_for(run, behind, lambda t: t.cluster_id == run.store.get_cluster(other).id, timeout=30)
+    assert moved is not None
+    # a task for a type only maintenance clusters offer stays Pending with a message
+    run.store.set_cluster_status(other, "offline")
+    held = run.submit("carol", spec("2x2", 1), "held")
+    t = wait_for(run, held, lambda t: "maintenance or offline" in t.message)
+    assert t.phase == lc.NEW
+    resv = run.submit("dan", spec("2x2", 1, supply_mode="reservation"), "needs-reservation")
+    wait_for(run, resv, lambda t: "maintenance or offline" in t.message)
+    run.store.set_cluster_status(other, "active")
+    run.store.set_cluster_status(home, "active")
+    assert_clean(run, timeout=90)
+    assert run.store.get_task(first).status == "Succeeded"  # running tasks finish
+    assert run.store.get_task(held).status == "Succeeded"
+
+
+def test_no_candidate_cluster_for_a_reservation_task(controller):
+    run = controller(make_fleet(a={"status": "offline"}))
+    tid = run.submit("alice", spec("2x2", 1, supply_mode="reservation"))
+    t = wait_for(run, tid, lambda t: t.terminal)
+    assert (t.status, t.reason) == ("Failed", "NoCandidateCluster")
+    assert "reservation" in t.message
+    assert_clean(run)
+
+
+def _kill(run: DemoRun, name: str) -> None:
+    h = names.lookup(name, run.settings.namespace)
+    assert h is not None, name
+    ray.kill(h, no_restart=False)  # Ray restarts it (max_restarts=-1): __init__ is the recovery
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def test_queue_actor_killed_while_its_pool_is_created(controller, db):
+    run = controller(make_fleet(a={"timings": {"node_pool_create": 2.5}}, with_b=False), db=db)
+    tid = run.submit("alice", spec("2x2", 1))
+    wait_for(run, tid, lambda t: t.node_pool_name is not None and t.reason == "Provisioning")
+    time.sleep(0.3)
+    _kill(run, names.queue_name("edge-a", "2x2"))
+    stats = assert_clean(run, timeout=90)
+    assert run.store.get_task(tid).status == "Succeeded"
+    creates = [o for o in stats["clusters"]["edge-a"]["pool_ops"] if o["type"] == "CREATE_NODE_POOL" and o["status"] == "DONE" and not o["error"]]
+    assert len(creates) == 1, creates
+    assert run.wait(lambda: [l.state for l in run.store.leases(live_only=False)] == ["Deleted"], 20)
+
+
+def test_queue_actor_killed_while_the_job_runs(controller):
+    run = controller(make_fleet(with_b=False))
+    tid = run.submit("alice", spec("2x2", 4))
+    wait_for(run, tid, phase_is(lc.RUNNING))
+    _kill(run, names.queue_name("edge-a", "2x2"))
+    assert_clean(run, timeout=60)
+    assert run.store.get_task(tid).status == "Succeeded"
+
+
+def test_cluster_actor_killed_mid_watch(controller):
+    run = controller(make_fleet(with_b=False))
+    tid = run.submit("alice", spec("2x2", 3))
+    wait_for(run, tid, phase_is(lc.RUNNING))
+    _kill(run, names.cluster_name("edge-a"))
+    assert_clean(run, timeout=60, serial_pool_ops=False)
+    assert run.store.get_task(tid).status == "Succeeded"
+
+
+def test_second_controller_waits_for_the_leader_lease(controller):
+    from actors.supervisor import Supervisor
+
+    run = controller(make_fleet(with_b=False))
+    second = Supervisor(run.settings, run.db_url, holder="second")
+    assert not second.wait_for_lead(timeout=1.5)
+    assert run.store.leader()["holder"] == run.supervisor.holder
+    run.supervisor.shutdown(drain=False, kill=False)  # the first one stops cleanly and releases
+    assert second.wait_for_lead(timeout=10)
+    second.store.release_leader("second")
+
+
+def test_pool_delete_that_keeps_failing_is_retried_and_reported(controller):
+    run = controller(
+        make_fleet(a={"timings": {"node_register": 1.5}}, with_b=False),
+        pool_delete_report_after=1,
+        api_retry_timeout_s=1,
+    )
+    tid = run.submit("alice", spec("2x2", 2))
+    t = wait_for(run, tid, phase_is(lc.WAITING_FOR_NODE))
+    assert "control-plane RUNNING but 0/1 expected node(s) registered (Ready=0)" in t.message
+    wait_for(run, tid, phase_is(lc.RUNNING))
+    run.sim.set_faults("edge-a", api_error_rate=1.0)  # every GKE call now answers 503
+    t = wait_for(run, tid, lambda t: "not yet deleted" in t.message, timeout=60)
+    assert t.status == "Succeeded", "the terminal status follows the Job, not the pool"
+    assert t.node_pool_name in t.message and "Falcon keeps retrying" in t.message
+    assert run.falcon_pools_alive() == [t.node_pool_name]
+    run.sim.set_faults("edge-a", api_error_rate=0.0)
+    assert_clean(run, timeout=60)
+    lease = run.store.leases(live_only=False)[0]
+    assert lease.delete_attempts >= 1 and lease.last_error
+    assert "Pending/WaitingForNode" in reasons(run, tid)
+
+
+def test_unreachable_cluster_is_reported_then_fails_the_task_with_node_pool_timeout(controller):
+    run = controller(make_fleet(a={"status": "offline"}, with_b=False), node_pool_timeout_s=6)
+    run.store.add_cluster("ghost", "proj-x", "us-east5-b", "v6e")  # registered, but GKE has no such cluster
+    tid = run.submit("alice", spec("2x2", 1))
+    t = wait_for(run, tid, lambda t: t.message.startswith("Cannot reach cluster ghost") and "Permission denied" in t.message, timeout=30)
+    assert t.phase == lc.PROVISIONING
+    t = wait_for(run, tid, lambda t: t.terminal, timeout=30)
+    assert (t.status, t.reason) == ("Failed", "NodePoolTimeout")
+    assert "GKE API of cluster ghost unreachable" in t.message
+    assert run.store.leases(live_only=False) == []  # nothing was ever created
+    run.store.set_cluster_status("ghost", "offline")
+    assert_clean(run)

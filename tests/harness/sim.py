@@ -1,0 +1,184 @@
+"""pytest fixtures: the simulated fleet.
+
+Contract
+--------
+* ``sim_fleet`` (session scope): one running :class:`SimFleet` built from
+  :data:`SIM_TEST_FLEET` (fast timings, three clusters) that also points
+  google-auth at the simulator's metadata server for the session, so
+  ``google.auth.default()`` returns the simulator's Workload Identity
+  credentials. The environment is restored when the session ends.
+* ``sim`` (function scope): the same fleet, with every fault, timing and auth
+  setting reset to :data:`SIM_TEST_FLEET` after the test (and before, in case a
+  previous test forgot).
+* ``reset_sim_faults(fleet)``: that reset, for fixtures of other modules.
+* ``gke_client``, ``compute_client``, ``kube_api_client``, ``google_credentials``:
+  the REAL clients, aimed at the simulator; ``poll_until`` waits with a deadline.
+
+Clusters: ``sim-a`` (reservation ``res-sim-a`` of 4 hosts, 64 chips: node-pool
+and reservation tests), ``sim-b`` (8 chips, no reservation: stockouts and API
+faults), ``sim-k`` (128 chips: Kubernetes tests keep a pool here).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from falcon_ray.sim.auth import use_sim_metadata
+from falcon_ray.sim.fleet import FleetConfig, parse_fleet
+from falcon_ray.sim.server import SimFleet
+
+FAST_TIMINGS = {
+    "node_pool_create": 0.3,
+    "node_register": 0.2,
+    "flex_visibility_lag": 0.4,
+    "node_pool_delete": 0.2,
+    "pod_start": 0.05,
+    "watch_bookmark_interval": 0.3,
+}
+
+SIM_TEST_FLEET: dict[str, Any] = {
+    "seed": 11,
+    "auth": {"required": True, "token_ttl": 3600},
+    "clusters": [
+        {
+            "name": "sim-a",
+            "project": "proj-sim-a",
+            "location": "us-east5-b",
+            "tpu_type": "v6e",
+            "gcs_bucket": "logs-sim-a",
+            "reservation": {"name": "res-sim-a", "count": 4},
+            "chips": 64,
+            "timings": FAST_TIMINGS,
+        },
+        {
+            "name": "sim-b",
+            "project": "proj-sim-b",
+            "location": "us-central1-b",
+            "tpu_type": "v6e",
+            "chips": 8,
+            "timings": FAST_TIMINGS,
+        },
+        {
+            "name": "sim-k",
+            "project": "proj-sim-k",
+            "location": "europe-west4-a",
+            "tpu_type": "v6e",
+            "chips": 128,
+            "timings": FAST_TIMINGS,
+        },
+    ],
+}
+
+_METADATA_ENV = ("GCE_METADATA_HOST", "GCE_METADATA_IP")
+
+
+def sim_test_config(**overrides: Any) -> FleetConfig:
+    """:data:`SIM_TEST_FLEET` with top-level keys replaced (e.g. ``auth={"required": False}``)."""
+    return parse_fleet({**SIM_TEST_FLEET, **overrides}, "tests/harness/sim.py")
+
+
+def reset_sim_faults(fleet: SimFleet) -> None:
+    """Faults, timings and auth of every cluster back to the fixture's fleet definition."""
+    fleet.reset_faults()
+
+
+@pytest.fixture(scope="session")
+def sim_fleet() -> Iterator[SimFleet]:
+    saved = {k: os.environ.get(k) for k in _METADATA_ENV}
+    metadata_module = sys.modules.get("google.auth.compute_engine._metadata")
+    saved_host = getattr(metadata_module, "_GCE_METADATA_HOST", None)
+    fleet = SimFleet(sim_test_config())
+    endpoints = fleet.start()
+    use_sim_metadata(endpoints["metadata"])
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        module = sys.modules.get("google.auth.compute_engine._metadata")
+        if module is not None and saved_host is not None:
+            module._GCE_METADATA_HOST = saved_host  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def sim(sim_fleet: SimFleet) -> Iterator[SimFleet]:
+    # another fleet (a DemoRun) may have pointed this process's google-auth elsewhere
+    use_sim_metadata(sim_fleet.endpoints["metadata"])
+    reset_sim_faults(sim_fleet)
+    yield sim_fleet
+    reset_sim_faults(sim_fleet)
+
+
+# ---- the real clients, aimed at a fleet ----------------------------------------------------------
+
+
+def google_credentials():
+    """``google.auth.default()`` as the controller calls it (resolves to the sim's metadata server)."""
+    import google.auth
+
+    credentials, _project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    return credentials
+
+
+def gke_client(fleet: SimFleet, credentials=None):
+    from google.cloud import container_v1
+
+    return container_v1.ClusterManagerClient(
+        transport="rest",
+        client_options={"api_endpoint": fleet.endpoints["gke"]},
+        credentials=credentials or google_credentials(),
+    )
+
+
+def compute_client(fleet: SimFleet, credentials=None):
+    from google.cloud import compute_v1
+
+    return compute_v1.ReservationsClient(
+        transport="rest",
+        client_options={"api_endpoint": fleet.endpoints["compute"]},
+        credentials=credentials or google_credentials(),
+    )
+
+
+def kube_api_client(fleet: SimFleet, cluster: str, token: str | None = None):
+    """A ``kubernetes.client.ApiClient`` for one simulated cluster with a bearer token.
+
+    Without ``token`` it takes a fresh one from ``google.auth.default()`` credentials.
+    """
+    import google.auth.transport.requests
+    from kubernetes import client
+
+    if token is None:
+        credentials = google_credentials()
+        credentials.refresh(google.auth.transport.requests.Request())
+        token = credentials.token
+    configuration = client.Configuration(
+        host=fleet.endpoints["clusters"][cluster]["kubernetes"],
+        api_key={"authorization": token},
+        api_key_prefix={"authorization": "Bearer"},
+    )
+    return client.ApiClient(configuration)
+
+
+def poll_until(probe, timeout: float = 5.0, interval: float = 0.05, what: str = "condition"):
+    """Call ``probe()`` until it returns something truthy; return that, or fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+        time.sleep(interval)

@@ -1,0 +1,135 @@
+"""Accounting at /sim/stats, measured on a private fleet so no other test's pools or Jobs leak in."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import container_v1
+from kubernetes import client as k8s
+
+from falcon_ray.sim.server import SimFleet
+from tests.harness.sim import gke_client, poll_until, sim_test_config
+
+C = ("proj-sim-k", "europe-west4-a", "sim-k")
+PARENT = f"projects/{C[0]}/locations/{C[1]}/clusters/{C[2]}"
+CHIPS = 4
+
+
+@pytest.fixture
+def private_fleet():
+    with SimFleet(sim_test_config(auth={"required": False})) as fleet:
+        yield fleet
+
+
+def wait_op(gke, op):
+    return poll_until(
+        lambda: (
+            (o := gke.get_operation(name=f"projects/{C[0]}/locations/{C[1]}/operations/{op.name}")).status
+            == container_v1.Operation.Status.DONE
+            and o
+        ),
+        what=f"operation {op.name}",
+    )
+
+
+def single_host_pool(name):
+    return container_v1.NodePool(
+        name=name,
+        initial_node_count=1,
+        config=container_v1.NodeConfig(machine_type="ct6e-standard-4t", labels={"managed-by": "falcon"}),
+    )
+
+
+def idle(fleet):
+    return fleet.stats()["clusters"]["sim-k"]["idle_chip_seconds"]
+
+
+def test_idle_chip_seconds_and_pool_and_job_accounting(private_fleet):
+    fleet = private_fleet
+    gke = gke_client(fleet, credentials=AnonymousCredentials())
+    api = k8s.ApiClient(k8s.Configuration(host=fleet.endpoints["clusters"]["sim-k"]["kubernetes"]))
+    batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
+
+    wait_op(gke, gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-idle")))
+    poll_until(lambda: core.list_node().items, what="the node")
+    first = idle(fleet)
+    time.sleep(0.3)
+    assert idle(fleet) - first >= 0.25 * CHIPS  # an idle pool accrues chips x seconds
+
+    run_seconds = 0.8
+    manifest = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "busy", "namespace": "ns"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "trainer:1",
+                            "env": [{"name": "FALCON_SIM_RUN_SECONDS", "value": str(run_seconds)}],
+                            "resources": {"limits": {"google.com/tpu": "4"}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+    batch.create_namespaced_job("ns", manifest)
+    poll_until(
+        lambda: [p for p in core.list_namespaced_pod("ns").items if p.status.phase == "Running"],
+        what="Running",
+    )
+    while_running = idle(fleet)
+    time.sleep(0.4)
+    assert idle(fleet) - while_running < 0.05 * CHIPS  # a running pod makes the pool busy
+    poll_until(lambda: batch.read_namespaced_job("busy", "ns").status.succeeded, what="the Job to succeed")
+
+    wait_op(gke, gke.delete_node_pool(name=f"{PARENT}/nodePools/falcon-idle"))
+    stats = fleet.stats()["clusters"]["sim-k"]
+    (pool,) = stats["node_pools"]
+    assert pool["status"] == "DELETED" and pool["chips"] == CHIPS and pool["supply"] == "on-demand"
+    assert pool["created_at"] < pool["ready_at"] < pool["delete_requested_at"] < pool["deleted_at"]
+    assert pool["request"] == {
+        "name": "falcon-idle",
+        "initialNodeCount": 1,
+        "config": {"machineType": "ct6e-standard-4t", "labels": {"managed-by": "falcon"}},
+    }
+    alive = pool["deleted_at"] - pool["ready_at"]
+    expected = CHIPS * (alive - run_seconds)
+    assert abs(stats["idle_chip_seconds"] - expected) < 0.25 * CHIPS, (stats["idle_chip_seconds"], expected)
+    assert pool["idle_chip_seconds"] == stats["idle_chip_seconds"]
+    time.sleep(0.1)
+    assert idle(fleet) == stats["idle_chip_seconds"]  # a deleted pool stops accruing
+
+    assert stats["max_concurrent_pool_ops"] == 1 and stats["rejected_pool_ops"] == 0
+    assert [(o["type"], o["status"], o["error"]) for o in stats["pool_ops"]] == [
+        ("CREATE_NODE_POOL", "DONE", None),
+        ("DELETE_NODE_POOL", "DONE", None),
+    ]
+    (job,) = stats["jobs"]
+    assert job["name"] == "busy" and job["namespace"] == "ns" and job["creates"] == 1
+    assert job["manifest"] == api.sanitize_for_serialization(manifest)
+
+    over_http = json.loads(urllib.request.urlopen(fleet.endpoints["stats"], timeout=5).read())
+    assert over_http["clusters"]["sim-k"]["node_pools"] == fleet.stats()["clusters"]["sim-k"]["node_pools"]
+    assert set(over_http["clusters"]) == {"sim-a", "sim-b", "sim-k"}
+
+
+def test_unserialized_pool_operations_show_in_max_concurrent_pool_ops(private_fleet):
+    gke = gke_client(private_fleet, credentials=AnonymousCredentials())
+    op = gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-one"))
+    with pytest.raises(gexc.BadRequest):
+        gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-two"))
+    wait_op(gke, op)
+    stats = private_fleet.stats()["clusters"]["sim-k"]
+    assert stats["max_concurrent_pool_ops"] == 2 and stats["rejected_pool_ops"] == 1
+    assert [p["name"] for p in stats["node_pools"]] == ["falcon-one"]

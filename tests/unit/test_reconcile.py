@@ -1,0 +1,367 @@
+"""The QueueActor's decisions, table by table, without Ray or HTTP (a fixed clock)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.config import Settings
+from falcon_ray.lifecycle import LeaseState, Reason
+from falcon_ray.model import (
+    Cluster,
+    ClusterView,
+    JobView,
+    Lease,
+    OpView,
+    PoolView,
+    QueueState,
+    QueueTask,
+    ReservationError,
+    ReservationView,
+    SubmitError,
+)
+from falcon_ray.reconcile import (
+    CreateLease,
+    DeleteJob,
+    DeletePool,
+    EnsurePool,
+    MoveLease,
+    RefreshMessages,
+    SetLastGranted,
+    SubmitJob,
+    Transition,
+    Unassign,
+    UpdateTask,
+    decide,
+)
+from falcon_ray.spec import parse_spec
+
+NOW = dt.datetime(2026, 11, 30, 12, 0, 0)
+S = Settings(node_pool_timeout_s=600, create_visibility_grace_s=120)
+
+
+def cluster(reservation: str = "res-a", status: str = "active") -> Cluster:
+    return Cluster("c1", "edge-a", "proj", "us-east5-b", "v6e", "logs", reservation, status, "falcon-jobs", "falcon-job", NOW, NOW)
+
+
+def spec(topology: str = "2x2", **kw) -> object:
+    return parse_spec({"tpu_type": "v6e", "topology": topology, "image": "img:1", "command": ["run"], **kw})
+
+
+def task(
+    id: int, actor: str = "alice", phase=lc.WAITING, age_s: float = 100, pool=None, dispatched_s=None, message="", in_phase_s=None, **spec_kw
+):
+    return QueueTask(
+        id=id,
+        name=f"t{id}",
+        actor=actor,
+        phase=phase,
+        created_at=NOW - dt.timedelta(seconds=age_s),
+        dispatched_at=NOW - dt.timedelta(seconds=dispatched_s) if dispatched_s is not None else None,
+        spec=spec(**spec_kw),
+        node_pool_name=pool,
+        job_uid=None,
+        message=message,
+        phase_since=NOW - dt.timedelta(seconds=in_phase_s) if in_phase_s is not None else None,
+    )
+
+
+def lease(id: int, name: str, state: LeaseState, task_id=None, age_s: float = 50, mode="reservation", attempts=0):
+    t = NOW - dt.timedelta(seconds=age_s)
+    return Lease(id, "c1", "2x2", name, mode, state.value, task_id, None, attempts, "", t, t, None, None, None)
+
+
+def state(tasks=(), leases=(), last="", c=None, **kw) -> QueueState:
+    return QueueState(cluster=c or cluster(), topology="2x2", tasks=tuple(tasks), leases=tuple(leases), last_granted=last, **kw)
+
+
+def effects(groups, kind=None):
+    out = [e for g in groups for e in g.effects]
+    return [e for e in out if kind is None or isinstance(e, kind)]
+
+
+def transitions(groups):
+    return {(e.task_id, e.to) for e in effects(groups, Transition)}
+
+
+def test_pick_gives_slot_to_oldest_task_of_an_actor_not_granted_last():
+    ts = [task(1, "alice", age_s=300), task(2, "alice", age_s=200), task(3, "bob", age_s=100)]
+    g = decide(state(ts, last="alice"), ClusterView(), NOW, S)
+    assert (3, lc.PROVISIONING) in transitions(g)
+    assert SetLastGranted("bob") in effects(g)
+    g = decide(state(ts, last="bob"), ClusterView(), NOW, S)
+    assert (1, lc.PROVISIONING) in transitions(g)
+
+
+def test_only_one_task_of_a_queue_acquires_at_a_time():
+    ts = [task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2"), task(2, "bob"), task(3, "carol")]
+    g = decide(state(ts, [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]), ClusterView(synced=True), NOW, S)
+    assert not any(e.to == lc.PROVISIONING and e.task_id in (2, 3) for e in effects(g, Transition))
+
+
+def test_reservation_short_waits_in_cluster_busy_and_never_falls_back():
+    t = task(1, phase=lc.PROVISIONING, supply_mode="reservation")
+    g = decide(state([t]), ClusterView(reservation=ReservationView(count=4, in_use=4)), NOW, S)
+    assert transitions(g) == {(1, lc.CLUSTER_BUSY)}
+    assert not effects(g, CreateLease) and not effects(g, EnsurePool)
+    msg = effects(g, Transition)[0].message
+    assert "reservation_remaining_slices=0" in msg and "reservation_needed_slices=1" in msg
+
+
+def test_reservation_headroom_back_creates_pool_with_reservation_affinity():
+    t = task(1, phase=lc.CLUSTER_BUSY)
+    g = decide(state([t]), ClusterView(reservation=ReservationView(count=4, in_use=3)), NOW, S)
+    assert (1, lc.PROVISIONING) in transitions(g)
+    (create,) = effects(g, CreateLease)
+    (ensure,) = effects(g, EnsurePool)
+    assert create.supply_mode == "reservation" and ensure.name == create.name
+    assert ensure.request["config"]["reservationAffinity"]["values"] == ["res-a"]
+
+
+def test_no_reservation_on_cluster_defaults_to_flex_start():
+    t = task(1, phase=lc.PROVISIONING)
+    g = decide(state([t], c=cluster(reservation="")), ClusterView(), NOW, S)
+    (create,) = effects(g, CreateLease)
+    assert create.supply_mode == "flex-start"
+
+
+def test_pick_hands_an_idle_pool_straight_to_the_next_task():
+    ts = [task(2, "bob")]
+    g = decide(state(ts, [lease(7, "falcon-t1-2x2", LeaseState.IDLE)]), ClusterView(), NOW, S)
+    assert (2, lc.DISPATCHING) in transitions(g)
+    (mv,) = effects(g, MoveLease)
+    assert (mv.expect, mv.to, mv.fields["task_id"]) == ((LeaseState.IDLE,), LeaseState.READY, 2)
+    assert not effects(g, CreateLease)
+
+
+def test_finished_job_keeps_pool_when_same_topology_task_waits():
+    running = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=10)
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Succeeded", 0, 0, 1)})
+    g = decide(state([running, task(2, "bob")], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
+    kinds = [type(e) for e in g[0].effects]
+    assert kinds == [MoveLease, Transition, DeleteJob]  # keep-or-delete, terminal, then the Job
+    assert g[0].effects[0].to == LeaseState.IDLE
+    assert (1, lc.SUCCEEDED) in transitions(g)
+
+
+def test_finished_job_deletes_pool_when_nobody_waits():
+    running = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=10)
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Failed", 0, 0, 1, "Pod terminated: OOMKilled (exit code 137)")})
+    g = decide(state([running], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
+    assert effects(g, DeletePool) == [DeletePool("falcon-t1-2x2")]
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.JOB_FAILED) and "OOMKilled (exit code 137)" in tr.message
+
+
+def test_abort_while_provisioning_keeps_pool_for_next_task():
+    ts = [task(1, phase=lc.ABORTING, pool="falcon-t1-2x2"), task(2, "bob")]
+    g = decide(state(ts, [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]), ClusterView(), NOW, S)
+    abort = next(gr for gr in g if gr.what.endswith(": abort"))
+    assert [type(e) for e in abort.effects] == [MoveLease, Transition]
+    assert abort.effects[0].to == LeaseState.IDLE and abort.effects[1].to == lc.ABORTED
+
+
+def test_abort_while_running_deletes_job_then_pool_then_aborts():
+    t = task(1, phase=lc.ABORTING, pool="falcon-t1-2x2")
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 1, 1, 1)})
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
+    assert "waiting for the Kubernetes Job to be deleted" in g[0].effects[0].message
+    assert [type(e) for e in g[1].effects] == [DeleteJob, MoveLease, DeletePool, Transition]
+
+
+def test_abort_while_waiting_only_writes_aborted():
+    text = "Aborting, waiting for the Kubernetes Job to be deleted and the node pool cleaned up..."
+    g = decide(state([task(1, phase=lc.ABORTING, message=text)]), ClusterView(), NOW, S)
+    assert [type(e) for e in g[0].effects] == [Transition]
+
+
+def test_control_plane_not_running_in_time_fails_node_pool_timeout_and_deletes():
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "PROVISIONING", 0, 0)}, ops={"falcon-t1-2x2": OpView("create", "running")})
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=601)]), view, NOW, S)
+    assert transitions(g) == {(1, lc.failed(Reason.NODE_POOL_TIMEOUT))}
+    assert effects(g, DeletePool)
+    assert "(10m)" in effects(g, Transition)[0].message
+
+
+def test_waiting_for_node_is_kept_past_the_timeout_when_no_other_topology_waits():
+    t = task(1, phase=lc.WAITING_FOR_NODE, pool="falcon-t1-2x2")
+    view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 0, 0)}, ops={"falcon-t1-2x2": OpView("create", "done")})
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=5000)]), view, NOW, S)
+    assert not transitions(g)
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=5000)], other_topology_waiting=True), view, NOW, S)
+    assert transitions(g) == {(1, lc.failed(Reason.NODE_POOL_TIMEOUT))}
+
+
+def test_pool_running_with_nodes_registering_is_waiting_for_node_then_dispatching():
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]
+    view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 0, 0)})
+    g = decide(state([t], ls), view, NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.WAITING_FOR_NODE and "0/1 expected node(s) registered (Ready=0)" in tr.message
+    view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 1, 1)})
+    g = decide(state([t], ls), view, NOW, S)
+    assert (1, lc.DISPATCHING) in transitions(g)
+
+
+def test_quota_error_fails_node_pool_failed_with_the_api_message():
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    view = ClusterView(ops={"falcon-t1-2x2": OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded")})
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.REQUESTED, 1)]), view, NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.NODE_POOL_FAILED) and "TPUS_PER_PROJECT" in tr.message
+
+
+def test_flex_pool_not_yet_visible_is_kept_within_the_grace():
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    view = ClusterView(ops={"falcon-t1-2x2": OpView("create", "done")})
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, mode="flex-start", age_s=5)], c=cluster("")), view, NOW, S)
+    assert not effects(g, DeletePool) and not transitions(g)
+    assert "not yet visible" in effects(g, UpdateTask)[0].message
+
+
+def test_deleting_flex_lease_is_not_marked_deleted_before_the_grace():
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.DELETING, None, mode="flex-start", age_s=5)]
+    g = decide(state([], ls), ClusterView(ops={"falcon-t1-2x2": OpView("delete", "done")}), NOW, S)
+    assert not any(e.to == LeaseState.DELETED for e in effects(g, MoveLease))
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.DELETING, None, mode="flex-start", age_s=500)]
+    g = decide(state([], ls), ClusterView(ops={"falcon-t1-2x2": OpView("delete", "done")}), NOW, S)
+    assert any(e.to == LeaseState.DELETED for e in effects(g, MoveLease))
+
+
+def test_timeout_counts_from_dispatched_at():
+    t = task(1, phase=lc.RUNNING, pool="p", dispatched_s=3601, timeout_seconds=3600)
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 1, 1, 1)})
+    g = decide(state([t]), view, NOW, S)
+    assert transitions(g) == {(1, lc.failed(Reason.TIMEOUT))}
+    assert effects(g, DeleteJob)
+    t = task(1, phase=lc.RUNNING, pool="p", dispatched_s=3599, timeout_seconds=3600, message="Pod running (1/1 active)")
+    assert not transitions(decide(state([t]), view, NOW, S))
+
+
+def test_dispatching_submits_the_job_once_and_running_when_every_pod_is_ready():
+    t = task(1, phase=lc.DISPATCHING, pool="falcon-t1-2x4", topology="2x4")
+    ls = [lease(1, "falcon-t1-2x4", LeaseState.READY, 1)]
+    g = decide(state([t], ls), ClusterView(), NOW, S)
+    (sub,) = effects(g, SubmitJob)
+    assert sub.first and sub.service is not None  # 2x4 is two hosts: Indexed Job + headless Service
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 2, 1, 2)})
+    assert not transitions(decide(state([t], ls), view, NOW, S))
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 2, 2, 2)})
+    assert (1, lc.RUNNING) in transitions(decide(state([t], ls), view, NOW, S))
+
+
+def test_refused_job_fails_job_submit_failed():
+    t = task(1, phase=lc.DISPATCHING, pool="falcon-t1-2x2")
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.READY, 1)], submit_errors={1: SubmitError("permanent", "admission webhook denied")}), ClusterView(), NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.JOB_SUBMIT_FAILED) and "admission webhook denied" in tr.message
+
+
+def test_waiting_messages_show_position_and_tasks_ahead_and_are_written_only_when_changed():
+    holder = task(1, "alice", phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    w = [task(2, "bob", age_s=50), task(3, "carol", age_s=40)]
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]
+    g = decide(state([holder, *w], ls, last="alice"), ClusterView(ops={"falcon-t1-2x2": OpView("create", "running")}), NOW, S)
+    (refresh,) = effects(g, RefreshMessages)
+    msgs = {tid: m for tid, _, m in refresh.updates}
+    assert msgs[3] == "Queue position #3, 2 task(s) ahead (alice: t1, bob: t2)"
+    w2 = [task(2, "bob", age_s=50, message=msgs[2]), task(3, "carol", age_s=40, message=msgs[3])]
+    g = decide(state([holder, *w2], ls, last="alice"), ClusterView(ops={"falcon-t1-2x2": OpView("create", "running")}), NOW, S)
+    assert not effects(g, RefreshMessages)
+
+
+def test_maintenance_cluster_rehomes_waiting_tasks_and_deletes_idle_pools():
+    c = cluster(status="maintenance")
+    g = decide(state([task(2)], [lease(1, "falcon-t1-2x2", LeaseState.IDLE)], c=c, alternatives_exist=True), ClusterView(), NOW, S)
+    assert effects(g, Unassign) and effects(g, DeletePool)
+    assert not effects(g, SetLastGranted)
+
+
+def test_job_of_a_task_that_is_no_longer_live_is_deleted():
+    view = ClusterView(jobs={9: JobView(9, "falcon-task-9", "ns", "u", "Succeeded", 0, 0, 1)})
+    g = decide(state([]), view, NOW, S)
+    assert effects(g, DeleteJob) == [DeleteJob(9, "ns", "falcon-task-9")]
+
+
+def test_acquiring_task_switches_to_a_pool_that_became_idle():
+    t = task(2, "bob", phase=lc.PROVISIONING, pool="falcon-t2-2x2")
+    ls = [lease(1, "falcon-t2-2x2", LeaseState.CREATING, 2), lease(2, "falcon-t1-2x2", LeaseState.IDLE)]
+    g = decide(state([t], ls), ClusterView(ops={"falcon-t2-2x2": OpView("create", "running")}), NOW, S)
+    assert (2, lc.DISPATCHING) in transitions(g)
+    assert DeletePool("falcon-t2-2x2") in effects(g)  # nobody else waits: its own create is abandoned
+
+
+@pytest.mark.parametrize("src", lc.LIVE_PHASES)
+def test_every_decided_transition_is_in_the_lifecycle_table(src):
+    """Whatever decide() emits must be an allowed edge (the store would refuse it)."""
+    t = task(1, phase=src, pool="falcon-t1-2x2", dispatched_s=10)
+    views = [
+        ClusterView(),
+        ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Succeeded", 0, 0, 1)}),
+        ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 1, 1)}, reservation=ReservationView(4, 0)),
+    ]
+    for v in views:
+        for g in decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]), v, NOW, S):
+            for e in g.effects:
+                if isinstance(e, Transition):
+                    assert all(lc.allowed(s, e.to) for s in e.expect), e
+
+
+def test_finished_pool_is_kept_for_an_acquiring_task_whose_own_pool_is_not_ready():
+    running = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=10)
+    acquiring = task(2, "bob", phase=lc.WAITING_FOR_NODE, pool="falcon-t2-2x2")
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1), lease(2, "falcon-t2-2x2", LeaseState.CREATING, 2)]
+    view = ClusterView(
+        jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Succeeded", 0, 0, 1)},
+        pools={"falcon-t2-2x2": PoolView("falcon-t2-2x2", "RUNNING", 0, 0)},
+    )
+    g = decide(state([running, acquiring], ls), view, NOW, S)
+    moves = {(e.name, e.to) for e in effects(g, MoveLease)}
+    assert ("falcon-t1-2x2", LeaseState.IDLE) in moves
+    assert not effects(g, DeletePool)
+
+
+def test_unreadable_reservation_fails_when_permanent_and_says_why_when_transient():
+    t = task(1, phase=lc.PROVISIONING)
+    g = decide(state([t]), ClusterView(reservation_error=ReservationError("not_found", "reservation res-a not found")), NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.NODE_POOL_FAILED) and "res-a not found" in tr.message
+    g = decide(state([t]), ClusterView(reservation_error=ReservationError("transient", "503 backend error")), NOW, S)
+    assert not transitions(g)
+    assert "503 backend error" in effects(g, UpdateTask)[0].message
+
+
+def test_pools_and_jobs_carry_the_installation_mark():
+    t = task(1, phase=lc.PROVISIONING)
+    g = decide(state([t]), ClusterView(reservation=ReservationView(4, 0)), NOW, S.model_copy(update={"installation": "prod"}))
+    (ensure,) = effects(g, EnsurePool)
+    assert ensure.request["config"]["resourceLabels"]["falcon-installation"] == "prod"
+    t = task(1, phase=lc.DISPATCHING, pool="falcon-t1-2x2")
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.READY, 1)]), ClusterView(), NOW, S)
+    (sub,) = effects(g, SubmitJob)
+    assert sub.manifest["metadata"]["labels"]["falcon.dev/installation"] == "default"
+
+
+def test_pool_in_error_waits_for_the_operation_to_report_the_apis_own_message():
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]
+    pools = {"falcon-t1-2x2": PoolView("falcon-t1-2x2", "ERROR", 0, 0, "")}
+    g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": OpView("create", "running")}), NOW, S)
+    assert not transitions(g)
+    failed_op = OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded")
+    g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": failed_op}), NOW, S)
+    assert "TPUS_PER_PROJECT" in effects(g, Transition)[0].message
+
+
+def test_unreachable_cluster_says_so_then_times_out_like_a_create_that_never_came_back():
+    view = ClusterView(error="RefreshError: metadata server unreachable", synced=False)
+    g = decide(state([task(1, phase=lc.PROVISIONING, in_phase_s=30)]), view, NOW, S)
+    assert not transitions(g)
+    assert "Cannot reach cluster edge-a yet (RefreshError" in effects(g, UpdateTask)[0].message
+    g = decide(state([task(1, phase=lc.PROVISIONING, in_phase_s=601)]), view, NOW, S)
+    (tr,) = effects(g, Transition)
+    assert tr.to == lc.failed(Reason.NODE_POOL_TIMEOUT) and "unreachable for 601s" in tr.message

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import re
-from enum import StrEnum, auto
 from typing import Any
 
 import requests
@@ -54,20 +53,7 @@ from google.auth import exceptions as auth_exc
 from google.rpc import status_pb2
 from kubernetes.client.exceptions import ApiException
 
-
-class ErrorKind(StrEnum):
-    NOT_FOUND = auto()
-    ALREADY_EXISTS = auto()
-    INCOMPATIBLE_OPERATION = auto()
-    TOO_MANY_OPERATIONS = auto()
-    QUOTA_OR_STOCKOUT = auto()
-    TRANSIENT = auto()
-    PERMANENT = auto()
-
-
-RETRYABLE_KINDS = frozenset(
-    {ErrorKind.TRANSIENT, ErrorKind.TOO_MANY_OPERATIONS, ErrorKind.INCOMPATIBLE_OPERATION}
-)
+from falcon_ray.model import RETRYABLE_KINDS, ErrorKind  # the vocabulary's one home
 
 
 class CloudError(Exception):

@@ -45,6 +45,7 @@ from google.api_core.client_options import ClientOptions
 from google.api_core.retry import Retry
 from google.cloud import compute_v1, container_v1
 
+from falcon_ray import render
 from falcon_ray.errors import CloudError, ErrorKind, classify, from_rpc_status, request_not_sent
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -84,7 +85,7 @@ class PoolInfo:
 
     @property
     def managed_by_falcon(self) -> bool:
-        return self.resource_labels.get("managed-by") == "falcon"
+        return self.resource_labels.get(render.LABEL_MANAGED_BY) == render.MANAGED_BY_VALUE
 
 
 @dataclass(frozen=True)

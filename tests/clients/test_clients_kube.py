@@ -21,8 +21,8 @@ from falcon_ray.gcp import default_credentials
 from falcon_ray.kube import JobObservation, JobWatcher, KubeApi, api_client
 from falcon_ray.spec import TaskSpec
 from falcon_ray.store.repository import Cluster
-from tests.harness.sim import poll_until
 from tests.clients.test_clients_gcp import create, delete, gke_api, registry_cluster, wait_done
+from tests.harness.sim import poll_until
 
 CLUSTER = "sim-k"
 NAMESPACE = "falcon-jobs"

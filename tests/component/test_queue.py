@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import ClusterView, JobView, OpView, PoolView, ReservationView
 from tests.harness.fakes import QueueBench

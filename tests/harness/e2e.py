@@ -1,16 +1,24 @@
 """What the end-to-end tests share: a small fleet, task specs, waiting on a task.
 
-Every end-to-end test runs a ``DemoRun`` (the same machinery as ``falcon-ray demo``)
+The ``controller`` fixture starts one (SQLite, or MariaDB with ``db="mysql"``) with
+settings overrides and stops it after the test; ``assert_clean`` is the check every
+scenario ends with. Every end-to-end test runs a ``DemoRun`` (the same machinery as ``falcon-ray demo``)
 on the session's Ray, with a fleet built by ``make_fleet``: ``edge-a`` (v6e, reservation
 ``res-a``) and optionally ``edge-b`` (v6e, flex-start by default), fast timings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
-from falcon_ray.demo import DemoRun
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.render import job_name
 from falcon_ray.sim.fleet import FleetConfig
+from tests.harness.db import fresh_mysql_database
 
 FAST = {"node_pool_create": 0.6, "node_register": 0.3, "flex_visibility_lag": 0.5, "node_pool_delete": 0.3, "pod_start": 0.1}
 
@@ -68,3 +76,47 @@ def wait_for(run: DemoRun, task_id: int, pred, timeout: float = 30.0):
         time.sleep(0.1)
     t = run.store.get_task(task_id)
     raise AssertionError(f"task {task_id} stuck at {t.status}/{t.reason}: {t.message}")
+
+
+@pytest.fixture
+def controller(ray_session, tmp_path):
+    started: list[tuple[DemoRun, contextlib.ExitStack]] = []
+
+    def start(fleet: FleetConfig | None = None, db: str = "sqlite", **overrides) -> DemoRun:
+        stack = contextlib.ExitStack()
+        if db == "mysql":
+            url = stack.enter_context(fresh_mysql_database())
+        else:
+            url = f"sqlite:///{tmp_path / f'falcon-{len(started)}.db'}"
+        run = DemoRun(fleet or make_fleet(), demo_settings(**overrides), url)
+        started.append((run, stack))
+        return run.start()
+
+    yield start
+    for run, stack in started:
+        run.stop()
+        stack.close()
+
+
+def phase_is(*phases):
+    return lambda t: t.phase in phases
+
+
+def assert_clean(run: DemoRun, timeout: float = 60.0, serial_pool_ops: bool = True) -> dict:
+    assert run.wait_done(timeout), (
+        f"not done: {[(t.id, t.status, t.reason, t.message) for t in run.tasks() if not t.terminal]}; "
+        f"pools alive: {run.falcon_pools_alive()}"
+    )
+    stats = run.sim.stats()
+    creates = {j["name"]: j["creates"] for c in stats["clusters"].values() for j in c["jobs"]}
+    if serial_pool_ops:  # one ClusterActor runs one node-pool operation at a time per cluster
+        assert all(c["max_concurrent_pool_ops"] <= 1 for c in stats["clusters"].values()), stats["clusters"]
+    assert all(n == 1 for n in creates.values()), creates
+    for t in run.tasks():
+        if t.dispatched_at is not None:
+            assert creates.get(job_name(t.id)) == 1, (t.id, creates)
+        phases = [lc.phase_of(e.status, e.reason) for e in run.store.events(t.id)]
+        assert phases[0] == lc.NEW
+        for a, b in zip(phases, phases[1:], strict=False):
+            assert a == b or lc.allowed(a, b), f"task {t.id}: {a} -> {b} is not in the lifecycle table"
+    return stats

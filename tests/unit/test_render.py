@@ -12,8 +12,8 @@ from google.cloud import container_v1
 
 from falcon_ray import render, tpu
 from falcon_ray.config import Settings
-from falcon_ray.spec import SupplyMode, TaskSpec
 from falcon_ray.model import Cluster
+from falcon_ray.spec import SupplyMode, TaskSpec
 
 S = Settings()
 

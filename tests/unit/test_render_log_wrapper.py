@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from falcon_ray import render
-from falcon_ray.spec import TaskSpec
 from falcon_ray.model import Cluster
+from falcon_ray.spec import TaskSpec
 
 pytestmark = pytest.mark.skipif(
     not Path("/bin/sh").exists() or not shutil.which("tee"), reason="needs /bin/sh"

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from falcon_ray import render, tpu
-from falcon_ray.spec import RESERVED_ENV, SpecError, TaskSpec, parse_spec
 from falcon_ray.model import Cluster
+from falcon_ray.spec import RESERVED_ENV, SpecError, TaskSpec, parse_spec
 
 HOSTILE = [
     "--privileged",

@@ -1,0 +1,125 @@
+"""Rule 4, table by table: what the slot holder does for each lease state, pool and
+operation view, and time since the create (a fake clock: ``created_s`` seconds ago)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.config import Settings
+from falcon_ray.lifecycle import LeaseState, Phase, Reason
+from falcon_ray.model import Cluster, ClusterView, Lease, OpView, PoolView, QueueState, QueueTask
+from falcon_ray.reconcile import (
+    DeletePool,
+    EnsurePool,
+    MoveLease,
+    RecordOperation,
+    Transition,
+    UpdateTask,
+    decide,
+)
+from falcon_ray.spec import parse_spec
+from tests.harness.fakes import FakeClock
+
+S = Settings(node_pool_timeout_s=600, create_visibility_grace_s=120)
+POOL = "falcon-t1-2x2"
+CLOCK = FakeClock()
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    phase: Phase
+    lease: LeaseState | None
+    pool: tuple | None = None  # (status, registered, ready)
+    op: OpView | None = None
+    created_s: float = 30.0
+    other_waiting: bool = False
+    mode: str = "reservation"
+    expect_to: Phase | None = None  # the task's transition, if any
+    expect_lease: LeaseState | None = None  # the lease's move, if any
+    expect: tuple[type, ...] = ()  # other effects that must be there
+    message: str = ""  # in the task's new Message
+    absent: tuple[type, ...] = field(default=())
+    recorded: str | None = "op-1"  # the operation name already on the lease
+
+
+RUNNING_OK = OpView("create", "done", operation="op-1")
+ROWS = [
+    Row("create accepted: Requested -> Creating, operation recorded", lc.PROVISIONING, LeaseState.REQUESTED,
+        pool=("PROVISIONING", 0, 0), op=OpView("create", "running", operation="op-1"),
+        expect_lease=LeaseState.CREATING, expect=(RecordOperation,), recorded=None),
+    Row("all nodes Ready: Dispatching", lc.PROVISIONING, LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK,
+        expect_to=lc.DISPATCHING, expect_lease=LeaseState.READY, message=f"Node pool {POOL} ready"),
+    Row("control plane RUNNING, nodes registering: WaitingForNode", lc.PROVISIONING, LeaseState.CREATING,
+        pool=("RUNNING", 0, 0), op=RUNNING_OK, expect_to=lc.WAITING_FOR_NODE, message="0/1 expected node(s) registered"),
+    Row("nodes late, nobody else waits: keep waiting past the timeout", lc.WAITING_FOR_NODE, LeaseState.CREATING,
+        pool=("RUNNING", 0, 0), op=RUNNING_OK, created_s=3600, absent=(Transition, DeletePool)),
+    Row("nodes late and another topology waits: NodePoolTimeout", lc.WAITING_FOR_NODE, LeaseState.CREATING,
+        pool=("RUNNING", 0, 0), op=RUNNING_OK, created_s=601, other_waiting=True,
+        expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
+        message="another topology is waiting"),
+    Row("control plane not RUNNING in time: NodePoolTimeout", lc.PROVISIONING, LeaseState.CREATING,
+        pool=("PROVISIONING", 0, 0), op=OpView("create", "running"), created_s=601,
+        expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
+        message="control plane PROVISIONING after 601s"),
+    Row("control plane not RUNNING yet: wait", lc.PROVISIONING, LeaseState.CREATING,
+        pool=("PROVISIONING", 0, 0), op=OpView("create", "running"), created_s=599, absent=(Transition, DeletePool)),
+    Row("create refused: NodePoolFailed with GKE's words", lc.PROVISIONING, LeaseState.REQUESTED,
+        op=OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded"),
+        expect_to=lc.failed(Reason.NODE_POOL_FAILED), expect_lease=LeaseState.DELETING, message="TPUS_PER_PROJECT"),
+    Row("pool in ERROR after its create: NodePoolFailed", lc.PROVISIONING, LeaseState.CREATING,
+        pool=("ERROR", 0, 0), op=RUNNING_OK, expect_to=lc.failed(Reason.NODE_POOL_FAILED), message="is in ERROR"),
+    Row("the ClusterActor forgot the create: ask again, following the recorded operation", lc.PROVISIONING,
+        LeaseState.CREATING, expect=(EnsurePool,), absent=(Transition,)),
+    Row("flex-start pool not visible yet after its create: say so, no orphan delete", lc.PROVISIONING,
+        LeaseState.CREATING, op=OpView("create", "done"), mode="flex-start", absent=(DeletePool,),
+        expect=(UpdateTask,), message="not yet visible"),
+    Row("busy cluster: the create waits its turn and says why", lc.PROVISIONING, LeaseState.REQUESTED,
+        op=OpView("create", "queued", 2, "incompatible_operation", "Cluster is running incompatible operation"),
+        expect=(UpdateTask,), message="incompatible operation"),
+    Row("pool Ready (kept for it): Dispatching", lc.PROVISIONING, LeaseState.READY, pool=("RUNNING", 1, 1),
+        expect_to=lc.DISPATCHING),
+]
+
+
+def situation(row: Row) -> tuple[QueueState, ClusterView]:
+    now = CLOCK()
+    cluster = Cluster("c1", "edge-a", "proj", "us-east5-b", "v6e", "logs", "res-a", "active", "falcon-jobs", "falcon-job", now, now)
+    spec = parse_spec({"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["run"], "supply_mode": row.mode})
+    t = QueueTask(1, "t1", "alice", row.phase, now, None, spec, POOL, None, "", phase_since=now)
+    leases = ()
+    if row.lease is not None:
+        created = now - dt.timedelta(seconds=row.created_s)
+        leases = (Lease(1, "c1", "2x2", POOL, row.mode, row.lease, 1, row.recorded, 0, "", created, created, None, None, None),)
+    others = row.other_waiting
+    pools = {POOL: PoolView(POOL, *row.pool)} if row.pool else {}
+    view = ClusterView(pools=pools, ops={POOL: row.op} if row.op else {}, synced=True)
+    return QueueState(cluster, "2x2", (t,), leases, "", other_topology_waiting=others), view
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_acquisition_rule(row: Row):
+    state, view = situation(row)
+    out = [e for g in decide(state, view, CLOCK(), S) for e in g.effects]
+    moves = [e for e in out if isinstance(e, Transition) and e.task_id == 1]
+    if row.expect_to is None:
+        assert not moves, moves
+    else:
+        assert [m.to for m in moves] == [row.expect_to]
+    lease_moves = [e.to for e in out if isinstance(e, MoveLease) and e.to != LeaseState.DELETED]
+    if row.expect_lease is not None:
+        assert row.expect_lease in lease_moves, lease_moves
+    for kind in row.expect:
+        assert any(isinstance(e, kind) for e in out), (kind.__name__, out)
+    for kind in row.absent:
+        assert not any(isinstance(e, kind) for e in out), (kind.__name__, out)
+    if row.message:
+        texts = [e.message for e in out if isinstance(e, (Transition, UpdateTask)) and e.message]
+        assert any(row.message in m for m in texts), texts
+    ensure = [e for e in out if isinstance(e, EnsurePool)]
+    if ensure and row.lease is not None:
+        assert ensure[0].operation == "op-1"  # the recorded operation is followed, not asked again

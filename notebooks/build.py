@@ -39,15 +39,15 @@ def show(fig):
     display(Image(buf.getvalue()))
 
 
-ADDRESS = os.environ.get("FALCON_RAY_ADDRESS", "auto")
-NAMESPACE = os.environ.get("FALCON_NAMESPACE", "falcon")
-inspect.connect(ADDRESS, NAMESPACE)"""
+# unset: a running `falcon-ray demo` (its discovery record), else Ray "auto" and namespace "falcon"
+NAMESPACE = inspect.connect(os.environ.get("FALCON_RAY_ADDRESS"), os.environ.get("FALCON_NAMESPACE"))"""
 
 STORE = """\
-store = inspect.open_store(os.environ.get("FALCON_DB_URL"))"""
+store = inspect.open_store(os.environ.get("FALCON_DB_URL"), NAMESPACE)"""
 
 ENV_HELP = """\
-Set before starting Jupyter (see `docs/notebooks.md`):
+Against a running `falcon-ray demo` nothing needs setting (it is found through its
+discovery record). Otherwise set before starting Jupyter (see `docs/notebooks.md`):
 `FALCON_RAY_ADDRESS` (default `auto`), `FALCON_NAMESPACE` (default `falcon`){extra}."""
 
 

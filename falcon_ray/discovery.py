@@ -150,16 +150,20 @@ def resolve(
 ) -> dict[str, Any]:
     """Ray address, namespace and database URL to use: explicit values, else the
     environment (``FALCON_RAY_ADDRESS``/``RAY_ADDRESS``, ``FALCON_NAMESPACE``,
-    ``FALCON_DB_URL``), else a live demo's record, else the production defaults.
+    ``FALCON_DB_URL``), else a live demo's record, else the production defaults. An
+    address of ``auto`` counts as unset (a record names the demo's Ray exactly; ``auto``
+    picks any Ray on the machine).
     ``record`` is the record used (or None)."""
     address = address or os.environ.get("FALCON_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS") or None
+    if address == "auto":  # "find it": a demo's record is the exact answer when there is one
+        address = None
     namespace = namespace or os.environ.get("FALCON_NAMESPACE") or None
     db_url = db_url or os.environ.get("FALCON_DB_URL") or None
     rec = None
     if address is None or namespace is None or db_url is None:
         rec = find(namespace)
         # a record of a demo in another Ray than the one asked for does not apply
-        if rec is not None and address is not None and address not in ("auto", rec.get("ray_address")):
+        if rec is not None and address is not None and address != rec.get("ray_address"):
             rec = None
     if rec is not None:
         address = address or rec.get("ray_address")

@@ -281,12 +281,18 @@ def _where_to_look(run, started: float) -> str:
         f"  metrics      {info.get('metrics_url') or '-'}   (Falcon's series are ray_falcon_*)",
         f"  database     {run.db_url}",
         f"  record       {discovery.record_path(ns)}   (how the commands below find this demo; removed when it stops)",
-        "  in another terminal (in the venv: . .venv/bin/activate):",
-        f"    falcon-ray queues --watch{nsflag}          # queues: slot holder, waiting in pick order, running, pools",
-        f"    falcon-ray health{nsflag}                  # leader, database, every actor",
+        "  in another terminal (in the venv: . .venv/bin/activate; tour: docs/demo.md):",
+    ]
+    cmds = [
+        (f"falcon-ray queues --watch{nsflag}", "slot holder, waiting in pick order, running, pools"),
+        (f"falcon-ray health{nsflag}", "leader, database, every actor"),
+        ("jupyter lab notebooks/", "queues.ipynb, fleet.ipynb, task.ipynb"),
+    ]
+    width = max(len(c) for c, _ in cmds)
+    lines += [f"    {c.ljust(width)}   # {why}" for c, why in cmds]
+    lines += [
         f"    falcon-ray status --db {run.db_url}",
         f"    falcon-ray submit --db {run.db_url} --actor me --tpu-type v6e --topology 2x2 --image img:1 --env FALCON_SIM_RUN_SECONDS=30 -- python run.py",
-        "    jupyter lab notebooks/                     # queues.ipynb, fleet.ipynb, task.ipynb (docs/demo.md)",
     ]
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 # .venv and installs the package with its test extras (pinned compatible ranges in pyproject).
 PYTHON ?= python3
 VENV   := .venv
+DEMO_ARGS ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
@@ -19,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
-	$(BIN)/falcon-ray demo
+	$(BIN)/falcon-ray demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

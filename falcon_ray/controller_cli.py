@@ -68,101 +68,364 @@ def register(main: click.Group) -> None:
 
     @main.command("demo")
     @click.option("--fleet", type=click.Path(exists=True, dir_okay=False), default=None, help="Fleet YAML (default: built-in).")
-    @click.option("--tasks", "tasks_path", type=click.Path(exists=True, dir_okay=False), default=None, help="Tasks JSONL.")
+    @click.option(
+        "--tasks",
+        "tasks_path",
+        type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+        default=None,
+        help="Tasks JSONL (default: the sample tasks); '-' reads one JSON line per task from stdin as they come.",
+    )
     @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None, help="Settings YAML.")
     @click.option("--db", "db_url", default=None, help="Database URL (default: a fresh SQLite file).")
-    @click.option("--timeout", default=300.0, show_default=True, help="Give up after this many seconds.")
+    @click.option("--timeout", default=300.0, show_default=True, help="Give up on the play after this many seconds (not with --hold).")
+    @click.option("--hold", is_flag=True, help="Keep the controller and the fleet running after the play, until Ctrl-C.")
+    @click.option("--shutdown-timeout", default=90.0, show_default=True, help="On Ctrl-C: seconds to let the controller abort live tasks and delete pools.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (tasks and fleet) on stdout.")
-    def demo_cmd(fleet, tasks_path, config, db_url, timeout, as_json):
-        """Run Falcon-Ray end to end on a simulated fleet and play a tasks file."""
-        import time
+    def demo_cmd(fleet, tasks_path, config, db_url, timeout, hold, shutdown_timeout, as_json):
+        """Run Falcon-Ray end to end on a simulated fleet and play a tasks file.
 
-        from falcon_ray.demo import DemoRun, demo_settings, load_tasks, progress_printer, summarize
+        It prints where to look (dashboard, Ray address, namespace, metrics, database)
+        before the play; `falcon-ray queues`, `falcon-ray health` and the notebooks find it
+        with no flags while it runs. Ctrl-C aborts the live tasks, lets the controller
+        delete its pools, prints the fleet's accounting and exits 0.
+        """
+        from falcon_ray.demo import DemoRun, demo_settings, load_tasks
 
+        from_stdin = tasks_path == "-"
         try:
-            tasks = load_tasks(tasks_path)
+            tasks = [] if from_stdin else load_tasks(tasks_path)
             settings = demo_settings(config)
         except Exception as e:
             raise click.ClickException(str(e)) from None
-        started = time.monotonic()
-        run = DemoRun(fleet, settings, db_url)
-        try:
-            click.echo("falcon-ray demo: starting the simulated fleet, the database and Ray...", err=True)
-            run.start()
-            click.echo(f"falcon-ray demo: controller up after {time.monotonic() - started:.1f}s; playing {len(tasks)} task(s)", err=True)
-            tick = progress_printer(run, sys.stderr)
-            run.play(tasks, on_tick=tick, timeout=timeout)
-            left = max(1.0, timeout - (time.monotonic() - started))
-            done = run.wait_done(left, on_tick=tick)
-            report = run.report()
-        finally:
-            run.stop()
-        report["done"] = done
-        report["wall_seconds"] = round(time.monotonic() - started, 1)
-        if as_json:
-            click.echo(json.dumps(report, indent=2, default=str))
-        else:
-            click.echo(summarize(report))
-            click.echo(f"\nfinished in {report['wall_seconds']}s; {'every task terminal, no Falcon pool left' if done else 'TIMED OUT'}")
-        if not done:
-            sys.exit(1)
+        run = DemoRun(fleet, settings, db_url, namespace=settings.namespace, dashboard=True)
+        sys.exit(_demo(run, tasks, from_stdin, timeout, hold, shutdown_timeout, as_json))
 
     @main.command("queues")
-    @click.option("--ray-address", default="auto", show_default=True)
-    @click.option("--namespace", default="falcon", show_default=True)
-    @click.option("--json", "as_json", is_flag=True)
-    def queues_cmd(ray_address, namespace, as_json):
-        """Live state of every QueueActor of a running controller."""
-        from falcon_ray import inspect
+    @click.option("--ray-address", default=None, help="Ray to join (default: FALCON_RAY_ADDRESS, a running demo's, else auto).")
+    @click.option("--namespace", default=None, help="Ray namespace (default: FALCON_NAMESPACE, a running demo's, else falcon).")
+    @_db_option
+    @click.option("--watch", "-w", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
+    @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds between --watch frames.")
+    @click.option("--json", "as_json", is_flag=True, help="JSON (with --watch: one document per line per frame).")
+    def queues_cmd(ray_address, namespace, db_url, watch, interval, as_json):
+        """Live state of every QueueActor of a running controller.
 
-        inspect.connect(ray_address, namespace)
-        snaps = inspect.queues(namespace)
-        if as_json:
-            click.echo(json.dumps(snaps, indent=2, default=str))
+        Per queue: the slot holder and its phase, waiting tasks in pick order, running
+        tasks (each with its time in phase) and the node pools with their state.
+        """
+        from falcon_ray import discovery, inspect
+
+        where = discovery.resolve(ray_address, namespace, db_url)
+        _join_ray(where)
+        ns = where["namespace"]
+        if not watch:
+            snaps = inspect.queues(ns)
+            if as_json:
+                click.echo(json.dumps(snaps, indent=2, default=str))
+            else:
+                click.echo(_queues_text(snaps, _phase_source(where)))
             return
-        if not snaps:
-            click.echo("no queues")
-        for q in snaps:
-            if "error" in q:
-                click.echo(f"{q['actor']}: {q['error']}")
-                continue
-            click.echo(f"{q['queue']}  (last granted: {q['last_granted'] or '-'})")
-            for t in q["acquiring"]:
-                click.echo(f"  slot     #{t['id']:<5} {t['actor']}: {t['name']}  {t['reason']}  {t['message']}")
-            for t in q["waiting"]:
-                click.echo(f"  wait {t['position']:>3} #{t['id']:<5} {t['actor']}: {t['name']}  {t['waiting_s']}s")
-            for t in q["running"]:
-                click.echo(f"  running  #{t['id']:<5} {t['actor']}: {t['name']}  pool {t['node_pool']}")
-            for l in q["leases"]:
-                click.echo(f"  pool     {l['name']:<22} {l['state']:<9} task {l['task_id'] or '-'}  {l['supply_mode']}  {l['pool_status'] or '-'}")
+        _watch(ns, interval, as_json, _phase_source(where))
 
     @main.command("health")
     @_db_option
-    @click.option("--ray-address", default="auto", show_default=True)
+    @click.option("--ray-address", default=None, help="Ray to join (default: FALCON_RAY_ADDRESS, a running demo's, else auto).")
+    @click.option("--namespace", default=None, help="Ray namespace (default: the config's, FALCON_NAMESPACE, a running demo's, else falcon).")
     @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None)
     @click.option("--json", "as_json", is_flag=True)
-    def health_cmd(db_url, ray_address, config, as_json):
+    def health_cmd(db_url, ray_address, namespace, config, as_json):
         """Report the controller's health; exit 0 healthy, 1 unhealthy."""
-        import ray
-
         from actors.supervisor import Supervisor
-        from falcon_ray import health
+        from falcon_ray import discovery, health
         from falcon_ray.config import load_settings
 
         settings = load_settings(config)
-        ray.init(address=ray_address, namespace=settings.namespace, log_to_driver=False)
-        sup = Supervisor(settings, _db(db_url))
+        where = discovery.resolve(ray_address, namespace or (settings.namespace if config else None), db_url)
+        settings = settings.model_copy(update={"namespace": where["namespace"]})
+        _join_ray(where)
+        sup = Supervisor(settings, where["db_url"])
         lease = sup.store.leader()
         sup.holder = lease["holder"] if lease else sup.holder
         sup.leader = bool(lease)
         report = health.check(sup)
+        report["namespace"] = where["namespace"]
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         else:
-            click.echo(f"healthy: {report['healthy']}  ready: {report['ready']}  leader: {report['leader']['holder']}")
+            click.echo(f"healthy: {report['healthy']}  ready: {report['ready']}  leader: {report['leader']['holder']}  (namespace {where['namespace']})")
             click.echo(f"database: {'ok' if report['database']['ok'] else report['database'].get('error')}")
             for name, a in sorted(report["actors"].items()):
                 click.echo(f"  {name:<32} {'ok' if a.get('ok') else 'FAIL'}  {a.get('error') or a.get('connect_error') or ''}")
             for t in report["stuck_tasks"]:
                 click.echo(f"  stuck: task {t['id']} {t['status']}/{t['reason']} unchanged {t['unchanged_s']}s: {t['message']}")
         sys.exit(0 if report["healthy"] else 1)
+
+
+# ---- helpers of the commands above -------------------------------------------------------------
+
+
+def _join_ray(where: dict) -> None:
+    """Attach this process to the controller's Ray as a second driver (one line on error)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    from falcon_ray import discovery
+
+    discovery.prepare_ray_auth(where.get("record"))
+    try:
+        ray.init(address=where["address"], namespace=where["namespace"], log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError) as e:
+        hint = "" if where.get("record") else " (no running falcon-ray demo found; pass --ray-address or set FALCON_RAY_ADDRESS)"
+        raise click.ClickException(f"cannot reach Ray at {where['address']}: {str(e).splitlines()[0][:200]}{hint}") from None
+
+
+def _phase_source(where: dict):
+    """A callable snaps -> {task id: seconds in phase}: from the event log when the
+    controller's database is at hand, else from what this watcher has seen."""
+    import time
+
+    from falcon_ray.queues_view import PhaseClock
+
+    clock = PhaseClock()
+    store = None
+    if where.get("record") is not None or where["db_url"] != _db(None):
+        try:
+            from falcon_ray.store import Store
+
+            store = Store(where["db_url"])
+            store.ping()
+        except Exception:
+            store = None
+
+    def source(snaps: list) -> dict:
+        nonlocal store
+        if store is not None:
+            try:
+                now = store.clock()
+                out = {}
+                for q in snaps:
+                    for key in ("acquiring", "waiting", "running", "aborting"):
+                        for t in q.get(key) or []:
+                            events = store.events(t["id"])
+                            if events:
+                                out[t["id"]] = (now - events[-1].at).total_seconds()
+                return out
+            except Exception:
+                store = None  # fall back to the watcher's own clock
+        return clock.observe(snaps, time.monotonic())
+
+    return source
+
+
+def _queues_text(snaps: list, phase_source) -> str:
+    from falcon_ray.queues_view import render
+
+    return render(snaps, phase_source(snaps))
+
+
+def _watch(namespace: str, interval: float, as_json: bool, phase_source) -> None:
+    """Redraw until Ctrl-C (exit 0); on a terminal in place, else one frame per interval."""
+    import datetime as dt
+    import os
+    import time
+
+    from falcon_ray import inspect
+    from falcon_ray.queues_view import frame
+
+    tty = sys.stdout.isatty()
+    n = 0
+    try:
+        while True:
+            n += 1
+            t0 = time.monotonic()
+            snaps = inspect.queues(namespace, timeout=max(2.0, interval * 3))
+            at = dt.datetime.now(dt.UTC)
+            if as_json:
+                text = json.dumps({"frame": n, "at": at.isoformat(timespec="milliseconds"), "namespace": namespace, "queues": snaps}, default=str)
+            else:
+                text = frame(snaps, phase_source(snaps), namespace, at, interval, n)
+                if tty:
+                    text = "\x1b[H\x1b[2J" + text  # home + clear: redraw in place, like top
+                elif n > 1:
+                    text = "\n" + "=" * 78 + "\n" + text
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+    except KeyboardInterrupt:
+        if tty and not as_json:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `falcon-ray queues --watch | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _where_to_look(run, started: float) -> str:
+    """The block the demo prints before its play: where to look and what to type."""
+    import time
+
+    from falcon_ray import discovery
+
+    info = run.ray_info
+    ns = run.settings.namespace
+    nsflag = "" if ns == discovery.DEFAULT_NAMESPACE else f" --namespace {ns}"
+    lines = [f"falcon-ray demo: controller up after {time.monotonic() - started:.1f}s. Where to look:"]
+    if run.namespace_note:
+        lines.append(f"  note         {run.namespace_note}")
+    lines += [
+        f"  dashboard    {info.get('dashboard_url') or '(not started: this demo joined an existing Ray)'}"
+        "   (Actors: poller, cluster/<cluster>, queue/<cluster>/<topology>; it asks for the token of `ray get-auth-token`)",
+        f"  Ray address  {info.get('address')}",
+        f"  namespace    {ns}",
+        f"  metrics      {info.get('metrics_url') or '-'}   (Falcon's series are ray_falcon_*)",
+        f"  database     {run.db_url}",
+        f"  record       {discovery.record_path(ns)}   (how the commands below find this demo; removed when it stops)",
+        "  in another terminal (in the venv: . .venv/bin/activate; tour: docs/demo.md):",
+    ]
+    cmds = [
+        (f"falcon-ray queues --watch{nsflag}", "slot holder, waiting in pick order, running, pools"),
+        (f"falcon-ray health{nsflag}", "leader, database, every actor"),
+        ("jupyter lab notebooks/", "queues.ipynb, fleet.ipynb, task.ipynb"),
+    ]
+    width = max(len(c) for c, _ in cmds)
+    lines += [f"    {c.ljust(width)}   # {why}" for c, why in cmds]
+    lines += [
+        f"    falcon-ray status --db {run.db_url}",
+        f"    falcon-ray submit --db {run.db_url} --actor me --tpu-type v6e --topology 2x2 --image img:1 --env FALCON_SIM_RUN_SECONDS=30 -- python run.py",
+    ]
+    return "\n".join(lines)
+
+
+def _demo(run, tasks, from_stdin: bool, timeout: float, hold: bool, shutdown_timeout: float, as_json: bool) -> int:
+    """The body of `falcon-ray demo`; returns the exit code."""
+    import queue as queue_mod
+    import time
+
+    from falcon_ray import discovery
+    from falcon_ray.demo import Schedule, parse_task_line, progress_printer, summarize
+
+    def say(text: str) -> None:
+        click.echo(text, err=True)
+
+    stop = threading.Event()
+    interrupts = {"n": 0}
+
+    def on_signal(signum, _frame):
+        interrupts["n"] += 1
+        if interrupts["n"] == 1:
+            stop.set()
+            return
+        raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without waiting for the fleet
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    recorded = False
+    lines: queue_mod.Queue = queue_mod.Queue()
+    report = None
+    code = 0
+    try:
+        say("falcon-ray demo: starting the simulated fleet, the database and Ray (with its dashboard)...")
+        run.start()
+        discovery.write(run.discovery_record())
+        recorded = True
+        say(_where_to_look(run, started))
+        schedule = Schedule(run)
+        for item in tasks:
+            schedule.add(item, run.t0)
+        stdin_open = from_stdin
+        if from_stdin:
+            threading.Thread(target=_read_lines, args=(sys.stdin, lines), daemon=True, name="stdin-tasks").start()
+            say("falcon-ray demo: reading tasks from stdin, one JSON line each (times count from when a line arrives)")
+        else:
+            say(f"falcon-ray demo: playing {len(tasks)} task(s)")
+        tick = progress_printer(run, sys.stderr)
+        held_said = False
+        done = False
+        next_track = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            while True:
+                try:
+                    got = lines.get_nowait()
+                except queue_mod.Empty:
+                    break
+                if got is None:
+                    stdin_open = False
+                    say("falcon-ray demo: stdin closed; no more tasks from it")
+                    continue
+                n, line = got
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                try:
+                    schedule.add(parse_task_line(line, f"stdin:{n}"), now)
+                except ValueError as e:
+                    say(f"falcon-ray demo: error: {e}; line ignored, the demo goes on")
+            try:
+                schedule.step(now)
+            except Exception as e:  # the database refused a row: say so, keep the controller
+                say(f"falcon-ray demo: error: could not submit: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            if now >= next_track:  # tasks submitted by others (falcon-ray submit --db ...) are shown too
+                run.track_all()
+                next_track = now + 1.0
+            tick()
+            finished = schedule.empty() and not stdin_open and run.all_terminal() and not run.falcon_pools_alive()
+            if not hold:
+                if finished:
+                    done = True
+                    break
+                if now - started > timeout:
+                    break
+            elif finished and not held_said:
+                say("falcon-ray demo: play over; holding the controller and the fleet (Ctrl-C to stop)")
+                held_said = True
+            stop.wait(0.2)
+        if stop.is_set():
+            dropped = schedule.drop()
+            say(
+                "\nfalcon-ray demo: stopping: aborting live tasks and letting the controller delete its pools"
+                + (f" ({dropped} scheduled task(s) not submitted)" if dropped else "")
+                + f" (at most {shutdown_timeout:g}s; Ctrl-C again to stop at once)"
+            )
+            done = run.wind_down(shutdown_timeout, on_tick=tick)
+            left = run.falcon_pools_alive()
+            if left:
+                say(f"falcon-ray demo: {len(left)} Falcon pool(s) still alive after {shutdown_timeout:g}s: {', '.join(left)}")
+        else:
+            run.track_all()
+        report = run.report()
+        code = 0 if done else 1
+    except KeyboardInterrupt:
+        say("\nfalcon-ray demo: stopped at once (second Ctrl-C); pools may be left in the simulated fleet")
+        code = 130
+    finally:
+        if recorded:
+            discovery.remove(run.settings.namespace)
+        run.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if report is None:
+        return code or 1
+    report["done"] = code == 0
+    report["wall_seconds"] = round(time.monotonic() - started, 1)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        click.echo(summarize(report))
+        if stop.is_set():
+            verdict = "stopped: every task terminal, no Falcon pool left" if code == 0 else "stopped, NOT CLEAN (see above)"
+        else:
+            verdict = "every task terminal, no Falcon pool left" if code == 0 else "TIMED OUT"
+        click.echo(f"\nfinished in {report['wall_seconds']}s; {verdict}")
+    return code
+
+
+def _read_lines(stream, out) -> None:
+    n = 0
+    try:
+        for line in stream:
+            n += 1
+            out.put((n, line))
+    except (OSError, ValueError) as e:  # stdin closed under us, or undecodable bytes
+        click.echo(f"falcon-ray demo: error: reading stdin: {e}", err=True)
+    out.put(None)

@@ -18,11 +18,19 @@ from typing import Any
 from falcon_ray.store import Store, utcnow
 
 
-def connect(address: str | None = "auto", namespace: str = "falcon") -> None:
+def connect(address: str | None = None, namespace: str | None = None) -> str:
+    """Join the controller's Ray; returns the namespace to read. Unset values come from
+    ``FALCON_RAY_ADDRESS`` / ``FALCON_NAMESPACE``, else a running ``falcon-ray demo``
+    (``falcon_ray.discovery``), else ``auto`` and ``falcon``."""
     import ray
 
+    from falcon_ray import discovery
+
+    where = discovery.resolve(address, namespace)
     if not ray.is_initialized():
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
+        discovery.prepare_ray_auth(where["record"])
+        ray.init(address=where["address"], namespace=where["namespace"], log_to_driver=False)
+    return where["namespace"]
 
 
 def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, Any]]:
@@ -86,13 +94,12 @@ def outcomes(store: Store, since: dt.timedelta = dt.timedelta(days=1)) -> dict[s
 # ---- tables for the notebooks (rows of plain values; the notebooks only display them) ----
 
 
-def open_store(url: str | None = None) -> Store:
-    """The controller's database: ``url``, else ``FALCON_DB_URL``, else the default SQLite file."""
-    import os
+def open_store(url: str | None = None, namespace: str | None = None) -> Store:
+    """The controller's database: ``url``, else ``FALCON_DB_URL``, else the database of a
+    running ``falcon-ray demo`` (in ``namespace`` if given), else the default SQLite file."""
+    from falcon_ray import discovery
 
-    from falcon_ray.store import DEFAULT_DB_URL
-
-    return Store(url or os.environ.get("FALCON_DB_URL") or DEFAULT_DB_URL)
+    return Store(discovery.resolve(namespace=namespace, db_url=url)["db_url"])
 
 
 def queue_depths(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -39,16 +39,29 @@ def show(fig):
     display(Image(buf.getvalue()))
 
 
-ADDRESS = os.environ.get("FALCON_RAY_ADDRESS", "auto")
-NAMESPACE = os.environ.get("FALCON_NAMESPACE", "falcon")
-inspect.connect(ADDRESS, NAMESPACE)"""
+# unset: a running `falcon-ray demo` (its discovery record), else Ray "auto" and namespace "falcon"
+NAMESPACE = inspect.connect(os.environ.get("FALCON_RAY_ADDRESS"), os.environ.get("FALCON_NAMESPACE"))"""
 
 STORE = """\
-store = inspect.open_store(os.environ.get("FALCON_DB_URL"))"""
+store = inspect.open_store(os.environ.get("FALCON_DB_URL"), NAMESPACE)"""
 
 ENV_HELP = """\
-Set before starting Jupyter (see `docs/notebooks.md`):
+Against a running `falcon-ray demo` nothing needs setting (it is found through its
+discovery record). Otherwise set before starting Jupyter (see `docs/notebooks.md`):
 `FALCON_RAY_ADDRESS` (default `auto`), `FALCON_NAMESPACE` (default `falcon`){extra}."""
+
+
+# The queue-depth chart; docs/queues_chart.py runs this same cell to draw docs/img/queues-depth.png.
+DEPTH_CELL = """\
+depths = pd.DataFrame(inspect.queue_depths(snaps), columns=["queue", "waiting", "acquiring", "running", "aborting", "error"])
+display(depths)
+if len(depths):
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(depths) + 1.5))
+    depths.set_index("queue")[["waiting", "acquiring", "running"]].plot.barh(stacked=True, ax=ax)
+    ax.set_xlabel("tasks")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # whole tasks
+    ax.set_title("Queue depth")
+    show(fig)"""
 
 
 def _nb(stem: str, cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
@@ -72,16 +85,7 @@ def queues() -> nbformat.NotebookNode:
              + ENV_HELP.format(extra="")),
             ("code", CONNECT + "\nsnaps = inspect.queues(NAMESPACE)\nprint(f\"{len(snaps)} queue(s) in namespace {NAMESPACE}\")"),
             ("md", "## Depth per queue"),
-            ("code", """\
-depths = pd.DataFrame(inspect.queue_depths(snaps), columns=["queue", "waiting", "acquiring", "running", "aborting", "error"])
-display(depths)
-if len(depths):
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(depths) + 1.5))
-    depths.set_index("queue")[["waiting", "acquiring", "running"]].plot.barh(stacked=True, ax=ax)
-    ax.set_xlabel("tasks")
-    ax.xaxis.get_major_locator().set_params(integer=True)  # whole tasks
-    ax.set_title("Queue depth")
-    show(fig)"""),
+            ("code", DEPTH_CELL),
             ("md", "## Each queue\n\nWaiting tasks in pick order (position 1 is granted next), the slot holder "
              "(the one task acquiring a pool) and its phase, running tasks, and the queue's node pools."),
             ("code", """\

@@ -53,19 +53,36 @@ def demo_settings(config: str | None = None, **overrides: Any) -> Settings:
     return load_settings(None, **data)
 
 
+def parse_task_line(line: str, where: str) -> dict[str, Any]:
+    """One line of a tasks file (or of ``--tasks -``): a JSON object with at least
+    ``actor`` and ``spec``; ``submit_at`` / ``abort_at`` are seconds or null. Raises
+    ValueError with ``where`` (``file:line``) and what is wrong."""
+    try:
+        item = json.loads(line)
+    except ValueError as e:
+        raise ValueError(f"{where}: not JSON: {e}") from None
+    if not isinstance(item, dict) or "actor" not in item or "spec" not in item:
+        raise ValueError(f"{where}: each line needs at least 'actor' and 'spec'")
+    if not isinstance(item["actor"], str) or not item["actor"].strip():
+        raise ValueError(f"{where}: 'actor' must be a non-empty string")
+    if not isinstance(item["spec"], dict | str):
+        raise ValueError(f"{where}: 'spec' must be a JSON object (or a JSON string)")
+    if not isinstance(item.get("name", ""), str):
+        raise ValueError(f"{where}: 'name' must be a string")
+    for key in ("submit_at", "abort_at"):
+        v = item.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+            raise ValueError(f"{where}: '{key}' must be a number of seconds >= 0, or null")
+    return item
+
+
 def load_tasks(path: str | None) -> list[dict[str, Any]]:
     text = Path(path or _pkg_file("sample_tasks.jsonl")).read_text()
     tasks = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        try:
-            item = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path or 'sample tasks'}:{n}: not JSON: {e}") from None
-        if not isinstance(item, dict) or "actor" not in item or "spec" not in item:
-            raise ValueError(f"{path or 'sample tasks'}:{n}: each line needs at least 'actor' and 'spec'")
-        tasks.append(item)
+        tasks.append(parse_task_line(line, f"{path or 'sample tasks'}:{n}"))
     return tasks
 
 
@@ -84,7 +101,16 @@ class DemoRun:
         settings: Settings | None = None,
         db_url: str | None = None,
         ray_address: str | None = None,
+        namespace: str | None = None,
+        dashboard: bool = False,
     ) -> None:
+        """``namespace``: the Ray namespace to claim (``falcon-ray demo`` passes ``falcon``):
+        used unless a controller already runs there (actors in the Ray this run joins, or
+        another live demo's discovery record), then ``<namespace>-demo-<pid>``; the choice
+        and why are in ``namespace_note``. Without it the settings' namespace is kept,
+        except the default ``falcon``, which becomes a private ``falcon-demo-<hex>``: the
+        tests share one Ray and stay isolated that way. ``dashboard``: start the local Ray
+        with its dashboard and a metrics export port (``falcon-ray demo``)."""
         from falcon_ray.sim.fleet import FleetConfig, load_fleet
 
         self.fleet_config = fleet if isinstance(fleet, FleetConfig) else load_fleet(fleet)
@@ -97,6 +123,10 @@ class DemoRun:
             db_url = f"sqlite:///{os.path.join(self._tmp, 'falcon.db')}"
         self.db_url = db_url
         self.ray_address = ray_address
+        self.namespace_request = namespace
+        self.namespace_note = ""
+        self.dashboard = dashboard
+        self.ray_info: dict[str, Any] = {}
         self.base_settings = base
         self.settings: Settings | None = None
         self.sim = None
@@ -145,13 +175,21 @@ class DemoRun:
                 status=c.status,
             )
         if not ray.is_initialized():
+            extra: dict[str, Any] = {}
+            if self.dashboard:
+                extra = {"dashboard_host": "127.0.0.1", "_metrics_export_port": _free_port()}
             ray.init(
                 address=self.ray_address,
                 num_cpus=2,
-                include_dashboard=False,
+                include_dashboard=self.dashboard,
                 log_to_driver=False,
                 configure_logging=False,
+                **extra,
             )
+        self.ray_info = _ray_info()
+        if self.namespace_request:
+            ns, self.namespace_note = choose_namespace(self.namespace_request)
+            self.settings = self.settings.model_copy(update={"namespace": ns})
         self.supervisor = Supervisor(self.settings, self.db_url)
         if not self.supervisor.wait_for_lead(timeout=60):
             raise RuntimeError("could not take the leader lease")
@@ -197,6 +235,39 @@ class DemoRun:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def wind_down(self, timeout: float, on_tick: Callable[[], None] | None = None) -> bool:
+        """The clean end of a demo: abort every live task of the database (the upper
+        layer's abort, so the controller deletes the Jobs and the pools itself), then wait,
+        at most ``timeout`` seconds, until every task is terminal and no Falcon pool is left."""
+        assert self.store is not None
+        self.track_all()
+        for t in self.store.live_tasks():
+            if t.status != lc.Status.ABORTING:
+                self.store.request_abort(t.id)
+        self.poke()
+        return self.wait_done(timeout, on_tick)
+
+    def track_all(self) -> None:
+        """Report on every task of the database, not only those this run submitted
+        (``falcon-ray submit --db`` against a held demo)."""
+        assert self.store is not None
+        known = set(self.ids)
+        self.ids.extend(sorted(t.id for t in self.store.recent_tasks(100_000) if t.id not in known))
+
+    def discovery_record(self) -> dict[str, Any]:
+        """What ``falcon_ray.discovery`` writes for this run: how to reach it."""
+        assert self.settings is not None
+        return {
+            "namespace": self.settings.namespace,
+            "ray_address": self.ray_info.get("address"),
+            "dashboard_url": self.ray_info.get("dashboard_url"),
+            "metrics_url": self.ray_info.get("metrics_url"),
+            "db_url": self.db_url,
+            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE") or None,
+            "holder": self.supervisor.holder if self.supervisor else None,
+            "sim_stats": self.sim.endpoints.get("stats") if self.sim is not None else None,
+        }
 
     # ---- the upper layer ----------------------------------------------------------------------
 
@@ -298,6 +369,96 @@ class DemoRun:
                 }
             )
         return {"tasks": out, "fleet": self.sim.stats()}
+
+
+class Schedule:
+    """Tasks to submit (and abort) at their times; ``step`` does what is due. Times of
+    an item count from the ``base`` it was added with (``time.monotonic()`` seconds)."""
+
+    def __init__(self, run: DemoRun) -> None:
+        self.run = run
+        self.pending: list[tuple[float, int, dict[str, Any]]] = []
+        self.aborts: list[tuple[float, int]] = []
+        self._seq = 0
+
+    def add(self, item: dict[str, Any], base: float) -> None:
+        self._seq += 1
+        self.pending.append((base + float(item.get("submit_at") or 0), self._seq, item))
+        self.pending.sort(key=lambda x: (x[0], x[1]))
+
+    def step(self, now: float | None = None) -> list[int]:
+        now = time.monotonic() if now is None else now
+        submitted = []
+        while self.pending and self.pending[0][0] <= now:
+            due, _, item = self.pending.pop(0)
+            tid = self.run.submit(item["actor"], item["spec"], name=item.get("name", ""))
+            submitted.append(tid)
+            if item.get("abort_at") is not None:
+                base = due - float(item.get("submit_at") or 0)
+                self.aborts.append((base + float(item["abort_at"]), tid))
+        for at, tid in list(self.aborts):
+            if at <= now:
+                self.run.abort(tid)
+                self.aborts.remove((at, tid))
+        return submitted
+
+    def empty(self) -> bool:
+        return not self.pending and not self.aborts
+
+    def drop(self) -> int:
+        """Forget what is not submitted yet (a demo being stopped); returns how many."""
+        n = len(self.pending)
+        self.pending.clear()
+        self.aborts.clear()
+        return n
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_info() -> dict[str, Any]:
+    """Address, dashboard URL and metrics endpoint of the Ray this process is attached to."""
+    import ray
+
+    info: dict[str, Any] = {"address": ray.get_runtime_context().gcs_address}
+    try:
+        from ray._private.worker import global_worker
+
+        node = global_worker.node
+        url = getattr(node, "webui_url", None) or ""
+        info["dashboard_url"] = (url if url.startswith("http") else f"http://{url}") if url else None
+        port = getattr(node, "metrics_export_port", None)
+        info["metrics_url"] = f"http://127.0.0.1:{port}/metrics" if port else None
+    except Exception:  # attached to a Ray this process did not start: no node object
+        info.setdefault("dashboard_url", None)
+        info.setdefault("metrics_url", None)
+    return info
+
+
+def choose_namespace(wanted: str) -> tuple[str, str]:
+    """``wanted`` unless a controller already runs there; then ``<wanted>-demo-<pid>``.
+    Returns the namespace and, when it is not ``wanted``, why."""
+    from actors import names
+    from falcon_ray import discovery
+
+    other = discovery.find(wanted)
+    if other is not None and other.get("pid") != os.getpid():
+        why = f"namespace {wanted!r} is taken by another demo (pid {other.get('pid')}, Ray {other.get('ray_address')})"
+    else:
+        try:
+            taken = names.list_falcon_actors(wanted)
+        except Exception:
+            taken = []
+        if not taken:
+            return wanted, ""
+        why = f"namespace {wanted!r} already has a controller in this Ray ({', '.join(taken[:3])}{', ...' if len(taken) > 3 else ''})"
+    ns = f"{wanted}-demo-{os.getpid()}"
+    return ns, f"{why}; this demo uses namespace {ns!r}"
 
 
 def progress_printer(run: DemoRun, stream) -> Callable[[], None]:

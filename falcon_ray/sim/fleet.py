@@ -13,6 +13,11 @@ The same :class:`Faults` and :class:`Timings` models validate the runtime
 control calls (``SimFleet.set_faults`` / ``set_timings`` and the
 ``POST /sim/clusters/{name}/faults|timings`` endpoints), so a fault can only be
 set to a value the fleet file would also accept. All durations are seconds.
+
+A cluster's ``location`` is a zone (a zonal cluster) or a region (a regional
+cluster, which must list its ``node_locations``); :attr:`ClusterConfig.zones`
+are the node locations and :attr:`ClusterConfig.reservation_zone` the zone of
+its reservation (default: the cluster's zone, or its first node location).
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ Contract
 * ``pools`` (:class:`~falcon_ray.sim.node_pools.NodePools`): the GKE side;
 * ``store`` (:class:`~falcon_ray.sim.kube_store.ObjectStore`) and
   ``workloads`` (:class:`~falcon_ray.sim.workloads.Workloads`): the Kubernetes side;
+* ``autoscaler`` (:class:`~falcon_ray.sim.autoscaler.Autoscaler`): the cluster
+  autoscaler that resizes pools with autoscaling enabled;
+* its zones: ``config.location`` is a zone or a region, ``config.zones`` the
+  node locations GKE reports in ``Cluster.locations``; the reservation (if any)
+  lives in ``config.reservation_zone`` and Compute answers it only there;
 * ``faults`` / ``timings``: live, validated copies of the fleet file's values,
   replaced wholesale by :meth:`set_faults` / :meth:`set_timings`;
 * private ``random.Random`` generators seeded from the fleet seed and the
@@ -30,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .autoscaler import Autoscaler
 from .errors import GoogleError
 from .fleet import ClusterConfig, Faults, Timings
 from .kube_store import ObjectStore, clone, rfc3339
@@ -55,6 +61,7 @@ class SimCluster:
         self.store = ObjectStore(config.watch_history)
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
+        self.autoscaler = Autoscaler(self)  # after Workloads: its pass sees the scheduler's verdicts
         self.kube_url = ""  # set once its HTTP site is listening
         self.job_records: dict[tuple[str, str], dict[str, Any]] = {}
         self._node_seq = 0
@@ -119,11 +126,14 @@ class SimCluster:
         c = self.config
         res = c.reservation
         assert res is not None
-        zone_url = f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.location}"
+        zone_url = f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.reservation_zone}"
         return {
             "kind": "compute#reservation",
             "id": str(
-                int(hashlib.sha256(f"{c.project}/{c.location}/{res.name}".encode()).hexdigest()[:15], 16)
+                int(
+                    hashlib.sha256(f"{c.project}/{c.reservation_zone}/{res.name}".encode()).hexdigest()[:15],
+                    16,
+                )
             ),
             "name": res.name,
             "zone": zone_url,
@@ -152,19 +162,19 @@ class SimCluster:
             "selfLink": (
                 f"https://container.googleapis.com/v1/projects/{c.project}/locations/{c.location}/clusters/{c.name}"
             ),
-            "locations": [c.location],
+            "locations": c.zones,
             "workloadIdentityConfig": {"workloadPool": f"{c.project}.svc.id.goog"},
             "resourceLabels": {"falcon-sim": "true", "registry-status": c.status},
             "nodePools": [p.to_json(self, enums_as_int) for p in self.pools.visible()],
         }
 
     # ---- nodes (called by NodePools) -----------------------------------------------------------
-    def add_node(self, pool: NodePool) -> str:
+    def add_node(self, pool: NodePool, zone: str) -> str:
         self._node_seq += 1
         digest = "".join(self.rng.choice("0123456789abcdef") for _ in range(8))
         tail = "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(4))
         name = f"gke-{self.config.name[:16]}-{pool.name[:20]}-{digest}-{tail}"
-        self.store.create("nodes", node_object(self, pool, name, self._node_seq))
+        self.store.create("nodes", node_object(self, pool, name, self._node_seq, zone))
         return name
 
     def remove_node(self, name: str) -> None:
@@ -176,6 +186,10 @@ class SimCluster:
 
     # ---- accounting ----------------------------------------------------------------------------
     def refresh_idle(self) -> None:
+        """Add up idle chip-seconds to now and note which pools are idle from now on.
+
+        Call it before a pool's size changes, so each stretch is counted at the chips it had.
+        """
         running_nodes = {
             (p.get("spec") or {}).get("nodeName")
             for p in self.store.list("pods")
@@ -183,12 +197,9 @@ class SimCluster:
         }
         now = self.mono()
         for pool in self.pools.history:
+            pool.idle_chip_seconds = pool.idle_total(now)
             idle = pool.billed and not any(n in running_nodes for n in pool.node_names)
-            if idle and pool.idle_since is None:
-                pool.idle_since = now
-            elif not idle and pool.idle_since is not None:
-                pool.idle_seconds += now - pool.idle_since
-                pool.idle_since = None
+            pool.idle_mark = now if idle else None
 
     def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
         md = job["metadata"]
@@ -237,11 +248,7 @@ class SimCluster:
 
     def idle_chip_seconds(self) -> float:
         now = self.mono()
-        total = 0.0
-        for pool in self.pools.history:
-            idle = pool.idle_seconds + (now - pool.idle_since if pool.idle_since is not None else 0.0)
-            total += idle * pool.chips
-        return round(total, 3)
+        return round(sum(pool.idle_total(now) for pool in self.pools.history), 3)
 
     def stats(self) -> dict[str, Any]:
         self.refresh_idle()
@@ -251,6 +258,7 @@ class SimCluster:
         return {
             "project": c.project,
             "location": c.location,
+            "node_locations": c.zones,
             "status": c.status,
             "tpu_type": c.tpu_type,
             "chips": c.chips,
@@ -258,6 +266,7 @@ class SimCluster:
             "reservation": (
                 {
                     "name": c.reservation.name,
+                    "zone": c.reservation_zone,
                     "count": c.reservation.count,
                     "in_use": self.pools.reservation_in_use(),
                 }

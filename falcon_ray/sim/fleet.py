@@ -13,6 +13,11 @@ The same :class:`Faults` and :class:`Timings` models validate the runtime
 control calls (``SimFleet.set_faults`` / ``set_timings`` and the
 ``POST /sim/clusters/{name}/faults|timings`` endpoints), so a fault can only be
 set to a value the fleet file would also accept. All durations are seconds.
+
+A cluster's ``location`` is a zone (a zonal cluster) or a region (a regional
+cluster, which must list its ``node_locations``); :attr:`ClusterConfig.zones`
+are the node locations and :attr:`ClusterConfig.reservation_zone` the zone of
+its reservation (default: the cluster's zone, or its first node location).
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ _GKE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _COMPUTE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 KNOWN_TPU_TYPES = ("v5e", "v5p", "v6e", "v7x")
+
+# A Compute zone is its region plus "-<letter>": us-central1-a is a zone of us-central1.
+_ZONE = re.compile(r"^[a-z]+(-[a-z]+)*\d+-[a-z]$")
+
+
+def is_zone(location: str) -> bool:
+    """True for a zone name (``us-central1-a``), False for a region (``us-central1``)."""
+    return bool(_ZONE.match(location))
+
+
+def region_of(location: str) -> str:
+    """The region of a zone, or the location itself when it is already a region."""
+    return location.rsplit("-", 1)[0] if is_zone(location) else location
 
 
 class FleetConfigError(ValueError):
@@ -53,6 +71,17 @@ class Timings(_Strict):
     pod_start: float = Field(0.1, ge=0, description="pod bound to a node -> container Running")
     watch_bookmark_interval: float = Field(
         5.0, gt=0, description="period of BOOKMARK events on watches that allow them"
+    )
+    autoscaler_scale_up: float = Field(
+        0.5,
+        ge=0,
+        description="an unschedulable pod selects an autoscaled pool -> the autoscaler adds node(s)",
+    )
+    flex_capacity_wait: float = Field(
+        0.5, ge=0, description="a flex-start scale-up additionally waits this long for capacity (and retries)"
+    )
+    autoscaler_scale_down: float = Field(
+        30.0, ge=0, description="a node of an autoscaled pool empty this long is removed (not below min)"
     )
 
 
@@ -84,12 +113,15 @@ class Faults(_Strict):
 
 
 class ReservationConfig(_Strict):
-    """A specific Compute reservation in the cluster's zone."""
+    """A specific Compute reservation; it lives in one zone (by default the cluster's first node location)."""
 
     name: str
     count: int = Field(ge=0, description="size of the reservation in VMs (TPU hosts)")
     machine_type: str | None = Field(
         None, description="machine type the reservation holds; default: the 4-chip type of tpu_type"
+    )
+    zone: str | None = Field(
+        None, description="the reservation's zone; default: the cluster's zone, or its first node location"
     )
 
     @field_validator("name")
@@ -105,7 +137,12 @@ class ClusterConfig(_Strict):
 
     name: str
     project: str
-    location: str = Field(description="zone, e.g. us-east5-b (node pools and reservation live here)")
+    location: str = Field(
+        description="a zone (us-east5-b: zonal cluster) or a region (us-central1: regional)"
+    )
+    node_locations: list[str] | None = Field(
+        None, description="zones of the cluster's nodes; required for a region, default [location] for a zone"
+    )
     tpu_type: str = "v6e"
     gcs_bucket: str | None = None
     status: Literal["active", "maintenance", "offline"] = "active"
@@ -140,6 +177,43 @@ class ClusterConfig(_Strict):
         if not v or "/" in v:
             raise ValueError("must be a non-empty name without '/'")
         return v
+
+    @model_validator(mode="after")
+    def _zones_fit(self) -> ClusterConfig:
+        region = region_of(self.location)
+        if self.regional and not self.node_locations:
+            raise ValueError(f"node_locations is required: {self.location} is a region (list its zones)")
+        for zone in self.node_locations or []:
+            if not is_zone(zone) or region_of(zone) != region:
+                raise ValueError(f"node_locations: {zone!r} is not a zone of {region}")
+        if self.node_locations is not None and len(set(self.node_locations)) != len(self.node_locations):
+            raise ValueError("node_locations: zones must not repeat")
+        if not self.regional and self.node_locations and self.location not in self.node_locations:
+            raise ValueError(f"node_locations of a zonal cluster must include its zone {self.location}")
+        res = self.reservation
+        if (
+            res is not None
+            and res.zone is not None
+            and (not is_zone(res.zone) or region_of(res.zone) != region)
+        ):
+            raise ValueError(f"reservation.zone: {res.zone!r} is not a zone of {region}")
+        return self
+
+    @property
+    def regional(self) -> bool:
+        """True when ``location`` is a region (GKE: a regional cluster)."""
+        return not is_zone(self.location)
+
+    @property
+    def zones(self) -> list[str]:
+        """The cluster's node locations (GKE's ``Cluster.locations``)."""
+        return list(self.node_locations or [self.location])
+
+    @property
+    def reservation_zone(self) -> str | None:
+        if self.reservation is None:
+            return None
+        return self.reservation.zone or (self.location if not self.regional else self.zones[0])
 
 
 class AuthConfig(_Strict):
@@ -176,10 +250,10 @@ class FleetConfig(_Strict):
         for c in self.clusters:
             if c.reservation is None:
                 continue
-            key = (c.project, c.location, c.reservation.name)
+            key = (c.project, c.reservation_zone or "", c.reservation.name)
             if key in seen:
                 raise ValueError(
-                    f"reservation {c.reservation.name!r} in {c.project}/{c.location} is declared by both "
+                    f"reservation {c.reservation.name!r} in {c.project}/{key[1]} is declared by both "
                     f"{seen[key]} and {c.name}"
                 )
             seen[key] = c.name

@@ -2,7 +2,8 @@
 
 Contract
 --------
-Routes (``{p}`` project, ``{l}`` location = the cluster's zone):
+Routes (``{p}`` project, ``{l}`` location = the cluster's zone, or its region for
+a regional cluster):
 
 * ``GET  /v1/projects/{p}/locations/{l}/clusters[/{c}]`` - clusters.list / get;
   ``endpoint`` is ``127.0.0.1:<port of that cluster's Kubernetes API>`` (plain
@@ -12,7 +13,9 @@ Routes (``{p}`` project, ``{l}`` location = the cluster's zone):
 * ``GET  .../nodePools`` -> ``{"nodePools": [...]}``; ``GET .../nodePools/{np}``;
   ``DELETE .../nodePools/{np}`` -> Operation.
 * ``GET  /v1/projects/{p}/locations/{l}/operations[/{op}]``.
-* ``GET  /compute/v1/projects/{p}/zones/{z}/reservations[/{r}]``.
+* ``GET  /compute/v1/projects/{p}/zones/{z}/reservations[/{r}]`` - a reservation
+  exists only in its own zone (``reservation.zone``, default the cluster's zone
+  or first node location); asked in another zone it is 404, as Compute says it.
 
 Behaviour: enums are read as numbers or names; answers are camelCase and use
 enum numbers when the request asked ``$alt=json;enum-encoding=int`` (as the
@@ -149,7 +152,7 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
             c
             for c in fleet.clusters.values()
             if c.config.project == p
-            and c.config.location == zone
+            and c.config.reservation_zone == zone
             and c.config.reservation is not None
             and (name is None or c.config.reservation.name == name)
         ]

@@ -12,6 +12,11 @@ in-cluster controllers:
   missing or a value is not allowed.
 * ``validate_metadata``, ``validate_pod_spec``, ``validate_job_spec``,
   ``validate_node``, ``validate_status`` check the fields the simulator reads.
+* ``normalize_quantities`` accepts a resource map's quantities as JSON strings
+  or numbers and stores them in the apiserver's canonical string form
+  (``google.com/tpu: 4`` -> ``"4"``, ``cpu: 0.5`` -> ``"500m"``); a value that is
+  no quantity is refused 400 as the decoder does. Pod specs (containers and
+  init containers) and Node ``status.capacity`` / ``allocatable`` go through it.
 * ``default_job`` / ``default_pod`` / ``default_service`` fill what the apiserver
   fills (Job selector on its uid, parallelism, completions, backoffLimit...).
 * ``deny_images`` is the policy webhook driven by the ``deny_images`` fault (403).
@@ -26,7 +31,7 @@ from typing import Any
 
 from .errors import KubeError
 from .kube_store import RESOURCES, ResourceKind
-from .node_pools import TPU_RESOURCE
+from .quantities import canonical
 from .workloads import CONTROLLER_UID_LABEL, JOB_NAME_LABEL
 
 WEBHOOK = "policy.example.com"
@@ -84,6 +89,26 @@ def decode_error(rk: ResourceKind, field: str, go_type: str) -> KubeError:
         f"json: cannot unmarshal into Go struct field {field} of type {go_type}",
         "BadRequest",
     )
+
+
+def normalize_quantities(rk: ResourceKind, resources: Any, where: str) -> None:
+    """Canonicalize, in place, a ``{name: quantity}`` map (400 for a value that is not a quantity)."""
+    if resources is None:
+        return
+    if not isinstance(resources, dict):
+        raise decode_error(rk, where, "v1.ResourceList")
+    for name, qty in resources.items():
+        try:
+            resources[name] = canonical(qty)
+        except ValueError as e:
+            version = rk.api_version.split("/")[-1]
+            if isinstance(qty, (str, int, float)) and not isinstance(qty, bool):
+                raise KubeError(
+                    400,
+                    f'{rk.kind} in version "{version}" cannot be handled as a {rk.kind}: {e}',
+                    "BadRequest",
+                ) from None
+            raise decode_error(rk, f"{where}[{name}]", "Quantity") from None
 
 
 def invalid(rk: ResourceKind, name: str, field: str, reason: str, detail: str) -> KubeError:
@@ -146,22 +171,9 @@ def validate_pod_spec(rk: ResourceKind, name: str, spec: Any, where: str) -> dic
     containers = spec.get("containers") or []
     if not containers:
         raise invalid(rk, name, f"{where}.containers", "FieldValueRequired", "Required value")
-    for i, c in enumerate(containers):
-        at = f"{where}.containers[{i}]"
-        check_fields(rk, c, at, CONTAINER_FIELDS)
-        for j, env in enumerate(c.get("env") or []):
-            check_fields(
-                rk, env, f"{at}.env[{j}]", {"name": "string", "value": "string", "valueFrom": "object"}
-            )
-        resources = c.get("resources") or {}
-        check_fields(rk, resources, f"{at}.resources", {"limits": "object", "requests": "object"})
-        for key in ("limits", "requests"):
-            for res, qty in (resources.get(key) or {}).items():
-                if not isinstance(qty, (str, int, float)) or isinstance(qty, bool):
-                    raise decode_error(rk, f"{at}.resources.{key}[{res}]", "Quantity")
-        for key in ("name", "image"):
-            if not c.get(key):
-                raise invalid(rk, name, f"{at}.{key}", "FieldValueRequired", "Required value")
+    for key in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(key) or []):
+            _validate_container(rk, name, c, f"{where}.{key}[{i}]")
     for i, tol in enumerate(spec.get("tolerations") or []):
         check_fields(
             rk,
@@ -187,6 +199,19 @@ def validate_pod_spec(rk: ResourceKind, name: str, spec: Any, where: str) -> dic
                 {"key": "string", "operator": "string", "values": "[]string"},
             )
     return spec
+
+
+def _validate_container(rk: ResourceKind, name: str, c: Any, at: str) -> None:
+    check_fields(rk, c, at, CONTAINER_FIELDS)
+    for j, env in enumerate(c.get("env") or []):
+        check_fields(rk, env, f"{at}.env[{j}]", {"name": "string", "value": "string", "valueFrom": "object"})
+    resources = c.get("resources") or {}
+    check_fields(rk, resources, f"{at}.resources", {"limits": "object", "requests": "object"})
+    for key in ("limits", "requests"):
+        normalize_quantities(rk, resources.get(key), f"{at}.resources.{key}")
+    for key in ("name", "image"):
+        if not c.get(key):
+            raise invalid(rk, name, f"{at}.{key}", "FieldValueRequired", "Required value")
 
 
 def validate_job_spec(name: str, spec: Any) -> dict[str, Any]:
@@ -251,9 +276,8 @@ def validate_node(node: dict[str, Any]) -> None:
             check_fields(
                 rk, item, f"status.{key}[{i}]", {"type": "string", "status": "string", "address": "string"}
             )
-    tpus = (status.get("allocatable") or {}).get(TPU_RESOURCE, "0")
-    if not isinstance(tpus, (str, int)) or isinstance(tpus, bool) or not str(tpus).isdigit():
-        raise decode_error(rk, f"status.allocatable[{TPU_RESOURCE}]", "Quantity")
+    for key in ("capacity", "allocatable"):
+        normalize_quantities(rk, status.get(key), f"status.{key}")
 
 
 def validate_status(rk: ResourceKind, obj: dict[str, Any]) -> None:

@@ -13,16 +13,29 @@ Contract
   reservation is short, or the ``create_error`` fault is set - the operation
   is DONE with ``error`` and the pool stays in status ERROR (this is how GKE
   reports quota and stockouts found mid-create; the pool must be deleted).
-* ``timings.node_register`` after RUNNING, one v1 Node per host appears in the
-  cluster's Kubernetes store.
+* ``timings.node_register`` after RUNNING, one v1 Node per host of
+  ``initialNodeCount`` (per zone, as GKE counts it) appears in the cluster's
+  Kubernetes store, labelled with its zone. Pools created with 0 nodes get
+  nodes only from the cluster autoscaler
+  (:mod:`~falcon_ray.sim.autoscaler`), which calls :meth:`NodePools.add_hosts`
+  and :meth:`NodePools.remove_nodes`.
+* Zones: a pool's ``locations`` default to the cluster's node locations and
+  must be zones of the cluster's region; a TPU pool must name exactly one zone
+  of the cluster's node locations (else 400 INVALID_ARGUMENT).
+* Autoscaling (``autoscaling.enabled``): ``totalMin/MaxNodeCount``, or
+  ``min/maxNodeCount`` per zone; a multi-host TPU pool (its topology spans
+  more than one host) must have a max of exactly its slice's hosts and grows
+  and shrinks by whole slices.
 * ``delete(name)`` moves the pool to STOPPING and returns a RUNNING operation;
   ``timings.node_pool_delete`` later nodes, the pods on them and the pool are gone.
 * Flex-start pools are hidden from ``get``/``visible`` for
   ``timings.flex_visibility_lag`` after the create call returned.
-* Capacity: reservation pools (SPECIFIC_RESERVATION affinity) count hosts
-  against the reservation from the create call until their deletion finishes;
-  all other TPU pools count chips against the cluster's ``chips`` for the same
-  span. Failed (ERROR) pools hold nothing.
+* Capacity: reservation pools (SPECIFIC_RESERVATION affinity) count their hosts
+  against the reservation from the create call (or the autoscaler's scale-up)
+  until their deletion (or scale-down) finishes; all other TPU pools count
+  chips against the cluster's ``chips`` the same way. Failed (ERROR) pools hold
+  nothing. A reservation pool must be in the reservation's zone, of its machine
+  type, and fit its free hosts, else its create ends with an operation error.
 * ``max_concurrent_pool_ops`` records the most pool operations that were
   running or attempted at the same moment: a create/delete refused because
   another one runs counts as 2, so it stays 1 only if the caller serializes.
@@ -37,6 +50,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import GoogleError
+from .fleet import is_zone, region_of
 from .kube_store import clone, rfc3339
 from .machines import TpuFamily, chips_per_host, default_topology, tpu_family
 
@@ -123,6 +137,88 @@ def _int_field(value: Any, where: str) -> int:
     return out
 
 
+def _check_config(config: dict[str, Any]) -> None:
+    """400 INVALID_ARGUMENT for a ``config`` whose fields the sim reads have the wrong types."""
+    _expect(
+        config,
+        "node_pool.config",
+        {"machineType": str, "labels": dict, "reservationAffinity": dict, "taints": list, "flexStart": bool},
+    )
+    if not all(isinstance(v, str) for v in (config.get("labels") or {}).values()):
+        raise GoogleError(400, "Invalid value at 'node_pool.config.labels': values must be strings.")
+    for i, taint in enumerate(config.get("taints") or []):
+        _expect(taint, f"node_pool.config.taints[{i}]", {"key": str, "value": str})
+
+
+def _reservation_name(config: dict[str, Any]) -> str | None:
+    """The reservation a SPECIFIC_RESERVATION affinity names (None for any other affinity)."""
+    affinity = config.get("reservationAffinity") or {}
+    _expect(affinity, "node_pool.config.reservation_affinity", {"key": str, "values": list})
+    if enum_name(affinity.get("consumeReservationType"), RESERVATION_TYPE) != "SPECIFIC_RESERVATION":
+        return None
+    values = affinity.get("values") or []
+    if affinity.get("key") != RESERVATION_KEY or len(values) != 1 or not isinstance(values[0], str):
+        raise GoogleError(
+            400,
+            "Invalid reservation affinity: SPECIFIC_RESERVATION needs "
+            f"key '{RESERVATION_KEY}' and exactly one reservation name in 'values'.",
+        )
+    return values[0].rsplit("/", 1)[-1]
+
+
+def _autoscaling(spec: dict[str, Any], zone_count: int) -> AutoscalingRange | None:
+    """An enabled ``autoscaling`` as totals: ``totalMin/MaxNodeCount``, or ``min/maxNodeCount`` per zone."""
+    _expect(spec, "node_pool.autoscaling", {"enabled": bool})
+    if not spec.get("enabled"):
+        return None
+    where = "node_pool.autoscaling."
+    totals = [_int_field(spec.get(k), where + k) for k in ("totalMinNodeCount", "totalMaxNodeCount")]
+    per_zone = [_int_field(spec.get(k), where + k) for k in ("minNodeCount", "maxNodeCount")]
+    if any(totals) and any(per_zone):
+        raise GoogleError(
+            400,
+            "Invalid autoscaling: total_min/max_node_count and min/max_node_count are mutually exclusive.",
+        )
+    low, high = totals if any(totals) else [n * zone_count for n in per_zone]
+    if high < 1 or high < low:
+        raise GoogleError(
+            400,
+            f"Invalid autoscaling: the max node count ({high}) must be at least 1 and at least the min "
+            f"node count ({low}).",
+        )
+    return AutoscalingRange(low, high)
+
+
+def _tpu_slice(
+    request: dict[str, Any],
+    config: dict[str, Any],
+    family: TpuFamily,
+    machine_type: str,
+    per_host: int,
+    size: int,
+) -> tuple[str, int]:
+    """(topology, hosts of one slice) of a TPU pool; 400 when ``size`` does not match the topology."""
+    placement = request.get("placementPolicy") or {}
+    _expect(placement, "node_pool.placement_policy", {"tpuTopology": str, "policyName": str})
+    topology = placement.get("tpuTopology") or (config.get("labels") or {}).get(TOPOLOGY_LABEL)
+    if not topology:
+        return default_topology(family, size * per_host or per_host), 1
+    try:
+        topo_chips = 1
+        for side in topology.split("x"):
+            topo_chips *= int(side)
+    except ValueError:
+        raise GoogleError(400, f"Invalid TPU topology {topology!r}.") from None
+    expected_hosts = max(1, topo_chips // per_host) if per_host else 0
+    if size != expected_hosts:
+        raise GoogleError(
+            400,
+            f"Invalid node pool size: TPU topology {topology} with machine type {machine_type} "
+            f"needs {expected_hosts} node(s), but the request has {size}.",
+        )
+    return topology, max(1, expected_hosts)
+
+
 @dataclass
 class Operation:
     name: str
@@ -166,6 +262,14 @@ class Operation:
         }
 
 
+@dataclass(frozen=True)
+class AutoscalingRange:
+    """``autoscaling`` of an enabled pool, as totals over its zones."""
+
+    min_nodes: int
+    max_nodes: int
+
+
 @dataclass
 class NodePool:
     name: str
@@ -173,12 +277,15 @@ class NodePool:
     supply: str  # reservation | flex-start | spot | on-demand
     machine_type: str
     family: TpuFamily | None
-    hosts: int
+    hosts: int  # hosts held now: registered nodes plus those still provisioning
     chips_per_host: int
     topology: str | None
     reservation: str | None
     created_at: float  # wall clock of the create call
     visible_after: float  # monotonic; get/list answer 404 before this
+    zones: list[str] = field(default_factory=list)
+    autoscaling: AutoscalingRange | None = None
+    slice_hosts: int = 1  # hosts a scale-up or scale-down moves at once (a multi-host slice: all)
     status: str = "PROVISIONING"
     status_message: str = ""
     ready_at: float | None = None
@@ -187,8 +294,10 @@ class NodePool:
     error: dict[str, Any] | None = None
     doomed: dict[str, Any] | None = None  # error decided at create time, reported when the op ends
     node_names: list[str] = field(default_factory=list)
-    idle_since: float | None = None  # monotonic
-    idle_seconds: float = 0.0
+    provisioning: int = 0  # hosts held whose nodes have not registered yet
+    first_node_at: float | None = None  # wall clock of the first node's registration
+    idle_mark: float | None = None  # monotonic; the pool is idle since then (chip-seconds added up to it)
+    idle_chip_seconds: float = 0.0
 
     @property
     def chips(self) -> int:
@@ -203,12 +312,21 @@ class NodePool:
         """VMs exist: from RUNNING until the deletion has finished."""
         return self.status in ("RUNNING", "STOPPING") and self.deleted_at is None
 
+    @property
+    def flex(self) -> bool:
+        return self.supply == "flex-start"
+
+    def idle_total(self, now_mono: float) -> float:
+        """Idle chip-seconds up to ``now_mono`` (see :meth:`SimCluster.refresh_idle`)."""
+        running = (now_mono - self.idle_mark) * self.chips if self.idle_mark is not None else 0.0
+        return self.idle_chip_seconds + running
+
     def to_json(self, cluster: SimCluster, enums_as_int: bool) -> dict[str, Any]:
         c = cluster.config
         body = clone(self.request)
         body["name"] = self.name
         body.setdefault("config", {}).setdefault("machineType", self.machine_type)
-        body.setdefault("locations", [c.location])
+        body.setdefault("locations", list(self.zones))
         body["initialNodeCount"] = self.request.get("initialNodeCount", 0)
         body["selfLink"] = (
             f"https://container.googleapis.com/v1/projects/{c.project}/locations/{c.location}"
@@ -219,15 +337,16 @@ class NodePool:
         if self.status_message:
             body["statusMessage"] = self.status_message
         body["instanceGroupUrls"] = [
-            f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.location}"
+            f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{zone}"
             f"/instanceGroupManagers/gke-{c.name[:20]}-{self.name[:20]}-grp"
+            for zone in self.zones
         ]
         body.setdefault("podIpv4CidrSize", 24)
         body["etag"] = f"sim-{int(self.created_at * 1000)}-{self.status.lower()}"
         return body
 
     def stats(self, now_mono: float) -> dict[str, Any]:
-        idle = self.idle_seconds + (now_mono - self.idle_since if self.idle_since is not None else 0.0)
+        scaling = self.autoscaling
         return {
             "name": self.name,
             "request": clone(self.request),
@@ -244,7 +363,13 @@ class NodePool:
             "reservation": self.reservation,
             "error": dict(self.error) if self.error else None,
             "nodes": list(self.node_names),
-            "idle_chip_seconds": round(idle * self.chips, 3),
+            "first_node_at": self.first_node_at,
+            "zone": self.zones[0] if len(self.zones) == 1 else None,
+            "locations": list(self.zones),
+            "autoscaling": (
+                {"min_nodes": scaling.min_nodes, "max_nodes": scaling.max_nodes} if scaling else None
+            ),
+            "idle_chip_seconds": round(self.idle_total(now_mono), 3),
         }
 
 
@@ -274,6 +399,14 @@ class NodePools:
                 f"Not found: projects/{c.project}/locations/{c.location}/clusters/{c.name}/nodePools/{name}.",
             )
         return pool
+
+    def autoscaled(self) -> list[NodePool]:
+        """RUNNING pools with autoscaling enabled, by name: the ones the cluster autoscaler resizes."""
+        return [
+            p
+            for _, p in sorted(self.pools.items())
+            if p.autoscaling is not None and p.status == "RUNNING" and p.deleted_at is None
+        ]
 
     def chips_committed(self) -> int:
         return sum(p.chips for p in self.pools.values() if p.holds_capacity and p.supply != "reservation")
@@ -309,89 +442,38 @@ class NodePools:
         return op
 
     def _describe(self, name: str, request: dict[str, Any]) -> NodePool:
-        """Validate the request and work out supply, size and placement."""
-        c = self.cluster.config
+        """Validate the request and work out supply, zones, size and placement."""
         _expect(
             request,
             "node_pool",
             {"config": dict, "autoscaling": dict, "placementPolicy": dict, "locations": list},
         )
         config = request.get("config") or {}
-        _expect(
-            config,
-            "node_pool.config",
-            {
-                "machineType": str,
-                "labels": dict,
-                "reservationAffinity": dict,
-                "taints": list,
-                "flexStart": bool,
-            },
-        )
-        if not all(isinstance(v, str) for v in (config.get("labels") or {}).values()):
-            raise GoogleError(400, "Invalid value at 'node_pool.config.labels': values must be strings.")
-        for i, taint in enumerate(config.get("taints") or []):
-            _expect(taint, f"node_pool.config.taints[{i}]", {"key": str, "value": str})
+        _check_config(config)
         machine_type = config.get("machineType") or "e2-medium"
         family = tpu_family(machine_type)
         per_host = chips_per_host(machine_type)
-        locations = request.get("locations") or [c.location]
-        if locations != [c.location]:
-            raise GoogleError(
-                400,
-                f"Invalid node locations {locations}: cluster {c.name} is zonal in {c.location}.",
-            )
-        initial = _int_field(request.get("initialNodeCount"), "node_pool.initial_node_count")
+        zones = self._pool_zones(request, family is not None)
+        initial = _int_field(request.get("initialNodeCount"), "node_pool.initial_node_count") * len(zones)
+        autoscaling = _autoscaling(request.get("autoscaling") or {}, len(zones))
         flex = bool(config.get("flexStart"))
-        autoscaling = request.get("autoscaling") or {}
-        max_nodes = _int_field(
-            autoscaling.get("totalMaxNodeCount") or autoscaling.get("maxNodeCount"),
-            "node_pool.autoscaling.total_max_node_count",
-        )
-        hosts = initial if initial > 0 else (max_nodes if flex else 0)
-
-        affinity = config.get("reservationAffinity") or {}
-        _expect(affinity, "node_pool.config.reservation_affinity", {"key": str, "values": list})
-        affinity_type = enum_name(affinity.get("consumeReservationType"), RESERVATION_TYPE)
-        reservation = None
-        if affinity_type == "SPECIFIC_RESERVATION":
-            values = affinity.get("values") or []
-            if affinity.get("key") != RESERVATION_KEY or len(values) != 1 or not isinstance(values[0], str):
-                raise GoogleError(
-                    400,
-                    "Invalid reservation affinity: SPECIFIC_RESERVATION needs "
-                    f"key '{RESERVATION_KEY}' and exactly one reservation name in 'values'.",
-                )
-            reservation = values[0].rsplit("/", 1)[-1]
-            if flex:
-                raise GoogleError(400, "Flex-start node pools cannot consume a specific reservation.")
+        reservation = _reservation_name(config)
+        if reservation and flex:
+            raise GoogleError(400, "Flex-start node pools cannot consume a specific reservation.")
         spot = bool(config.get("spot") or config.get("preemptible"))
         supply = "reservation" if reservation else "flex-start" if flex else "spot" if spot else "on-demand"
 
-        labels = config.get("labels") or {}
-        topology = None
+        size = initial or (autoscaling.max_nodes if autoscaling else 0)
+        topology, slice_hosts = None, 1
         if family is not None:
-            placement = request.get("placementPolicy") or {}
-            _expect(placement, "node_pool.placement_policy", {"tpuTopology": str, "policyName": str})
-            topology = placement.get("tpuTopology") or labels.get(TOPOLOGY_LABEL)
-            if topology:
-                try:
-                    topo_chips = 1
-                    for side in topology.split("x"):
-                        topo_chips *= int(side)
-                except ValueError:
-                    raise GoogleError(400, f"Invalid TPU topology {topology!r}.") from None
-                expected_hosts = max(1, topo_chips // per_host) if per_host else 0
-                if hosts != expected_hosts:
-                    raise GoogleError(
-                        400,
-                        f"Invalid node pool size: TPU topology {topology} with machine type {machine_type} "
-                        f"needs {expected_hosts} node(s), but the request has {hosts}.",
-                    )
-            else:
-                topology = default_topology(family, hosts * per_host or per_host)
+            topology, slice_hosts = _tpu_slice(request, config, family, machine_type, per_host, size)
+        if slice_hosts > 1 and autoscaling and autoscaling.max_nodes != slice_hosts:
+            raise GoogleError(
+                400,
+                f"Invalid autoscaling for a multi-host TPU slice: TPU topology {topology} has {slice_hosts} "
+                f"hosts, so the max node count must be {slice_hosts} (got {autoscaling.max_nodes}).",
+            )
 
-        now_mono = self.cluster.mono()
         lag = self.cluster.timings.flex_visibility_lag if flex else 0.0
         return NodePool(
             name=name,
@@ -399,60 +481,107 @@ class NodePools:
             supply=supply,
             machine_type=machine_type,
             family=family,
-            hosts=hosts,
+            hosts=initial,
             chips_per_host=per_host,
             topology=topology,
             reservation=reservation,
             created_at=time.time(),
-            visible_after=now_mono + lag,
+            visible_after=self.cluster.mono() + lag,
+            zones=zones,
+            autoscaling=autoscaling,
+            slice_hosts=slice_hosts,
         )
+
+    def _pool_zones(self, request: dict[str, Any], tpu: bool) -> list[str]:
+        """The pool's zones: ``locations``, else the cluster's node locations (400 when GKE refuses them)."""
+        c = self.cluster.config
+        requested = request.get("locations")
+        if requested and not all(isinstance(z, str) for z in requested):
+            raise GoogleError(400, "Invalid value at 'node_pool.locations': must be a list of zone names.")
+        zones = list(requested) if requested else c.zones
+        region = region_of(c.location)
+        foreign = [z for z in zones if not is_zone(z) or region_of(z) != region]
+        if foreign or len(set(zones)) != len(zones):
+            raise GoogleError(
+                400,
+                f"Invalid argument: node pool locations {zones} must be distinct zones of the cluster's "
+                f"region {region}.",
+            )
+        if tpu and (len(zones) != 1 or zones[0] not in c.zones):
+            raise GoogleError(
+                400,
+                f"Invalid argument: a TPU node pool must be in exactly one zone of the cluster's node "
+                f"locations; node_pool.locations is {zones} (cluster {c.name} has node locations "
+                f"{', '.join(c.zones)}). Set node_pool.locations to one of them.",
+            )
+        return zones
+
+    # ---- capacity ------------------------------------------------------------------------------
+    def free_hosts(self, pool: NodePool) -> int | None:
+        """More hosts of ``pool``'s kind that fit now: reservation or cluster chips (None: unlimited)."""
+        if pool.supply == "reservation":
+            res = self.cluster.config.reservation
+            return (res.count if res else 0) - self.reservation_in_use()
+        if not pool.chips_per_host:
+            return None
+        return max(0, self.cluster.config.chips - self.chips_committed()) // pool.chips_per_host
 
     def _capacity_error(self, pool: NodePool) -> dict[str, Any] | None:
         """The error this create will end with (None if it fits)."""
-        c = self.cluster.config
         faults = self.cluster.faults
         if faults.create_error:
             return {"code": CODE_RESOURCE_EXHAUSTED, "message": faults.create_error}
         if pool.supply == "reservation":
-            res = c.reservation
-            if res is None or res.name != pool.reservation:
-                return {
-                    "code": CODE_NOT_FOUND,
-                    "message": (
-                        f"Reservation 'projects/{c.project}/zones/{c.location}/reservations/{pool.reservation}' "
-                        "was not found."
-                    ),
-                }
-            res_machine = self.cluster.reservation_machine_type()
-            if res_machine != pool.machine_type:
-                return {
-                    "code": CODE_FAILED_PRECONDITION,
-                    "message": (
-                        f"Reservation {res.name} holds {res_machine} VMs; the node pool asks for {pool.machine_type}."
-                    ),
-                }
-            free = res.count - self.reservation_in_use()
-            if pool.hosts > free:
-                return {
-                    "code": CODE_RESOURCE_EXHAUSTED,
-                    "message": (
-                        f"Reservation {res.name} does not have enough resources: {pool.hosts} VM(s) requested, "
-                        f"{free} of {res.count} available."
-                    ),
-                }
-            return None
-        free_chips = c.chips - self.chips_committed()
-        if pool.chips > free_chips:
+            error = self._reservation_error(pool)
+            if error is not None:
+                return error
+        free = self.free_hosts(pool)
+        if free is not None and pool.hosts > free:
+            return self._shortage(pool, pool.hosts, free)
+        return None
+
+    def _reservation_error(self, pool: NodePool) -> dict[str, Any] | None:
+        """Why ``pool`` cannot consume its reservation at all (unknown, other zone, other machine type)."""
+        c = self.cluster.config
+        res, res_zone = c.reservation, c.reservation_zone
+        path = f"projects/{c.project}/zones/{pool.zones[0]}/reservations/{pool.reservation}"
+        if res is None or res.name != pool.reservation:
+            return {"code": CODE_NOT_FOUND, "message": f"Reservation '{path}' was not found."}
+        if pool.zones != [res_zone]:
             return {
-                "code": CODE_RESOURCE_EXHAUSTED,
+                "code": CODE_NOT_FOUND,
                 "message": (
-                    f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone '{c.location}' does not have enough resources "
-                    f"available to fulfill the request ({pool.machine_type} x {pool.hosts}; stockout). "
-                    "Try a different zone, or try again later."
+                    f"Reservation '{path}' was not found: reservation {res.name} is in zone {res_zone}, and a "
+                    f"node pool that consumes a specific reservation must be in the reservation's zone "
+                    f"(node pool locations: {', '.join(pool.zones)})."
+                ),
+            }
+        res_machine = self.cluster.reservation_machine_type()
+        if res_machine != pool.machine_type:
+            return {
+                "code": CODE_FAILED_PRECONDITION,
+                "message": (
+                    f"Reservation {res.name} holds {res_machine} VMs; the node pool asks for {pool.machine_type}."
                 ),
             }
         return None
 
+    def _shortage(self, pool: NodePool, wanted: int, free: int) -> dict[str, Any]:
+        res = self.cluster.config.reservation
+        if pool.supply == "reservation" and res is not None:
+            message = (
+                f"Reservation {res.name} does not have enough resources: {wanted} VM(s) requested, "
+                f"{free} of {res.count} available."
+            )
+        else:
+            message = (
+                f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone '{pool.zones[0]}' does not have enough resources "
+                f"available to fulfill the request ({pool.machine_type} x {wanted}; stockout). "
+                "Try a different zone, or try again later."
+            )
+        return {"code": CODE_RESOURCE_EXHAUSTED, "message": message}
+
+    # ---- nodes ---------------------------------------------------------------------------------
     def _finish_create(self, pool: NodePool, op: Operation) -> None:
         if pool.doomed is not None:
             pool.status = "ERROR"
@@ -465,13 +594,39 @@ class NodePools:
         pool.ready_at = time.time()
         self._end_op(op, None)
         self.cluster.refresh_idle()
-        self.cluster.call_later(self.cluster.timings.node_register, self._register_nodes, pool)
+        self._provision(pool, pool.hosts)
+        self.cluster.autoscaler.poke()
 
-    def _register_nodes(self, pool: NodePool) -> None:
+    def add_hosts(self, pool: NodePool, count: int) -> None:
+        """Hold ``count`` more hosts for ``pool`` (the autoscaler checked they fit); nodes follow."""
+        self.cluster.refresh_idle()
+        pool.hosts += count
+        self._provision(pool, count)
+
+    def remove_nodes(self, pool: NodePool, names: list[str]) -> None:
+        """Delete these nodes of ``pool`` (with any pod on them) and release their hosts."""
+        self.cluster.refresh_idle()
+        for node in names:
+            self.cluster.remove_node(node)
+            pool.node_names.remove(node)
+        pool.hosts -= len(names)
+        self.cluster.refresh_idle()
+
+    def _provision(self, pool: NodePool, count: int) -> None:
+        if count <= 0:
+            return
+        pool.provisioning += count
+        self.cluster.call_later(self.cluster.timings.node_register, self._register_nodes, pool, count)
+
+    def _register_nodes(self, pool: NodePool, count: int) -> None:
+        pool.provisioning -= count
         if pool.status != "RUNNING" or pool.deleted_at is not None:
             return
-        for _ in range(pool.hosts):
-            pool.node_names.append(self.cluster.add_node(pool))
+        for _ in range(count):
+            zone = pool.zones[len(pool.node_names) % len(pool.zones)]
+            pool.node_names.append(self.cluster.add_node(pool, zone))
+        if pool.first_node_at is None:
+            pool.first_node_at = time.time()
 
     # ---- delete --------------------------------------------------------------------------------
     def delete(self, name: str) -> Operation:
@@ -529,8 +684,8 @@ class NodePools:
         }
 
 
-def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int) -> dict[str, Any]:
-    """The v1 Node GKE registers for one host of a pool."""
+def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int, zone: str) -> dict[str, Any]:
+    """The v1 Node GKE registers for one host of a pool, in ``zone``."""
     c = cluster.config
     config = pool.request.get("config") or {}
     labels: dict[str, str] = {str(k): str(v) for k, v in (config.get("labels") or {}).items()}
@@ -543,8 +698,8 @@ def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int)
             "kubernetes.io/os": "linux",
             "kubernetes.io/hostname": node_name,
             "node.kubernetes.io/instance-type": pool.machine_type,
-            "topology.kubernetes.io/zone": c.location,
-            "topology.kubernetes.io/region": c.location.rsplit("-", 1)[0],
+            "topology.kubernetes.io/zone": zone,
+            "topology.kubernetes.io/region": region_of(zone),
         }
     )
     if pool.supply == "spot":
@@ -570,7 +725,7 @@ def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int)
     return {
         "metadata": {"name": node_name, "labels": labels, "annotations": {"sim.falcon/pool": pool.name}},
         "spec": {
-            "providerID": f"gce://{c.project}/{c.location}/{node_name}",
+            "providerID": f"gce://{c.project}/{zone}/{node_name}",
             "taints": taints,
         },
         "status": {

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from .kube_store import WatchEvent, clone, rfc3339
 from .node_pools import TPU_RESOURCE
+from .quantities import whole_units
 from .selectors import node_matches, tolerates
 
 if TYPE_CHECKING:
@@ -64,15 +65,21 @@ def owner_job(pod: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def tpu_request(pod: dict[str, Any]) -> int:
+    """The pod's ``google.com/tpu`` (requests, else limits, summed over its containers)."""
     total = 0
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         value = (res.get("requests") or {}).get(TPU_RESOURCE, (res.get("limits") or {}).get(TPU_RESOURCE, 0))
-        try:
-            total += int(value)
-        except (TypeError, ValueError):
-            continue
+        total += quantity(value)
     return total
+
+
+def quantity(value: Any) -> int:
+    """A quantity (string or number) in whole units; 0 when absent or malformed."""
+    try:
+        return whole_units(value if value is not None else 0)
+    except ValueError:
+        return 0
 
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
@@ -470,7 +477,7 @@ class Workloads:
                 t = blocking[0]
                 reasons[f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value', '')}}}"] += 1
                 continue
-            alloc = _quantity((node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0"))
+            alloc = quantity((node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0"))
             if want > alloc - used[node["metadata"]["name"]]:
                 reasons[f"Insufficient {TPU_RESOURCE}"] += 1
                 continue
@@ -643,13 +650,6 @@ class Workloads:
 
 def rfc3339_from(ts: float) -> str:
     return rfc3339(datetime.fromtimestamp(ts, UTC))
-
-
-def _quantity(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _node_ready(node: dict[str, Any]) -> bool:

@@ -12,7 +12,10 @@ Contract
   previous test forgot).
 * ``reset_sim_faults(fleet)``: that reset, for fixtures of other modules.
 * ``gke_client``, ``compute_client``, ``kube_api_client``, ``google_credentials``:
-  the REAL clients, aimed at the simulator; ``poll_until`` waits with a deadline.
+  the REAL clients, aimed at the simulator; ``poll_until`` waits with a deadline;
+  ``wait_operation`` polls a GKE operation until DONE.
+* ``private_fleet_config(clusters, **timings)``: a fleet without authentication
+  for tests that need clusters of their own (regional ones, tight capacity).
 
 Clusters: ``sim-a`` (reservation ``res-sim-a`` of 4 hosts, 64 chips: node-pool
 and reservation tests), ``sim-b`` (8 chips, no reservation: stockouts and API
@@ -39,6 +42,9 @@ FAST_TIMINGS = {
     "node_pool_delete": 0.2,
     "pod_start": 0.05,
     "watch_bookmark_interval": 0.3,
+    "autoscaler_scale_up": 0.2,
+    "flex_capacity_wait": 0.2,
+    "autoscaler_scale_down": 30,
 }
 
 SIM_TEST_FLEET: dict[str, Any] = {
@@ -182,3 +188,30 @@ def poll_until(probe, timeout: float = 5.0, interval: float = 0.05, what: str = 
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
         time.sleep(interval)
+
+
+def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> FleetConfig:
+    """A fleet of ``clusters`` without authentication, every cluster with :data:`FAST_TIMINGS` + ``timings``."""
+    return parse_fleet(
+        {
+            "seed": 3,
+            "auth": {"required": False},
+            "clusters": [{"timings": {**FAST_TIMINGS, **timings}, **c} for c in clusters],
+        },
+        "tests/fixtures_sim.py",
+    )
+
+
+def wait_operation(gke, location: str, op, timeout: float = 5.0):
+    """Poll a GKE operation (``location`` = ``projects/P/locations/L``) until DONE; return it."""
+    from google.cloud import container_v1
+
+    return poll_until(
+        lambda: (
+            (o := gke.get_operation(name=f"{location}/operations/{op.name}")).status
+            == container_v1.Operation.Status.DONE
+            and o
+        ),
+        timeout,
+        what=f"operation {op.name} DONE",
+    )

@@ -58,6 +58,31 @@ def test_defaults_fill_a_minimal_fleet():
         ({"clusters": [MINIMAL["clusters"][0], MINIMAL["clusters"][0]]}, "repeated: c1"),
         ({"clusters": []}, "clusters"),
         ({"auth": {"required": True, "ttl": 5}, **MINIMAL}, "auth.ttl"),
+        ({"clusters": [{**MINIMAL["clusters"][0], "location": "us-east5"}]}, "node_locations is required"),
+        (
+            {
+                "clusters": [
+                    {**MINIMAL["clusters"][0], "location": "us-east5", "node_locations": ["us-west1-a"]}
+                ]
+            },
+            "'us-west1-a' is not a zone of us-east5",
+        ),
+        (
+            {"clusters": [{**MINIMAL["clusters"][0], "node_locations": ["us-east5-a"]}]},
+            "must include its zone us-east5-b",
+        ),
+        (
+            {
+                "clusters": [
+                    {**MINIMAL["clusters"][0], "reservation": {"name": "r", "count": 1, "zone": "eu-x1-a"}}
+                ]
+            },
+            "reservation.zone",
+        ),
+        (
+            {"clusters": [{**MINIMAL["clusters"][0], "timings": {"autoscaler_scale_down": -1}}]},
+            "timings.autoscaler_scale_down",
+        ),
     ],
 )
 def test_invalid_fleets_name_the_offending_key(patch, where):
@@ -65,6 +90,28 @@ def test_invalid_fleets_name_the_offending_key(patch, where):
         parse_fleet(patch, "f.yaml")
     assert where in str(err.value)
     assert str(err.value).startswith("f.yaml")
+
+
+def test_zones_and_autoscaler_timings_default_sensibly():
+    zonal = parse_fleet({"clusters": [{**MINIMAL["clusters"][0], "reservation": {"name": "r", "count": 1}}]})
+    c = zonal.clusters[0]
+    assert not c.regional and c.zones == ["us-east5-b"] and c.reservation_zone == "us-east5-b"
+    t = c.timings
+    assert (t.autoscaler_scale_up, t.flex_capacity_wait, t.autoscaler_scale_down) == (0.5, 0.5, 30.0)
+    regional = parse_fleet(
+        {
+            "clusters": [
+                {
+                    **MINIMAL["clusters"][0],
+                    "location": "us-central1",
+                    "node_locations": ["us-central1-c", "us-central1-a"],
+                    "reservation": {"name": "r", "count": 1},
+                }
+            ]
+        }
+    ).clusters[0]
+    assert regional.regional and regional.zones == ["us-central1-c", "us-central1-a"]
+    assert regional.reservation_zone == "us-central1-c"  # default: the first node location
 
 
 def test_load_fleet_reports_unreadable_and_malformed_files(tmp_path):

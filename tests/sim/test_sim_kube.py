@@ -295,6 +295,71 @@ def test_invalid_jobs_are_422(kube, sim):
     assert err.value.status == 422 and "spec.completions" in status_body(err.value)["message"]
 
 
+def _post_json(kube, sim, path, body):
+    """POST a JSON body as kubectl sends a YAML manifest (numbers stay numbers): (status, answer)."""
+    base = sim.endpoints["clusters"]["sim-k"]["kubernetes"]
+    token = kube[0].api_client.configuration.api_key["authorization"]
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_quantities_may_be_json_numbers_and_are_stored_canonically(kube, sim):
+    # The Python client's models only take strings, so this is the wire form kubectl would send.
+    batch, core = kube
+    jobs = f"/apis/batch/v1/namespaces/{NS}/jobs"
+    body = job_body("train-numbers")
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"google.com/tpu": 4, "cpu": 0.5, "memory": "1.5Gi"},
+        "requests": {"google.com/tpu": 4, "cpu": 2},
+    }
+    status, _ = _post_json(kube, sim, jobs, body)
+    assert status == 201
+    resources = batch.read_namespaced_job("train-numbers", NS).spec.template.spec.containers[0].resources
+    assert resources.limits == {"google.com/tpu": "4", "cpu": "500m", "memory": "1536Mi"}
+    assert resources.requests == {"google.com/tpu": "4", "cpu": "2"}
+    assert wait_finished(batch, "train-numbers").status.succeeded == 1
+    (pod,) = pods_of(core, "train-numbers")
+    assert (
+        core.read_node(pod.spec.node_name).status.allocatable["google.com/tpu"] == "4"
+    )  # it took a TPU host
+    for bad in ("4x", True, {"n": 4}):
+        body = job_body("train-bad-quantity")
+        body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"google.com/tpu": bad}}
+        status, answer = _post_json(kube, sim, jobs, body)
+        assert status == 400 and answer["kind"] == "Status", (bad, answer)
+
+
+def test_a_pod_asking_more_tpu_than_any_node_has_stays_pending_even_as_a_number(kube, sim):
+    _, core = kube
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "too-big", "namespace": NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "main", "image": "trainer:1", "resources": {"limits": {"google.com/tpu": 8}}}
+            ],
+        },
+    }
+    status, _ = _post_json(kube, sim, f"/api/v1/namespaces/{NS}/pods", pod)
+    assert status == 201
+    pending = poll_until(
+        lambda: (p := core.read_namespaced_pod("too-big", NS)).status.conditions and p, what="a verdict"
+    )
+    assert (
+        pending.status.phase == "Pending"
+        and "Insufficient google.com/tpu" in pending.status.conditions[0].message
+    )
+    core.delete_namespaced_pod("too-big", NS)
+
+
 def test_admission_denies_images(kube, sim):
     batch, _ = kube
     sim.set_faults("sim-k", deny_images=["docker.io/", "evil.example/"])

@@ -133,3 +133,22 @@ def test_unserialized_pool_operations_show_in_max_concurrent_pool_ops(private_fl
     stats = private_fleet.stats()["clusters"]["sim-k"]
     assert stats["max_concurrent_pool_ops"] == 2 and stats["rejected_pool_ops"] == 1
     assert [p["name"] for p in stats["node_pools"]] == ["falcon-one"]
+
+
+def test_pool_stats_tell_when_the_first_node_registered_and_in_which_zone(private_fleet):
+    fleet = private_fleet
+    fleet.set_timings("sim-k", node_register=0.4)
+    gke = gke_client(fleet, credentials=AnonymousCredentials())
+    wait_op(gke, gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-first")))
+    (pool,) = fleet.stats()["clusters"]["sim-k"]["node_pools"]
+    assert pool["status"] == "RUNNING" and pool["nodes"] == [] and pool["first_node_at"] is None
+    assert pool["zone"] == "europe-west4-a" and pool["locations"] == ["europe-west4-a"]
+    assert pool["autoscaling"] is None
+    pool = poll_until(
+        lambda: (p := fleet.stats()["clusters"]["sim-k"]["node_pools"][0])["first_node_at"] and p,
+        what="first_node_at",
+    )
+    assert pool["first_node_at"] - pool["ready_at"] >= 0.35 and pool["first_node_at"] <= time.time()
+    clusters = fleet.stats()["clusters"]
+    assert clusters["sim-k"]["node_locations"] == ["europe-west4-a"]
+    assert clusters["sim-a"]["reservation"]["zone"] == "us-east5-b"  # default: the cluster's zone

@@ -9,7 +9,7 @@ from google.cloud import container_v1
 from kubernetes import client as k8s
 
 from falcon_ray.sim.server import SimFleet
-from tests.fixtures_sim import compute_client, gke_client, poll_until, private_fleet_config, wait_operation
+from tests.harness.sim import compute_client, gke_client, poll_until, private_fleet_config, wait_operation
 
 REGION, ZONE_A, ZONE_B = "us-central1", "us-central1-a", "us-central1-b"
 REG_LOCATION = f"projects/proj-reg/locations/{REGION}"

@@ -13,7 +13,7 @@ from google.cloud import container_v1
 from kubernetes import client as k8s
 
 from falcon_ray.sim.server import SimFleet
-from tests.fixtures_sim import gke_client, poll_until, private_fleet_config, wait_operation
+from tests.harness.sim import gke_client, poll_until, private_fleet_config, wait_operation
 
 PROJECT, ZONE, NAME = "proj-as", "us-east5-b", "as-1"
 LOCATION = f"projects/{PROJECT}/locations/{ZONE}"

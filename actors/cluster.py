@@ -121,6 +121,8 @@ class ClusterGateway:
         self.reservation: ReservationView | None = None
         self.reservation_error: ReservationError | None = None
         self.reservation_at = 0.0
+        self.reservation_zone = ""  # where the reservation was found
+        self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
         self.reported_reconnects = 0
@@ -144,6 +146,7 @@ class ClusterGateway:
         creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
         ep = gke.get_cluster(c.project, c.location, c.name)
+        self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = time.time()
         self.kube = KubeApi(api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme))
         self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
@@ -284,26 +287,47 @@ class ClusterGateway:
         with self.lock:
             return sum(1 for n in self.pools if n.startswith(render.POOL_NAME_PREFIX))
 
+    def _reservation_zones(self) -> list[str]:
+        """Where to look for the reservation: the zone it names, else the cluster's zone(s),
+        the zone it was last found in first."""
+        zone, _ = render.reservation_parts(self.cluster.default_reservation)
+        if zone:
+            return [zone]
+        zones = list(self.zones)
+        if self.reservation_zone in zones:
+            zones.remove(self.reservation_zone)
+            zones.insert(0, self.reservation_zone)
+        return zones
+
     def _refresh_reservation(self) -> None:
         c = self.cluster
         if not c.default_reservation or self.compute is None:
             return
         if (self.reservation is not None or self.reservation_error) and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
             return
-        zone, name = reservation_ref(c.default_reservation, c.location)
-        try:
-            r = self.compute.reservation(c.project, zone, name)
-            self.last_ok["compute"] = time.time()
-        except CloudError as e:
-            log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
-            self.reservation_error = ReservationError(e.kind, e.message[:500])
-            self.reservation = None
-            self.reservation_at = time.monotonic()
-            return
-        self.reservation_error = None
-        self.reservation = ReservationView(r.count, r.in_use)
+        _, name = render.reservation_parts(c.default_reservation)
+        zones = self._reservation_zones()
         self.reservation_at = time.monotonic()
-        metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
+        for zone in zones:
+            try:
+                r = self.compute.reservation(c.project, zone, name)
+            except CloudError as e:
+                if e.kind == ErrorKind.NOT_FOUND:
+                    continue  # reservations are zonal: try the cluster's next zone
+                log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
+                self.reservation_error = ReservationError(e.kind, e.message[:500])
+                self.reservation = None
+                return
+            self.last_ok["compute"] = time.time()
+            self.reservation_error = None
+            self.reservation, self.reservation_zone = ReservationView(r.count, r.in_use), zone
+            metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
+            return
+        tried = ", ".join(zones) or "none known"
+        message = f"reservation {name} not found in the zone(s) of cluster {c.name}: {tried}"
+        log.warning("cluster %s: %s", self.name, message)
+        self.reservation_error = ReservationError(ErrorKind.NOT_FOUND, message)
+        self.reservation = None
 
     def observe(self, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
         """What a QueueActor needs for one decision: its pools, their operations, its Jobs."""
@@ -320,6 +344,8 @@ class ClusterGateway:
                 reservation_error=self.reservation_error,
                 synced=self.pools_synced and self.jobs_synced,
                 error=self.connect_error or ("" if self.gke is not None else "still connecting"),
+                zones=self.zones,
+                reservation_zone=self.reservation_zone,
             )
 
     # ---- node pools: operations ------------------------------------------------------
@@ -597,11 +623,3 @@ class ClusterGateway:
             busy = sum(1 for o in self.ops.values() if o.state in OP_IN_FLIGHT)
         alive = self._falcon_pools_alive()
         return f"ClusterActor({self.name} {c.tpu_type if c else '?'} {c.status if c else '?'}: {alive} pools, {busy} ops, {len(self.jobs)} jobs)"
-
-
-def reservation_ref(default_reservation: str, location: str) -> tuple[str, str]:
-    """``NAME`` (in the cluster's zone) or ``ZONE/NAME`` (for a regional cluster) -> (zone, name)."""
-    if "/" in default_reservation:
-        zone, name = default_reservation.split("/", 1)
-        return zone, name
-    return location, default_reservation

@@ -314,7 +314,7 @@ class QueueReconciler:
         fields: dict[str, Any] = {"job_uid": res["uid"]}
         if e.first:
             fields["dispatched_at"] = self.clock()
-        self.store.update_task(e.task_id, (lc.DISPATCHING,), None, **fields)
+        self.store.update_task(e.task_id, (e.phase,), None, **fields)
         return True, True
 
     def _transitioned(self, e: Transition) -> None:

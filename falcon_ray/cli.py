@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import tpu
+from falcon_ray.render import ZONE_RE
 from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import DEFAULT_DB_URL, Store, Task, migrate
 from falcon_ray.store.repository import CLUSTER_STATUSES
@@ -214,6 +215,7 @@ CLUSTER_COLUMNS = [
     ("status", "STATUS"),
     ("project", "PROJECT"),
     ("location", "LOCATION"),
+    ("zone", "ZONE"),
     ("default_reservation", "RESERVATION"),
     ("gcs_bucket", "BUCKET"),
     ("namespace", "NAMESPACE"),
@@ -242,6 +244,7 @@ def _tpu_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--status", type=click.Choice(CLUSTER_STATUSES), default="active", show_default=True)
 @click.option("--namespace", default="falcon-jobs", show_default=True, help="Namespace the Jobs run in.")
 @click.option("--service-account", default="falcon-job", show_default=True, help="Kubernetes SA the Jobs run as.")
+@click.option("--zone", default="", callback=lambda c, p, v: _zone(v), help="Zone for pools without a reservation (regional clusters; empty: the cluster's zone, else its first node location).")
 @db_option
 @json_option
 def clusters_add(
@@ -254,6 +257,7 @@ def clusters_add(
     status: str,
     namespace: str,
     service_account: str,
+    zone: str,
     db_url: str,
     as_json: bool,
 ) -> None:
@@ -274,6 +278,7 @@ def clusters_add(
                 status=status,
                 namespace=namespace,
                 service_account=service_account,
+                zone=zone,
             )
         except sa.exc.IntegrityError:
             raise CliError(f"cluster {name!r} already exists") from None
@@ -314,6 +319,31 @@ def clusters_set_status(name: str, status: str, db_url: str, as_json: bool) -> N
         echo_json(after.to_dict())
     else:
         click.echo(f"{after.name}: {before.status} -> {after.status}")
+
+
+def _zone(value: str) -> str:
+    if value and not ZONE_RE.match(value):
+        raise click.BadParameter(f"{value!r} is not a zone (like us-central1-c)")
+    return value
+
+
+@clusters.command("set-zone")
+@click.argument("name")
+@click.argument("zone")
+@db_option
+@json_option
+def clusters_set_zone(name: str, zone: str, db_url: str, as_json: bool) -> None:
+    """Choose the zone of new pools without a reservation on a regional cluster ("" clears it)."""
+    zone = _zone(zone)
+    with open_store(db_url, need_jobs=False) as store:
+        before = store.get_cluster(name)
+        if before is None or not store.set_cluster_zone(before.name, zone):
+            raise CliError(f"no cluster named {name!r}")
+        after = store.get_cluster(before.name)
+    if as_json:
+        echo_json(after.to_dict())
+    else:
+        click.echo(f"{after.name}: zone {before.zone or '-'} -> {after.zone or '-'}")
 
 
 # --- tasks -------------------------------------------------------------------------------

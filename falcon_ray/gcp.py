@@ -66,6 +66,7 @@ def default_credentials():
 class ClusterEndpoint:
     endpoint: str  # host[:port] of the cluster's API server, as GKE reports it
     ca_certificate_pem: str | None  # the cluster CA, decoded; None when GKE gave none
+    locations: tuple[str, ...] = ()  # the zones of its nodes (Cluster.locations)
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,9 @@ class GkeApi(_RestApi):
                 name=self._cluster_path(project, location, name), **self._kw(_READ_RETRY)
             )
         )
-        return ClusterEndpoint(cluster.endpoint, _decode_ca(cluster.master_auth.cluster_ca_certificate))
+        return ClusterEndpoint(
+            cluster.endpoint, _decode_ca(cluster.master_auth.cluster_ca_certificate), tuple(cluster.locations)
+        )
 
     def create_node_pool(self, project: str, location: str, cluster: str, pool: Mapping[str, Any]) -> str:
         """Start creating ``pool`` (GKE REST JSON, as render.node_pool_request returns it);

@@ -126,14 +126,18 @@ def _edges() -> dict[tuple[Phase, Phase], str]:
     add((PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE), DISPATCHING, f"{QUEUE}: pool ready (or an idle one reused)")
     add(WAITING, DISPATCHING, f"{QUEUE}: picked and an idle same-topology pool is ready")
     add(DISPATCHING, RUNNING, f"{QUEUE}: every pod of the Job is active")
+    # a pool that scales from zero (flex-start, or an idle pool the autoscaler emptied) gets its
+    # nodes only for the Job's pending pods: the Job is submitted first, the nodes follow
+    add(DISPATCHING, WAITING_FOR_NODE, f"{QUEUE}: Job submitted; its pool has no nodes yet, they come for its pending pods")
+    add(WAITING_FOR_NODE, RUNNING, f"{QUEUE}: the nodes came and every pod of the Job is active")
     # acquisition failures
     for src in (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE):
         add(src, failed(Reason.NODE_POOL_TIMEOUT), f"{QUEUE}: control plane not RUNNING within node_pool_timeout")
         add(src, failed(Reason.NODE_POOL_FAILED), f"{QUEUE}: GKE refused or failed the create (quota, stockout)")
-    add(DISPATCHING, failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the Job")
+    add((DISPATCHING, WAITING_FOR_NODE), failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the Job")
     # execution
-    add((DISPATCHING, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed")
-    add((DISPATCHING, RUNNING), failed(Reason.JOB_FAILED), f"{QUEUE}: the Job failed (pod failure, OOM, ...)")
+    add((DISPATCHING, WAITING_FOR_NODE, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed")
+    add((DISPATCHING, WAITING_FOR_NODE, RUNNING), failed(Reason.JOB_FAILED), f"{QUEUE}: the Job failed (pod failure, OOM, ...)")
     add((DISPATCHING, RUNNING), failed(Reason.TIMEOUT), f"{QUEUE}: dispatched_at + timeout_seconds passed")
     # abort: the upper layer may abort any live task; Falcon finishes it
     add(LIVE_PHASES, ABORTING, f"{UPPER}: abort requested")

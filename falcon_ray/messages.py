@@ -71,6 +71,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready})...",
         "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready})...",
     ),
+    "waiting_for_node_job": (
+        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready}); Job {job} submitted, its pods are pending until the nodes come (waiting {waited})...",
+        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready});Job {job} 已提交,Pod 等待节点加入 (已等待 {waited})...",
+    ),
     "dispatching": (
         "Node pool {pool} ready, submitting the Kubernetes Job...",
         "Node pool {pool} 就绪,正在提交 K8s Job...",

@@ -132,6 +132,7 @@ class Cluster:
     service_account: str
     created_at: dt.datetime
     updated_at: dt.datetime
+    zone: str = ""  # the operator's zone for pools without a reservation (regional clusters)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", ClusterStatus(self.status))
@@ -305,6 +306,8 @@ class ClusterView:
     reservation_error: ReservationError | None = None  # of the last read
     synced: bool = True
     error: str = ""  # why the ClusterActor cannot reach GKE, if it cannot
+    zones: tuple[str, ...] = ()  # the cluster's node zones (Cluster.locations), once connected
+    reservation_zone: str = ""  # the zone the reservation was found in
 
 
 # --- what the database says about one queue -------------------------------------------------

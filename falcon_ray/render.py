@@ -79,7 +79,7 @@ FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600  # flex-start VMs live at most seven 
 # --- node pool constants ---------------------------------------------------------------
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
-_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 
 # --- pod constants ---------------------------------------------------------------------
 
@@ -186,7 +186,13 @@ def worker_hostnames(task_id: int, hosts: int) -> list[str]:
 
 def cluster_zone(cluster: Cluster) -> str | None:
     """The cluster's zone when its location is a zone (``us-east5-b``), else None (regional)."""
-    return cluster.location if _ZONE_RE.match(cluster.location) else None
+    return cluster.location if ZONE_RE.match(cluster.location) else None
+
+
+def reservation_parts(ref: str) -> tuple[str | None, str]:
+    """A registry reservation, ``NAME`` or ``ZONE/NAME`` -> (zone or None, bare name)."""
+    zone, sep, name = ref.partition("/")
+    return (zone, name) if sep else (None, ref)
 
 
 # --- node pools --------------------------------------------------------------------------
@@ -217,8 +223,12 @@ def node_pool_request(
     idle_seconds: int,
     workload_policy: str | None = None,
     installation: str = DEFAULT_INSTALLATION,
+    zone: str | None = None,
 ) -> dict[str, Any]:
-    """The NodePool to create for one slice of ``spec``'s shape, in GKE v1 REST JSON."""
+    """The NodePool to create for one slice of ``spec``'s shape, in GKE v1 REST JSON.
+
+    A TPU slice lives in one zone: ``zone`` (the reservation's, or the one chosen for a
+    regional cluster), else the cluster's own zone when its location is one."""
     shape = spec.shape
     mode = SupplyMode(supply_mode)
     idle = int(idle_seconds)
@@ -243,7 +253,7 @@ def node_pool_request(
         config["reservationAffinity"] = {
             "consumeReservationType": "SPECIFIC_RESERVATION",
             "key": RESERVATION_KEY,
-            "values": [cluster.default_reservation],
+            "values": [reservation_parts(cluster.default_reservation)[1]],
         }
     else:
         # On-demand and flex-start must not quietly eat a reservation's capacity.
@@ -258,8 +268,9 @@ def node_pool_request(
     pool: dict[str, Any] = {
         "name": name,
         "config": config,
-        # A multi-host slice is atomic: all hosts or none.
-        "initialNodeCount": 0 if flex else shape.hosts,
+        # A multi-host slice is atomic: all hosts or none. A flex-start pool starts empty:
+        # the autoscaler adds its nodes only for pending Pods that select it.
+        "initialNodeCount": 0 if scales_from_zero(mode) else shape.hosts,
         # Autoscaling 0..hosts in every mode, so the idle time above has an effect.
         "autoscaling": {
             "enabled": True,
@@ -271,7 +282,7 @@ def node_pool_request(
         # Auto-upgrade is GKE's default for new pools and required on release channels.
         "management": {"autoRepair": not flex, "autoUpgrade": True},
     }
-    zone = cluster_zone(cluster)
+    zone = zone or cluster_zone(cluster)
     if zone:
         pool["locations"] = [zone]
     placement = _placement_policy(shape, workload_policy)
@@ -297,6 +308,12 @@ def log_path(cluster: Cluster, task_id: int, pod_name: str) -> str | None:
 def logs_captured(spec: TaskSpec, cluster: Cluster) -> bool:
     """Whether the Job for ``spec`` on ``cluster`` writes its output to GCS."""
     return bool(bucket_name(cluster)) and bool(spec.command)
+
+
+def scales_from_zero(supply_mode: SupplyMode | str) -> bool:
+    """A pool created with no node: its nodes come only for the Job's pending Pods
+    (flex-start, as GKE's how-to creates it), so its Job is submitted first."""
+    return SupplyMode(supply_mode) == SupplyMode.FLEX_START
 
 
 def owned_pool(name: str, resource_labels: Mapping[str, str], installation: str) -> bool:

@@ -30,7 +30,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import render, scheduling
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.model import Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
-from falcon_ray.reconcile import finish
+from falcon_ray.reconcile import dispatch, finish
 from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import (
     CreateLease,
@@ -53,6 +53,8 @@ def acquire(d: Decision, t: QueueTask) -> None:
         return
     if lease is None:
         no_pool_yet(d, t)
+    elif t.phase == lc.WAITING_FOR_NODE and lease.state == LeaseState.IN_USE:
+        dispatch.waiting_for_pods(d, t, lease)  # its Job is on a pool that scales from zero
     elif lease.state in (LeaseState.READY, LeaseState.IN_USE):
         pool_ready(d, t, lease)
     else:
@@ -144,6 +146,15 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     return False
 
 
+def pool_zone(d: Decision, mode: SupplyMode) -> str | None:
+    """A TPU slice lives in one zone: the reservation's for reservation supply, else the
+    operator's choice for the cluster, its own zone, or its first node zone."""
+    c = d.q.cluster
+    if mode == SupplyMode.RESERVATION:
+        return d.v.reservation_zone or render.reservation_parts(c.default_reservation)[0] or render.cluster_zone(c)
+    return c.zone or render.cluster_zone(c) or next(iter(d.v.zones), None)
+
+
 def pool_request(d: Decision, t: QueueTask, mode: SupplyMode, name: str) -> dict[str, Any]:
     return render.node_pool_request(
         t.spec,
@@ -154,6 +165,7 @@ def pool_request(d: Decision, t: QueueTask, mode: SupplyMode, name: str) -> dict
         idle_seconds=d.s.idle_seconds(mode),
         workload_policy=d.s.workload_policy(t.spec.topology) if t.spec.tpu_type == "v7x" else None,
         installation=d.s.installation,
+        zone=pool_zone(d, mode),
     )
 
 
@@ -223,6 +235,9 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     if pool.registered >= hosts and pool.ready >= hosts:
         effects += [MoveLease(lease.id, lease.name, (st,), LeaseState.READY, {"ready_at": d.now}), to_dispatching(d, t, lease.name)]
         d.add(f"task {t.id}: nodes ready", *effects)
+        return
+    if render.scales_from_zero(lease.supply_mode):
+        dispatch.start_on_empty_pool(d, t, lease, st, pool, effects)
         return
     limit = d.s.node_pool_timeout_s
     if d.q.other_topology_waiting and (d.now - lease.created_at).total_seconds() > limit:

@@ -18,7 +18,7 @@ import datetime as dt
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages
 from falcon_ray.config import Settings
-from falcon_ray.lifecycle import LeaseState, Phase
+from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, QueueState, QueueTask
 from falcon_ray.reconcile.effects import (
     DeleteJob,
@@ -36,6 +36,14 @@ HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.
 
 def fmt_limit(seconds: float) -> str:
     return f"{int(seconds // 60)}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def fmt_duration(seconds: float) -> str:
+    """A wait as an operator reads it, coarse enough that the Message changes once a minute."""
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return "<1m"
+    return f"{minutes}m" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 class Decision:
@@ -124,6 +132,15 @@ class Decision:
     def delete_job(self, t: QueueTask) -> list[Effect]:
         j = self.job_of(t)
         return [DeleteJob(t.id, j.namespace, j.name)] if j is not None else []
+
+    def job_outcome(self, t: QueueTask) -> tuple[Phase, str] | None:
+        """The terminal phase and Message a finished Job gives its task, if it has finished."""
+        job = self.job_of(t)
+        if job is not None and job.phase == JobPhase.SUCCEEDED:
+            return lc.SUCCEEDED, self.msg("succeeded")
+        if job is not None and job.phase == JobPhase.FAILED:
+            return lc.failed(Reason.JOB_FAILED), self.msg("job_failed", detail=job.message or f"Job {job.name} failed")
+        return None
 
     def phase_age_s(self, t: QueueTask) -> float:
         """Seconds the task has spent in its phase, from the durable event log (0 if unknown)."""

@@ -1,20 +1,29 @@
-"""Rule 4, last step: a Dispatching task submits its Job and becomes Running.
+"""Rule 4, last step: the slot holder submits its Job and becomes Running.
 
 Contract
 --------
 ``dispatching(d, t)``: a Job refused for good fails the task (JobSubmitFailed); no
 Job yet means submit it (a 409 adopts the existing one), moving the lease to InUse;
-a Job whose every pod is ready makes the task Running; otherwise its Message counts
-the ready pods.
+a Job whose every pod is ready makes the task Running; a Job whose pool has fewer
+nodes than the slice (an idle pool the autoscaler emptied) goes to WaitingForNode;
+otherwise its Message counts the ready pods.
+
+``start_on_empty_pool`` / ``waiting_for_pods``: a pool that scales from zero
+(flex-start) gets its nodes only for the Job's pending Pods, so its Job is submitted
+as soon as the control plane is RUNNING and the task waits in WaitingForNode, its
+Message saying for how long, until every pod is ready (Running; the timeout clock
+starts then). The pool is kept while it waits; only when another topology waits on
+the cluster and the node-pool timeout has passed does the task give up
+(NodePoolTimeout, its Job and pool deleted).
 """
 
 from __future__ import annotations
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import render
-from falcon_ray.lifecycle import LeaseState, Reason
-from falcon_ray.model import Lease, QueueTask
-from falcon_ray.reconcile.context import Decision
+from falcon_ray.lifecycle import LeaseState, Phase, Reason
+from falcon_ray.model import JobView, Lease, PoolView, QueueTask
+from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import Effect, MoveLease, SubmitJob, Transition, UpdateTask
 
 
@@ -24,14 +33,63 @@ def _in_use(lease: Lease | None) -> list[Effect]:
     return []
 
 
+def submit_effect(d: Decision, t: QueueTask, pool: str, phase: Phase = lc.DISPATCHING) -> SubmitJob:
+    q, s = d.q, d.s
+    manifest = render.job_manifest(t.id, t.spec, q.cluster, pool, render.queue_label(q.cluster.name, q.topology), s.installation)
+    service = render.headless_service(t.id, t.spec, q.cluster, s.installation) if t.spec.shape.multi_host else None
+    # on a pool with its nodes the timeout clock starts with the Job; on one that scales
+    # from zero it starts when the nodes have come (WaitingForNode -> Running)
+    first = t.dispatched_at is None and phase == lc.DISPATCHING
+    return SubmitJob(t.id, manifest, service, first=first, phase=phase)
+
+
 def submit(d: Decision, t: QueueTask, lease: Lease | None) -> None:
     pool = t.node_pool_name or (lease.name if lease else None)
     if pool is None:  # cannot happen through decide(); be safe: nothing to submit onto
         return
-    q, s = d.q, d.s
-    manifest = render.job_manifest(t.id, t.spec, q.cluster, pool, render.queue_label(q.cluster.name, q.topology), s.installation)
-    service = render.headless_service(t.id, t.spec, q.cluster, s.installation) if t.spec.shape.multi_host else None
-    d.add(f"task {t.id}: submit Job", *_in_use(lease), SubmitJob(t.id, manifest, service, first=t.dispatched_at is None))
+    d.add(f"task {t.id}: submit Job", *_in_use(lease), submit_effect(d, t, pool, t.phase))
+
+
+def node_text(d: Decision, t: QueueTask, pool_name: str, pool: PoolView | None, job: JobView | None) -> str:
+    """The WaitingForNode Message: the nodes registered so far and how long it has waited."""
+    hosts = t.spec.shape.hosts
+    counts = dict(pool=pool_name, registered=pool.registered if pool else 0, expected=hosts, ready=pool.ready if pool else 0)
+    if job is None:
+        return d.msg("waiting_for_node", **counts)
+    return d.msg("waiting_for_node_job", job=job.name, waited=fmt_duration(d.phase_age_s(t)), **counts)
+
+
+def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: PoolView, effects: list[Effect]) -> None:
+    """The control plane of a pool that scales from zero is RUNNING: submit the Job now."""
+    effects.append(MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE))
+    if t.phase != lc.WAITING_FOR_NODE:
+        text = node_text(d, t, lease.name, pool, None)
+        effects.append(Transition(t.id, (t.phase,), lc.WAITING_FOR_NODE, text, {"node_pool_name": lease.name}))
+    effects.append(submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE))
+    d.add(f"task {t.id}: Job onto empty pool {lease.name}", *effects)
+
+
+def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
+    """WaitingForNode with the Job submitted: Running once every pod is ready."""
+    job, err, outcome = d.job_of(t), d.q.submit_errors.get(t.id), d.job_outcome(t)
+    if outcome is not None:  # it ran and ended between two looks
+        d.finish(t, *outcome)
+    elif err is not None and job is None:
+        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message))
+    elif job is None:
+        d.add(f"task {t.id}: submit Job", submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE))
+    elif job.ready >= t.spec.shape.hosts:
+        text = d.msg("running", active=job.ready, expected=t.spec.shape.hosts)
+        fields = {"job_uid": job.uid, "dispatched_at": d.now}  # the timeout clock starts now
+        d.add(f"task {t.id}: running", Transition(t.id, (lc.WAITING_FOR_NODE,), lc.RUNNING, text, fields))
+    elif d.q.other_topology_waiting and d.phase_age_s(t) > d.s.node_pool_timeout_s:
+        pool = d.v.pools.get(lease.name)
+        detail = f"{pool.registered if pool else 0}/{t.spec.shape.hosts} node(s) registered and another topology is waiting"
+        text = d.msg("node_pool_timeout", limit=fmt_limit(d.s.node_pool_timeout_s), detail=detail)
+        effects = [*d.delete_job(t), *d.delete_lease(lease, t.id)]
+        d.add(f"task {t.id}: gave up on nodes", *effects, Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text))
+    else:
+        d.say(t, node_text(d, t, lease.name, d.v.pools.get(lease.name), job), "waiting for nodes")
 
 
 def dispatching(d: Decision, t: QueueTask) -> None:
@@ -46,6 +104,12 @@ def dispatching(d: Decision, t: QueueTask) -> None:
         return
     d.add(f"task {t.id}: lease in use", *_in_use(lease))
     expected = t.spec.shape.hosts
+    pool_name = t.node_pool_name or (lease.name if lease else "")
+    pool = d.v.pools.get(pool_name)
+    if job.ready < expected and pool is not None and pool.registered < expected and lease is not None:
+        text = node_text(d, t, pool_name, pool, job)
+        d.add(f"task {t.id}: nodes scaled away", Transition(t.id, (lc.DISPATCHING,), lc.WAITING_FOR_NODE, text))
+        return
     if job.ready >= expected:
         text = d.msg("running", active=job.ready, expected=expected)
         d.add(f"task {t.id}: running", Transition(t.id, (lc.DISPATCHING,), lc.RUNNING, text, {"job_uid": job.uid}))

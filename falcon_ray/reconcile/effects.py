@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Phase
 from falcon_ray.spec import SupplyMode
 
@@ -88,7 +89,8 @@ class SubmitJob:
     task_id: int
     manifest: dict[str, Any]
     service: dict[str, Any] | None
-    first: bool  # dispatched_at is not set yet: the timeout clock starts now
+    first: bool  # dispatched_at is written with the Job: the timeout clock starts now
+    phase: Phase = lc.DISPATCHING  # the task's phase when the Job's uid is written
 
 
 @dataclass(frozen=True)

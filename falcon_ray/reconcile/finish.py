@@ -16,7 +16,7 @@ import datetime as dt
 from falcon_ray import lifecycle as lc
 from falcon_ray import render
 from falcon_ray.lifecycle import Reason
-from falcon_ray.model import JobPhase, QueueTask
+from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import dispatch
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import Effect, Transition, UpdateTask
@@ -40,11 +40,9 @@ def timed_out(d: Decision, t: QueueTask) -> bool:
 
 def ended(d: Decision, t: QueueTask) -> bool:
     """Rule 2 for a Dispatching or Running task: True when it was finished here."""
-    job = d.job_of(t)
-    if job is not None and job.phase == JobPhase.SUCCEEDED:
-        d.finish(t, lc.SUCCEEDED, d.msg("succeeded"))
-    elif job is not None and job.phase == JobPhase.FAILED:
-        d.finish(t, lc.failed(Reason.JOB_FAILED), d.msg("job_failed", detail=job.message or f"Job {job.name} failed"))
+    job, outcome = d.job_of(t), d.job_outcome(t)
+    if outcome is not None:
+        d.finish(t, *outcome)
     elif timed_out(d, t):
         d.finish(t, lc.failed(Reason.TIMEOUT), d.msg("timeout", seconds=t.spec.timeout_seconds))
     elif t.phase == lc.RUNNING and job is None and d.v.synced and t.id not in d.v.jobs:

@@ -119,6 +119,7 @@ class Store:
         status: str = "active",
         namespace: str = "falcon-jobs",
         service_account: str = "falcon-job",
+        zone: str = "",
     ) -> Cluster:
         if status not in CLUSTER_STATUSES:
             raise ValueError(f"status must be one of {', '.join(CLUSTER_STATUSES)}, got {status!r}")
@@ -136,6 +137,7 @@ class Store:
             service_account=service_account,
             created_at=now,
             updated_at=now,
+            zone=zone or "",
         )
         with self.engine.begin() as c:
             c.execute(t.clusters.insert().values(**values))
@@ -151,6 +153,13 @@ class Store:
         with self.engine.connect() as c:
             r = c.execute(q).first()
         return _row(Cluster, r) if r else None
+
+    def set_cluster_zone(self, name: str, zone: str) -> bool:
+        with self.engine.begin() as c:
+            res = c.execute(
+                t.clusters.update().where(t.clusters.c.name == name).values(zone=zone or "", updated_at=self.clock())
+            )
+        return res.rowcount == 1
 
     def set_cluster_status(self, name: str, status: str) -> bool:
         if status not in CLUSTER_STATUSES:

@@ -54,6 +54,13 @@ clusters = sa.Table(
     ),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column(
+        "zone",
+        sa.String(63),
+        nullable=False,
+        server_default="",
+        comment="zone for pools without a reservation (regional clusters); empty: the cluster's zone or first node location",
+    ),
 )
 
 jobs = sa.Table(

@@ -61,7 +61,7 @@ def test_serve_without_a_fleet_uses_the_default_fleet():
     proc = serve("--port", "0")
     try:
         endpoints = json.loads(proc.stdout.readline())
-        assert set(endpoints["clusters"]) == {"edge-a", "edge-b"}
+        assert set(endpoints["clusters"]) == {"edge-a", "edge-b", "edge-r"}
         proc.terminate()
         assert proc.wait(timeout=15) == 0
     finally:

@@ -13,11 +13,17 @@ from falcon_ray.sim.selectors import parse_field_selector, parse_label_selector
 MINIMAL = {"clusters": [{"name": "c1", "project": "p", "location": "us-east5-b"}]}
 
 
-def test_default_fleet_is_the_documented_two_cluster_fleet():
+def test_default_fleet_is_the_documented_three_cluster_fleet():
     fleet = load_fleet(None)
     by_name = {c.name: c for c in fleet.clusters}
-    assert set(by_name) == {"edge-a", "edge-b"}
-    a, b = by_name["edge-a"], by_name["edge-b"]
+    assert set(by_name) == {"edge-a", "edge-b", "edge-r"}
+    a, b, r = by_name["edge-a"], by_name["edge-b"], by_name["edge-r"]
+    assert (r.location, r.zones, r.reservation.name, r.reservation_zone) == (
+        "us-central1",
+        ["us-central1-a", "us-central1-c"],
+        "res-r",
+        "us-central1-c",
+    )
     assert (a.tpu_type, a.status, a.chips, a.reservation.name, a.reservation.count) == (
         "v6e",
         "active",
@@ -26,7 +32,7 @@ def test_default_fleet_is_the_documented_two_cluster_fleet():
         4,
     )
     assert (b.tpu_type, b.status, b.chips, b.reservation) == ("v6e", "active", 32, None)
-    for c in (a, b):
+    for c in (a, b, r):
         assert 0 < c.timings.node_pool_create <= 2
     assert fleet.auth.required is True
 

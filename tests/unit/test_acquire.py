@@ -11,12 +11,14 @@ import pytest
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import Cluster, ClusterView, Lease, OpView, PoolView, QueueState, QueueTask
+from falcon_ray.model import Cluster, ClusterView, JobView, Lease, OpView, PoolView, QueueState, QueueTask
 from falcon_ray.reconcile import (
+    DeleteJob,
     DeletePool,
     EnsurePool,
     MoveLease,
     RecordOperation,
+    SubmitJob,
     Transition,
     UpdateTask,
     decide,
@@ -45,6 +47,8 @@ class Row:
     message: str = ""  # in the task's new Message
     absent: tuple[type, ...] = field(default=())
     recorded: str | None = "op-1"  # the operation name already on the lease
+    job: tuple | None = None  # (phase, ready pods) of the task's Job
+    in_phase_s: float = 0.0
 
 
 RUNNING_OK = OpView("create", "done", operation="op-1")
@@ -83,6 +87,22 @@ ROWS = [
         expect=(UpdateTask,), message="incompatible operation"),
     Row("pool Ready (kept for it): Dispatching", lc.PROVISIONING, LeaseState.READY, pool=("RUNNING", 1, 1),
         expect_to=lc.DISPATCHING),
+    # flex-start pools scale from zero: the Job first, the nodes follow for its pending pods
+    Row("flex-start control plane RUNNING with no node: submit the Job, WaitingForNode", lc.PROVISIONING,
+        LeaseState.CREATING, pool=("RUNNING", 0, 0), op=RUNNING_OK, mode="flex-start",
+        expect_to=lc.WAITING_FOR_NODE, expect_lease=LeaseState.IN_USE, expect=(SubmitJob,),
+        message="0/1 expected node(s) registered"),
+    Row("flex-start Job pending for an hour, nobody else waits: keep waiting, say for how long", lc.WAITING_FOR_NODE,
+        LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0), in_phase_s=3700,
+        created_s=3800, absent=(Transition, DeletePool, DeleteJob), message="(waiting 1h01m)"),
+    Row("flex-start nodes came and pods ready: Running, the timeout clock starts", lc.WAITING_FOR_NODE,
+        LeaseState.IN_USE, pool=("RUNNING", 1, 1), mode="flex-start", job=("Running", 1), expect_to=lc.RUNNING),
+    Row("flex-start nodes late and another topology waits: NodePoolTimeout, Job and pool deleted", lc.WAITING_FOR_NODE,
+        LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0), in_phase_s=601,
+        other_waiting=True, expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT), expect_lease=LeaseState.DELETING,
+        expect=(DeleteJob, DeletePool)),
+    Row("flex-start Job lost while waiting: submit again (409 adopts)", lc.WAITING_FOR_NODE, LeaseState.IN_USE,
+        pool=("RUNNING", 0, 0), mode="flex-start", expect=(SubmitJob,), absent=(Transition,)),
 ]
 
 
@@ -90,14 +110,16 @@ def situation(row: Row) -> tuple[QueueState, ClusterView]:
     now = CLOCK()
     cluster = Cluster("c1", "edge-a", "proj", "us-east5-b", "v6e", "logs", "res-a", "active", "falcon-jobs", "falcon-job", now, now)
     spec = parse_spec({"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["run"], "supply_mode": row.mode})
-    t = QueueTask(1, "t1", "alice", row.phase, now, None, spec, POOL, None, "", phase_since=now)
+    since = now - dt.timedelta(seconds=row.in_phase_s)
+    t = QueueTask(1, "t1", "alice", row.phase, now, None, spec, POOL, None, "", phase_since=since)
     leases = ()
     if row.lease is not None:
         created = now - dt.timedelta(seconds=row.created_s)
         leases = (Lease(1, "c1", "2x2", POOL, row.mode, row.lease, 1, row.recorded, 0, "", created, created, None, None, None),)
     others = row.other_waiting
     pools = {POOL: PoolView(POOL, *row.pool)} if row.pool else {}
-    view = ClusterView(pools=pools, ops={POOL: row.op} if row.op else {}, synced=True)
+    jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", row.job[0], row.job[1], row.job[1], 1)} if row.job else {}
+    view = ClusterView(pools=pools, ops={POOL: row.op} if row.op else {}, jobs=jobs, synced=True)
     return QueueState(cluster, "2x2", (t,), leases, "", other_topology_waiting=others), view
 
 
@@ -120,6 +142,10 @@ def test_acquisition_rule(row: Row):
     if row.message:
         texts = [e.message for e in out if isinstance(e, (Transition, UpdateTask)) and e.message]
         assert any(row.message in m for m in texts), texts
+    for sub in (e for e in out if isinstance(e, SubmitJob)):
+        assert sub.phase == lc.WAITING_FOR_NODE and not sub.first, "the timeout clock starts when the nodes came"
+    if row.expect_to == lc.RUNNING:
+        assert "dispatched_at" in moves[0].fields
     ensure = [e for e in out if isinstance(e, EnsurePool)]
     if ensure and row.lease is not None:
         assert ensure[0].operation == "op-1"  # the recorded operation is followed, not asked again

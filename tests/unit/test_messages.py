@@ -31,6 +31,7 @@ PLAUSIBLE = {
     "tasks": "user-a: profiling-v7x, user-b: benchmark-v7x",
     "topology": "2x4",
     "tpu_type": "v7x",
+    "waited": "12m",
 }
 
 

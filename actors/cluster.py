@@ -202,6 +202,7 @@ class ClusterGateway:
             ready=obs.ready,
             expected=obs.expected,
             message=message or "",
+            node_pool=obs.node_pool,
         )
 
     def _on_job(self, obs) -> None:

@@ -47,6 +47,7 @@ from falcon_ray.reconcile import (
     DeleteJob,
     DeletePool,
     EnsurePool,
+    MarkReady,
     MoveLease,
     RecordOperation,
     RefreshMessages,
@@ -281,6 +282,9 @@ class QueueReconciler:
             case RecordOperation():
                 st.touch_lease(e.lease_id, operation=e.operation)
                 return True, False
+            case MarkReady():
+                st.touch_lease(e.lease_id, ready_at=self.clock())
+                return True, True
             case EnsurePool():
                 self.port.ensure_pool(c, e.name, e.request, e.operation)
                 return True, False

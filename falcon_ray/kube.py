@@ -135,6 +135,7 @@ class JobObservation:
     message: str  # the deciding condition's text; pod-level detail: KubeApi.job_failure_message
     resource_version: str
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    node_pool: str = ""  # the pool its pods select (cloud.google.com/gke-nodepool)
 
     @property
     def terminal(self) -> bool:
@@ -181,6 +182,7 @@ class JobObservation:
             message=message,
             resource_version=str(meta.get("resourceVersion") or ""),
             labels=labels,
+            node_pool=str((((spec.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}).get(NODEPOOL_LABEL, "")),
         )
 
 

@@ -269,9 +269,15 @@ class JobView:
     ready: int
     expected: int
     message: str = ""
+    node_pool: str = ""  # the pool its pods select
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", JobPhase(self.phase))
+
+    @property
+    def holds_pool(self) -> bool:
+        """Its pods may still hold the pool's TPUs (a completed Job's pods do not)."""
+        return self.phase not in (JobPhase.DELETED, JobPhase.SUCCEEDED)
 
 
 @dataclass(frozen=True)

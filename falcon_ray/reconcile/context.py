@@ -85,7 +85,14 @@ class Decision:
     # ---- idle pools ----------------------------------------------------------------------
 
     def free_idle(self) -> Lease | None:
-        return next((l for l in self.idle if l.id not in self.claimed), None)
+        """An idle pool that can be handed over now: its create finished (it was Ready once)
+        and no Job of an earlier task still holds it."""
+        return next((l for l in self.idle if l.id not in self.claimed and self.handable(l)), None)
+
+    def handable(self, lease: Lease) -> bool:
+        return lease.ready_at is not None and not any(
+            j.node_pool == lease.name and j.holds_pool for j in self.v.jobs.values()
+        )
 
     def unclaimed_idle(self) -> int:
         return sum(1 for l in self.idle if l.id not in self.claimed)
@@ -111,16 +118,21 @@ class Decision:
             DeletePool(lease.name),
         ]
 
-    def finish(self, t: QueueTask, to: Phase, message: str) -> None:
-        """End a task: keep-or-delete its pool, write the terminal status, then delete the
-        Job. The terminal write comes first because the Job is the only record of the
-        outcome: a crash in between leaves a Job whose task is terminal, which rule 7 deletes."""
-        effects: list[Effect] = []
+    def finish(self, t: QueueTask, to: Phase, message: str, keep_pool: bool = True) -> None:
+        """End a task. A Job that completed is the only record of its outcome, so the
+        terminal write comes before its delete (a crash in between leaves a Job whose task
+        is terminal, which rule 7 deletes). A Job that failed or ran out of time may still
+        hold the pool's TPUs: it is deleted first, before the pool is kept or deleted.
+        ``keep_pool=False``: the pool is deleted whatever waits (a refused Job)."""
         lease = self.lease_by_task.get(t.id)
+        pool: list[Effect] = []
         if lease is not None:
-            effects += self.release(lease, t.id)
-        effects.append(Transition(t.id, (t.phase,), to, message))
-        effects += self.delete_job(t)
+            pool = self.release(lease, t.id) if keep_pool else self.delete_lease(lease, t.id)
+        done = Transition(t.id, (t.phase,), to, message)
+        if to == lc.SUCCEEDED:
+            effects = [*pool, done, *self.delete_job(t)]
+        else:
+            effects = [*self.delete_job(t), *pool, done]
         self.add(f"task {t.id}: finish {to}", *effects)
 
     # ---- Jobs ----------------------------------------------------------------------------------

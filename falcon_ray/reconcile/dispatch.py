@@ -75,7 +75,7 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
     if outcome is not None:  # it ran and ended between two looks
         d.finish(t, *outcome)
     elif err is not None and job is None:
-        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message))
+        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message), keep_pool=False)
     elif job is None:
         d.add(f"task {t.id}: submit Job", submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE))
     elif job.ready >= t.spec.shape.hosts:
@@ -96,7 +96,7 @@ def dispatching(d: Decision, t: QueueTask) -> None:
     job = d.job_of(t)
     err = d.q.submit_errors.get(t.id)
     if err is not None and job is None:
-        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message))
+        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message), keep_pool=False)
         return
     lease = d.lease_by_task.get(t.id)
     if job is None:

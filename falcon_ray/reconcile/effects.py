@@ -64,6 +64,13 @@ class RecordOperation:
 
 
 @dataclass(frozen=True)
+class MarkReady:
+    """An idle pool whose create was abandoned by its task has finished it: it may be handed over."""
+
+    lease_id: int
+
+
+@dataclass(frozen=True)
 class EnsurePool:
     name: str
     request: dict[str, Any]
@@ -107,7 +114,7 @@ class Unassign:
 
 
 Effect = (
-    Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | RecordOperation | EnsurePool
+    Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | RecordOperation | MarkReady | EnsurePool
     | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign
 )
 

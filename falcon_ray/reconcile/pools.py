@@ -3,8 +3,10 @@
 Contract
 --------
 ``leases(d)``: a held lease whose task is no longer live (a crash between two writes)
-goes through keep-or-delete; an idle pool is deleted when fewer tasks would take one
-than there are idle pools, or when the cluster left service; a Deleting lease is
+goes through keep-or-delete; an idle pool whose create its task abandoned is followed
+until the create finishes (then it may be handed over) or fails or times out (then it
+is deleted); an idle pool is deleted when fewer tasks would take one than there are
+idle pools, or when the cluster left service; a Deleting lease is
 followed until GKE says the pool is gone (never before the create-visibility grace
 for flex-start pools, which may read as 404 for a while after their create), and a
 delete that keeps failing is counted on the lease and, past
@@ -14,10 +16,19 @@ delete that keeps failing is counted on the lease and, past
 
 from __future__ import annotations
 
+from falcon_ray import render, tpu
 from falcon_ray.lifecycle import LeaseState
-from falcon_ray.model import JobPhase, Lease, OpKind, OpState
+from falcon_ray.model import JobPhase, Lease, OpKind, OpState, PoolStatus
 from falcon_ray.reconcile.context import HELD, Decision
-from falcon_ray.reconcile.effects import DeleteJob, DeletePool, Effect, MoveLease, RecordOperation, UpdateTask
+from falcon_ray.reconcile.effects import (
+    DeleteJob,
+    DeletePool,
+    Effect,
+    MarkReady,
+    MoveLease,
+    RecordOperation,
+    UpdateTask,
+)
 from falcon_ray.spec import SupplyMode
 
 
@@ -26,9 +37,30 @@ def leases(d: Decision) -> None:
         if lease.state in HELD and (lease.task_id is None or lease.task_id not in d.live_ids):
             d.add(f"lease {lease.name}: orphaned by task {lease.task_id}", *d.release(lease, lease.task_id))
         elif lease.state == LeaseState.IDLE and lease.id not in d.claimed:
+            if lease.ready_at is None and idle_create_ended(d, lease):
+                continue
             idle_unwanted(d, lease)
         elif lease.state == LeaseState.DELETING:
             deleting(d, lease)
+
+
+def idle_create_ended(d: Decision, lease: Lease) -> bool:
+    """An idle pool whose create was abandoned: True when it was deleted here."""
+    op, pool = d.v.ops.get(lease.name), d.v.pools.get(lease.name)
+    failed = (op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED) or (
+        pool is not None and pool.status == PoolStatus.ERROR
+    )
+    late = (d.now - lease.created_at).total_seconds() > d.s.node_pool_timeout_s
+    if failed or (late and not (pool is not None and pool.status.up)):
+        d.claimed.add(lease.id)
+        why = "its create failed" if failed else "its create did not finish in time"
+        d.add(f"lease {lease.name}: idle, {why}", *d.delete_lease(lease, None))
+        return True
+    if pool is not None and pool.status.up:
+        hosts = tpu.lookup(d.q.cluster.tpu_type, lease.topology).hosts
+        if render.scales_from_zero(lease.supply_mode) or (pool.registered >= hosts and pool.ready >= hosts):
+            d.add(f"lease {lease.name}: abandoned create finished", MarkReady(lease.id))
+    return False
 
 
 def idle_unwanted(d: Decision, lease: Lease) -> None:

@@ -24,6 +24,7 @@ from falcon_ray.model import (
 )
 from falcon_ray.reconcile import (
     CreateLease,
+    MarkReady,
     DeleteJob,
     DeletePool,
     EnsurePool,
@@ -70,7 +71,8 @@ def task(
 
 def lease(id: int, name: str, state: LeaseState, task_id=None, age_s: float = 50, mode="reservation", attempts=0):
     t = NOW - dt.timedelta(seconds=age_s)
-    return Lease(id, "c1", "2x2", name, mode, state.value, task_id, None, attempts, "", t, t, None, None, None)
+    ready = t if state in (LeaseState.READY, LeaseState.IN_USE, LeaseState.IDLE) else None  # it was Ready once
+    return Lease(id, "c1", "2x2", name, mode, state.value, task_id, None, attempts, "", t, t, ready, None, None)
 
 
 def state(tasks=(), leases=(), last="", c=None, **kw) -> QueueState:
@@ -365,3 +367,47 @@ def test_unreachable_cluster_says_so_then_times_out_like_a_create_that_never_cam
     g = decide(state([task(1, phase=lc.PROVISIONING, in_phase_s=601)]), view, NOW, S)
     (tr,) = effects(g, Transition)
     assert tr.to == lc.failed(Reason.NODE_POOL_TIMEOUT) and "unreachable for 601s" in tr.message
+
+
+def test_an_idle_pool_whose_create_never_finished_is_not_handed_over():
+    """A task aborted mid-create left its pool Idle: nobody gets it until the create finished."""
+    t = NOW - dt.timedelta(seconds=30)
+    unfinished = Lease(7, "c1", "2x2", "falcon-t1-2x2", "reservation", "Idle", None, None, 0, "", t, t, None, t, None)
+    g = decide(state([task(2, "bob")], [unfinished]), ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "PROVISIONING", 0, 0)}), NOW, S)
+    assert (2, lc.DISPATCHING) not in transitions(g)
+    # its create then fails: the pool is deleted, never handed over
+    failed = OpView("create", "failed", 1, "quota_or_stockout", "Quota exceeded")
+    g = decide(state([task(2, "bob", phase=lc.PROVISIONING)], [unfinished]), ClusterView(ops={"falcon-t1-2x2": failed}), NOW, S)
+    assert (2, lc.DISPATCHING) not in transitions(g)
+    assert any(isinstance(e, DeletePool) and e.name == "falcon-t1-2x2" for e in effects(g))
+    # or it finishes: it is marked ready, and handed over on the next decision
+    up = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 1, 1)})
+    g = decide(state([task(2, "bob")], [unfinished]), up, NOW, S)
+    assert any(isinstance(e, MarkReady) for e in effects(g))
+
+
+def test_an_idle_pool_still_held_by_an_earlier_job_is_not_handed_over():
+    held = JobView(1, "falcon-task-1", "ns", "u", "Running", 1, 1, 1, node_pool="falcon-t1-2x2")
+    g = decide(state([task(2, "bob")], [lease(7, "falcon-t1-2x2", LeaseState.IDLE)]), ClusterView(jobs={1: held}), NOW, S)
+    assert (2, lc.DISPATCHING) not in transitions(g)
+    gone = JobView(1, "falcon-task-1", "ns", "u", "Deleted", 0, 0, 1, node_pool="falcon-t1-2x2")
+    g = decide(state([task(2, "bob")], [lease(7, "falcon-t1-2x2", LeaseState.IDLE)]), ClusterView(jobs={1: gone}), NOW, S)
+    assert (2, lc.DISPATCHING) in transitions(g)
+
+
+def test_a_refused_job_deletes_its_pool_even_when_tasks_wait():
+    t = task(1, phase=lc.DISPATCHING, pool="falcon-t1-2x2")
+    ls = [lease(1, "falcon-t1-2x2", LeaseState.READY, 1)]
+    g = decide(state([t, task(2, "bob")], ls, submit_errors={1: SubmitError("permanent", "denied")}), ClusterView(), NOW, S)
+    assert (1, lc.failed(Reason.JOB_SUBMIT_FAILED)) in transitions(g)
+    assert any(isinstance(e, DeletePool) for e in effects(g))
+    assert not any(isinstance(e, MoveLease) and e.to == LeaseState.IDLE for e in effects(g))
+
+
+def test_a_timed_out_job_is_deleted_before_its_pool_is_kept():
+    t = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=7300)
+    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 1, 1, 1)})
+    g = decide(state([t, task(2, "bob")], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
+    (grp,) = [g_ for g_ in g if "finish" in g_.what]
+    kinds = [type(e).__name__ for e in grp.effects]
+    assert kinds.index("DeleteJob") < kinds.index("MoveLease") < kinds.index("Transition"), kinds

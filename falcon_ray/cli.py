@@ -368,6 +368,7 @@ def _env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
 @click.option("--supply-mode", default=None, help="reservation, on-demand or flex-start (default: the cluster's).")
 @click.option("--timeout", "timeout_seconds", type=int, default=None, help="Run-time limit in seconds.")
 @click.option("--env", "env", multiple=True, callback=_env_pairs, metavar="NAME=VALUE", help="Repeatable.")
+@click.option("--priority", type=click.IntRange(-100, 100), default=None, help="Higher goes first (default 0).")
 @click.option("--cpu", default=None, help="CPU request, e.g. 8 or 500m.")
 @click.option("--memory", default=None, help="Memory request, e.g. 64Gi.")
 @click.option("--working-dir", default=None, help="Absolute working directory in the container.")
@@ -383,6 +384,7 @@ def submit(
     supply_mode: str | None,
     timeout_seconds: int | None,
     env: dict[str, str],
+    priority: int | None,
     cpu: str | None,
     memory: str | None,
     working_dir: str | None,
@@ -399,6 +401,7 @@ def submit(
         "supply_mode": supply_mode,
         "timeout_seconds": timeout_seconds,
         "env": env or None,
+        "priority": priority,
         "cpu": cpu,
         "memory": memory,
         "working_dir": working_dir,

@@ -335,6 +335,10 @@ class QueueTask:
     message: str
     phase_since: dt.datetime | None = None  # when it entered ``phase``, from the event log
 
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
+
 
 @dataclass(frozen=True)
 class SubmitError:

@@ -5,10 +5,11 @@ Contract
 Nothing here does I/O or reads a clock; every function takes the state it decides
 on and returns the decision, so the tests drive them with plain values.
 
-Pick rule (original, section 4): collect the waiting tasks; group them by actor and
-take each actor's oldest; if more than one actor is left, drop the actor that was
-granted the slot last; take the oldest of the rest. ``pick_order`` applies the rule
-repeatedly to give every waiting task its position.
+Pick rule (original, sections 4 and Phase 4): the waiting tasks of the highest
+priority compete; group them by actor and take each actor's oldest; if more than one
+actor is left, drop the actor that was granted the slot last; take the oldest of the
+rest. ``pick_order`` applies the rule repeatedly to give every waiting task its
+position. Priority never preempts a task that holds the slot or runs.
 
 Cluster ranking (original, section 3): candidates are the active clusters of the
 task's TPU type (with a reservation when the task asks for reservation supply);
@@ -36,6 +37,7 @@ class Pickable(Protocol):
     id: int
     actor: str
     created_at: dt.datetime
+    priority: int
 
 
 T = TypeVar("T", bound="Pickable")
@@ -47,8 +49,11 @@ def _age_key(t: Pickable) -> tuple[dt.datetime, int]:
 
 def pick_next(waiting: Sequence[T], last_granted_actor: str) -> T | None:
     """The task that gets the slot next, or None when nothing waits."""
+    if not waiting:
+        return None
+    top = max(t.priority for t in waiting)
     heads: dict[str, T] = {}
-    for t in sorted(waiting, key=_age_key):
+    for t in sorted((t for t in waiting if t.priority == top), key=_age_key):
         heads.setdefault(t.actor, t)
     if not heads:
         return None

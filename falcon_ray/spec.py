@@ -83,6 +83,8 @@ class TaskSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     supply_mode: SupplyMode | None = None
     timeout_seconds: int = Field(default=DEFAULT_TIMEOUT_SECONDS)
+    # Higher first (original, Phase 4); FIFO per actor and round robin within one priority.
+    priority: int = Field(default=0, ge=-100, le=100, strict=True)
     working_dir: str | None = None
     cpu: str | None = None
     memory: str | None = None

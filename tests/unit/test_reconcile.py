@@ -411,3 +411,33 @@ def test_a_timed_out_job_is_deleted_before_its_pool_is_kept():
     (grp,) = [g_ for g_ in g if "finish" in g_.what]
     kinds = [type(e).__name__ for e in grp.effects]
     assert kinds.index("DeleteJob") < kinds.index("MoveLease") < kinds.index("Transition"), kinds
+
+
+def test_higher_priority_is_picked_first_then_fifo_and_round_robin_within_it():
+    ts = [
+        task(1, "alice", age_s=300),
+        task(2, "bob", age_s=200, priority=10),
+        task(3, "carol", age_s=100, priority=10),
+        task(4, "bob", age_s=50, priority=10),
+    ]
+    g = decide(state(ts, last="bob"), ClusterView(), NOW, S)
+    assert (3, lc.PROVISIONING) in transitions(g)  # top priority; bob was granted last
+    (refresh,) = effects(g, RefreshMessages)
+    order = [tid for tid, _, _ in refresh.updates]
+    assert order == [2, 4, 1]  # positions follow the same order: priority, then the pick rule
+
+
+def test_priority_never_preempts_the_slot_holder():
+    holder = task(1, "alice", phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+    urgent = task(2, "bob", priority=100)
+    g = decide(state([holder, urgent], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1)]), ClusterView(), NOW, S)
+    assert (2, lc.PROVISIONING) not in transitions(g)
+    assert not any(e.task_id == 1 and e.to == lc.ABORTED for e in effects(g, Transition))
+
+
+@pytest.mark.parametrize("bad", [101, -101, "5", True, 1.5])
+def test_priority_is_an_integer_from_minus_100_to_100(bad):
+    from falcon_ray.spec import SpecError
+
+    with pytest.raises(SpecError, match="priority"):
+        spec(priority=bad)

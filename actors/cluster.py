@@ -21,6 +21,13 @@ idempotent and may be retried.
   keeps the Job cache and wakes the QueueActor of the Job's queue through the port.
 - Four loops, each a ``Ticker`` (guarded, timed, shown in ``snapshot()["loops"]``):
   connect-then-watch, the operation worker, the orphan scan, the gauges.
+- The capacity ledger: this actor is the one writer of claims on the cluster's
+  reservation. ``claim_reservation(pool, hosts)`` grants a claim only when
+  ``count - inUseCount`` less what Falcon's own pools already claim covers it; the
+  claims are derived from the lease rows (reservation pools being created, ready, in
+  use or idle, counted for the hosts GKE does not count yet, i.e. their missing nodes)
+  plus grants whose lease row is not written yet, so the ledger survives a restart and
+  two queues never both take the last free slice.
 - The orphan scan deletes a pool named ``falcon-...`` with the ``managed-by=falcon``
   label when no live lease manages it, no non-terminal task holds it, and it is
   older than the create-visibility grace; it also deletes Jobs whose task is over.
@@ -42,7 +49,7 @@ from typing import Any
 
 from actors.port import Port
 from actors.ticker import Ticker
-from falcon_ray import metrics, render
+from falcon_ray import metrics, render, tpu
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError
 from falcon_ray.lifecycle import LeaseState
@@ -60,12 +67,16 @@ from falcon_ray.model import (
     ReservationError,
     ReservationView,
 )
+from falcon_ray.spec import SupplyMode
 from falcon_ray.store import Store, utcnow
 from falcon_ray.tpu import NODEPOOL_LABEL
 
 log = logging.getLogger("falcon.cluster")
 
 GAUGE_PERIOD_S = 10.0
+GRANT_TTL_S = 120.0  # a granted claim whose lease row never appeared is dropped after this
+# lease states whose pool holds (or is about to hold) reservation capacity
+CLAIMING = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE, LeaseState.IDLE)
 OP_IDLE_WAIT_S = 0.2
 CONNECT_BACKOFF_MAX_S = 60.0
 
@@ -122,6 +133,8 @@ class ClusterGateway:
         self.reservation_error: ReservationError | None = None
         self.reservation_at = 0.0
         self.reservation_zone = ""  # where the reservation was found
+        self.claim_lock = threading.Lock()
+        self.grants: dict[str, tuple[int, float]] = {}  # pool -> (hosts, granted at): claims not yet in a lease row
         self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
@@ -330,18 +343,72 @@ class ClusterGateway:
         self.reservation_error = ReservationError(ErrorKind.NOT_FOUND, message)
         self.reservation = None
 
+    # ---- the capacity ledger ------------------------------------------------------------
+
+    def _claimed(self, exclude: str = "") -> int:
+        """Hosts of the reservation that Falcon's pools hold and GKE does not count yet."""
+        now = time.monotonic()
+        counted: set[str] = set()
+        total = 0
+        for lease in self.store.leases(self.cluster.id):
+            if lease.supply_mode != SupplyMode.RESERVATION or lease.state not in CLAIMING or lease.name == exclude:
+                continue
+            counted.add(lease.name)
+            try:
+                hosts = tpu.lookup(self.cluster.tpu_type, lease.topology).hosts
+            except tpu.UnknownShape:
+                continue
+            with self.lock:
+                pool = self.pools.get(lease.name)
+            total += max(0, hosts - (pool.registered if pool else 0))
+        for name, (hosts, at) in list(self.grants.items()):
+            if name in counted or now - at > GRANT_TTL_S:
+                self.grants.pop(name, None)  # its lease row carries it now (or it was never written)
+            elif name != exclude:
+                total += hosts
+        return total
+
+    def claim_reservation(self, name: str, hosts: int) -> bool:
+        """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free.
+        Idempotent: a claim already granted (or carried by its lease row) is granted again."""
+        with self.claim_lock:
+            self._refresh_reservation()
+            r = self.reservation
+            if r is None:
+                return False
+            if name in self.grants or any(l.name == name for l in self.store.leases(self.cluster.id)):
+                return True
+            free = r.count - r.in_use - self._claimed(exclude=name)
+            if free < hosts:
+                log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, free)
+                return False
+            self.grants[name] = (hosts, time.monotonic())
+            return True
+
+    def _ledger(self) -> dict[str, Any] | None:
+        r = self.reservation_view()
+        if r is None:
+            return None
+        return {"count": r.count, "in_use": r.in_use, "claimed": r.claimed, "free": r.free, "zone": self.reservation_zone}
+
+    def reservation_view(self) -> ReservationView | None:
+        r = self.reservation
+        return None if r is None else ReservationView(r.count, r.in_use, self._claimed())
+
     def observe(self, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
         """What a QueueActor needs for one decision: its pools, their operations, its Jobs."""
         self._refresh_pools()
+        reservation = None
         if want_reservation:
             self._refresh_reservation()
+            reservation = self.reservation_view()
         with self.lock:
             jobs = {tid: jv for tid, jv in self.jobs.items() if self.job_queue.get(tid, queue_label) == queue_label}
             return ClusterView(
                 pools={n: self.pools[n] for n in pool_names if n in self.pools},
                 ops={n: self.ops[n].view() for n in pool_names if n in self.ops},
                 jobs=jobs,
-                reservation=self.reservation,
+                reservation=reservation,
                 reservation_error=self.reservation_error,
                 synced=self.pools_synced and self.jobs_synced,
                 error=self.connect_error or ("" if self.gke is not None else "still connecting"),
@@ -591,7 +658,8 @@ class ClusterGateway:
                 },
                 "ops_queued": sum(1 for o in self.op_fifo if o.state == OpState.QUEUED),
                 "jobs": {t: vars(j) for t, j in self.jobs.items()},
-                "reservation": vars(self.reservation) if self.reservation else None,
+                "reservation": self._ledger(),
+                "zones": list(self.zones),
                 "last_ok": dict(self.last_ok),
                 "watch": {
                     "reconnects": getattr(w, "reconnects", 0),

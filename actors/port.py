@@ -3,8 +3,8 @@
 Contract
 --------
 A QueueActor, the poller and a ClusterActor never hold another actor's handle: they
-call a ``Port``. ``observe``, ``ensure_pool``, ``delete_pool``, ``submit_job`` and
-``delete_job`` go to the ClusterActor of a cluster and return its answer (or raise
+call a ``Port``. ``observe``, ``claim_reservation``, ``ensure_pool``, ``delete_pool``, ``submit_job``
+and ``delete_job`` go to the ClusterActor of a cluster and return its answer (or raise
 when it does not answer in time); ``hint`` wakes the QueueActor of a (cluster,
 topology), creating it when asked to, and never raises. The Ray implementation
 (``actors.remote.RayPort``) is the only code that calls ``ray.get`` on another actor;
@@ -20,6 +20,8 @@ from falcon_ray.model import ClusterView
 
 class Port(Protocol):
     def observe(self, cluster: str, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView: ...
+
+    def claim_reservation(self, cluster: str, name: str, hosts: int) -> bool: ...
 
     def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str: ...
 

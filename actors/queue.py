@@ -43,6 +43,7 @@ from falcon_ray.model import (
     Task,
 )
 from falcon_ray.reconcile import (
+    ClaimReservation,
     CreateLease,
     DeleteJob,
     DeletePool,
@@ -285,6 +286,11 @@ class QueueReconciler:
             case MarkReady():
                 st.touch_lease(e.lease_id, ready_at=self.clock())
                 return True, True
+            case ClaimReservation():
+                granted = self.port.claim_reservation(c, e.name, e.hosts)
+                if not granted:
+                    log.info("queue %s: reservation claim for %s refused: another queue took it", self.label, e.name)
+                return granted, False
             case EnsurePool():
                 self.port.ensure_pool(c, e.name, e.request, e.operation)
                 return True, False

@@ -88,6 +88,9 @@ class RayPort:
     def observe(self, cluster: str, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
         return self._cluster_call(cluster, "observe", queue_label, pool_names, want_reservation, timeout=self.s.actor_call_timeout_s)
 
+    def claim_reservation(self, cluster: str, name: str, hosts: int) -> bool:
+        return self._cluster_call(cluster, "claim_reservation", name, hosts, timeout=self.s.actor_call_timeout_s)
+
     def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str:
         return self._cluster_call(cluster, "ensure_pool", name, request, operation, timeout=self.s.actor_call_timeout_s)
 
@@ -214,6 +217,9 @@ class ClusterActor:
 
     def observe(self, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
         return self.core.observe(queue_label, pool_names, want_reservation)
+
+    def claim_reservation(self, name: str, hosts: int) -> bool:
+        return self.core.claim_reservation(name, hosts)
 
     def ensure_pool(self, name: str, request: dict[str, Any], operation: str | None = None) -> str:
         return self.core.ensure_pool(name, request, operation)

@@ -179,6 +179,8 @@ def fleet(store: Store, namespace: str = "falcon", timeout: float = 10.0) -> lis
                 "reservation": c.default_reservation or None,
                 "reservation_count": res.get("count"),
                 "reservation_in_use": res.get("in_use"),
+                "reservation_claimed": res.get("claimed"),  # by Falcon's pools, not yet counted by GKE
+                "reservation_free": res.get("free"),
                 "reservation_headroom": res["count"] - res["in_use"] if res else None,
                 "falcon_pools": len(mine),
                 "idle_pools": sum(1 for p in mine if p["state"] == "Idle"),

@@ -282,8 +282,17 @@ class JobView:
 
 @dataclass(frozen=True)
 class ReservationView:
+    """A reservation as the ledger sees it: GKE's ``count`` and ``inUseCount``, and the
+    hosts Falcon's own pools have claimed that GKE does not count yet (pools being
+    created, idle pools the autoscaler emptied)."""
+
     count: int
     in_use: int
+    claimed: int = 0
+
+    @property
+    def free(self) -> int:
+        return max(0, self.count - self.in_use - self.claimed)
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,10 @@ class Headroom:
         return self.remaining_slices >= self.needed_slices
 
 
-def reservation_headroom(count: int, in_use: int, hosts_per_slice: int, slices: int = 1) -> Headroom:
-    return Headroom(max(0, count - in_use) // max(1, hosts_per_slice), slices)
+def reservation_headroom(count: int, in_use: int, hosts_per_slice: int, slices: int = 1, claimed: int = 0) -> Headroom:
+    """Whole slices that still fit: ``count - inUseCount`` less what Falcon's pools claimed
+    and GKE does not count yet (the capacity ledger)."""
+    return Headroom(max(0, count - in_use - claimed) // max(1, hosts_per_slice), slices)
 
 
 # --- cluster ranking ------------------------------------------------------------------

@@ -47,6 +47,7 @@ from falcon_ray.model import ClusterView, QueueState
 from falcon_ray.reconcile import acquire, finish, pick, pools, positions
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
+    ClaimReservation,
     CreateLease,
     DeleteJob,
     DeletePool,
@@ -84,6 +85,7 @@ def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Setting
 
 
 __all__ = [
+    "ClaimReservation",
     "CreateLease",
     "DeleteJob",
     "DeletePool",

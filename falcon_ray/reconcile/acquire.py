@@ -33,6 +33,7 @@ from falcon_ray.model import Lease, OpKind, OpState, OpView, PoolStatus, PoolVie
 from falcon_ray.reconcile import dispatch, finish
 from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import (
+    ClaimReservation,
     CreateLease,
     Effect,
     EnsurePool,
@@ -135,7 +136,7 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         if err is not None:
             d.say(t, d.msg("reservation_unreadable", reservation=name, detail=err.message), "reservation unreadable")
         return False
-    head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts)
+    head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed)
     if head.enough:
         return True
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
@@ -177,7 +178,10 @@ def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
         move = UpdateTask(t.id, (lc.PROVISIONING,), text, {"node_pool_name": name})
     else:
         move = Transition(t.id, (t.phase,), lc.PROVISIONING, text, {"node_pool_name": name})
-    d.add(f"task {t.id}: create pool {name}", CreateLease(t.id, name, mode), move, EnsurePool(name, pool_request(d, t, mode, name)))
+    # reservation capacity is taken only through the ledger: a refused claim stops the group
+    claim: list[Effect] = [ClaimReservation(name, t.spec.shape.hosts)] if mode == SupplyMode.RESERVATION else []
+    create = EnsurePool(name, pool_request(d, t, mode, name))
+    d.add(f"task {t.id}: create pool {name}", *claim, CreateLease(t.id, name, mode), move, create)
 
 
 # ---- Requested / Creating ---------------------------------------------------------------------

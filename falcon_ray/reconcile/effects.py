@@ -64,6 +64,15 @@ class RecordOperation:
 
 
 @dataclass(frozen=True)
+class ClaimReservation:
+    """Take ``hosts`` of the cluster's reservation for pool ``name`` from the ledger (its one
+    writer is the ClusterActor); refused when another queue took them first."""
+
+    name: str
+    hosts: int
+
+
+@dataclass(frozen=True)
 class MarkReady:
     """An idle pool whose create was abandoned by its task has finished it: it may be handed over."""
 
@@ -114,7 +123,7 @@ class Unassign:
 
 
 Effect = (
-    Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | RecordOperation | MarkReady | EnsurePool
+    Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | ClaimReservation | RecordOperation | MarkReady | EnsurePool
     | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign
 )
 

@@ -166,3 +166,18 @@ def test_a_refused_job_fails_the_task_and_deletes_its_pool_through_keep_or_delet
     bench.step(ClusterView(pools=pool(tid), reservation=RES))
     t = bench.task(tid)
     assert str(t.phase) == "Failed/JobSubmitFailed" and "admission webhook denied" in t.message
+
+
+def test_a_refused_reservation_claim_creates_nothing_and_waits_in_cluster_busy(bench):
+    tid = bench.submit()
+    bench.port.claims_granted = False  # another queue took the last slice first
+    bench.step(ClusterView(reservation=RES))
+    assert bench.phase(tid) == "Pending/Provisioning"
+    assert bench.port.took("ensure_pool") == [] and bench.store.leases() == []
+    bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0, claimed=4)))
+    t = bench.task(tid)
+    assert str(t.phase) == "Pending/ClusterBusy" and "reservation_remaining_slices=0" in t.message
+    bench.port.claims_granted = True
+    bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0, claimed=3)))
+    assert bench.phase(tid) == "Pending/Provisioning"
+    assert [c[0] for c in bench.port.calls][:2] == ["claim_reservation", "ensure_pool"]

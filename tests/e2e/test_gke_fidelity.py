@@ -101,3 +101,17 @@ def test_a_reservation_in_no_zone_of_the_cluster_fails_naming_the_zones_tried(co
     assert (t.status, t.reason) == ("Failed", "NodePoolFailed"), t
     assert "us-central1-a, us-central1-b" in t.message and "res-r" in t.message
     assert_clean(run)
+
+
+def test_two_topologies_share_a_small_reservation_through_the_ledger(controller):
+    """A 2-host reservation, a 1-host and a 2-host task at once: the second waits in
+    ClusterBusy until the first's pool is gone; nobody fails for capacity Falcon over-committed."""
+    run = controller(make_fleet(a={"reservation": {"name": "res-a", "count": 2}}, with_b=False))
+    small = run.submit("alice", spec("2x2", 2), "small")
+    large = run.submit("bob", spec("2x4", 1), "large")
+    assert_clean(run, timeout=120)
+    for tid in (small, large):
+        assert run.store.get_task(tid).status == "Succeeded", run.store.get_task(tid)
+    seen = phases(run, small) + phases(run, large)
+    assert "Pending/ClusterBusy" in seen
+    assert not any("NodePoolFailed" in p for p in seen)

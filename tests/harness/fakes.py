@@ -48,6 +48,7 @@ class FakePort:
     ops: dict[str, OpView] = field(default_factory=dict)
     jobs: dict[int, JobView] = field(default_factory=dict)
     submit_result: dict[str, Any] = field(default_factory=lambda: {"uid": "uid-1", "created": True})
+    claims_granted: bool = True
 
     def set_view(self, view: ClusterView) -> None:
         self.view = view
@@ -56,6 +57,10 @@ class FakePort:
 
     def observe(self, cluster: str, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
         return replace(self.view, ops={**self.view.ops, **self.ops}, jobs={**self.view.jobs, **self.jobs})
+
+    def claim_reservation(self, cluster: str, name: str, hosts: int) -> bool:
+        self.calls.append(("claim_reservation", name, hosts))
+        return self.claims_granted
 
     def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str:
         self.calls.append(("ensure_pool", name, operation))

@@ -24,10 +24,10 @@ from falcon_ray.model import (
 )
 from falcon_ray.reconcile import (
     CreateLease,
-    MarkReady,
     DeleteJob,
     DeletePool,
     EnsurePool,
+    MarkReady,
     MoveLease,
     RefreshMessages,
     SetLastGranted,

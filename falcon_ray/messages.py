@@ -75,6 +75,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready}); Job {job} submitted, its pods are pending until the nodes come (waiting {waited})...",
         "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready});Job {job} 已提交,Pod 等待节点加入 (已等待 {waited})...",
     ),
+    "waiting_for_abandoned_pool": (
+        "Waiting for node pool {pool}, whose create an aborted task started, to finish before it is handed over...",
+        "等待 node pool {pool} 创建完成 (由已中止的任务发起),完成后交接使用...",
+    ),
     "dispatching": (
         "Node pool {pool} ready, submitting the Kubernetes Job...",
         "Node pool {pool} 就绪,正在提交 K8s Job...",

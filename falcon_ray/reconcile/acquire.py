@@ -7,7 +7,9 @@ Dispatching. ``acquire(d, t)`` moves it one step:
 
 - an idle pool of its topology appears: it switches to it (abandoning its own create
   to keep-or-delete) -- ``switch_to_idle``;
-- no lease yet: the cluster must be reachable, the supply decision made (reservation
+- no lease yet: the cluster must be reachable; an idle pool whose create an aborted
+  task started is waited for (it is handed over once ready) rather than a second pool
+  made; otherwise the supply decision is made (reservation
   headroom, or ClusterBusy; never a silent fallback), then the lease row with the
   pool's name is written before the create is asked for -- ``no_pool_yet``;
 - Requested / Creating: a refused create or a pool in ERROR fails it
@@ -102,6 +104,11 @@ def pool_ready(d: Decision, t: QueueTask, lease: Lease) -> None:
 def no_pool_yet(d: Decision, t: QueueTask) -> None:
     if d.v.error:
         unreachable(d, t)
+        return
+    pending = d.finishing_idle()
+    if pending is not None:  # a pool an aborted task started: wait for its create, not a second pool
+        d.claimed.add(pending.id)
+        d.say(t, d.msg("waiting_for_abandoned_pool", pool=pending.name), "waiting for an abandoned pool")
         return
     mode = scheduling.supply_mode_for(t.spec, d.q.cluster.default_reservation)
     if mode == SupplyMode.RESERVATION and not reservation_allows(d, t):

@@ -89,6 +89,10 @@ class Decision:
         and no Job of an earlier task still holds it."""
         return next((l for l in self.idle if l.id not in self.claimed and self.handable(l)), None)
 
+    def finishing_idle(self) -> Lease | None:
+        """An idle pool whose create its task abandoned and which is not finished yet."""
+        return next((l for l in self.idle if l.id not in self.claimed and l.ready_at is None), None)
+
     def handable(self, lease: Lease) -> bool:
         return lease.ready_at is not None and not any(
             j.node_pool == lease.name and j.holds_pool for j in self.v.jobs.values()

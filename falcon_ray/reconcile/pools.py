@@ -36,10 +36,11 @@ def leases(d: Decision) -> None:
     for lease in d.q.leases:
         if lease.state in HELD and (lease.task_id is None or lease.task_id not in d.live_ids):
             d.add(f"lease {lease.name}: orphaned by task {lease.task_id}", *d.release(lease, lease.task_id))
-        elif lease.state == LeaseState.IDLE and lease.id not in d.claimed:
+        elif lease.state == LeaseState.IDLE:
             if lease.ready_at is None and idle_create_ended(d, lease):
                 continue
-            idle_unwanted(d, lease)
+            if lease.id not in d.claimed:
+                idle_unwanted(d, lease)
         elif lease.state == LeaseState.DELETING:
             deleting(d, lease)
 
@@ -52,7 +53,7 @@ def idle_create_ended(d: Decision, lease: Lease) -> bool:
     )
     late = (d.now - lease.created_at).total_seconds() > d.s.node_pool_timeout_s
     if failed or (late and not (pool is not None and pool.status.up)):
-        d.claimed.add(lease.id)
+        d.claimed.add(lease.id)  # gone: nobody may take or wait for it
         why = "its create failed" if failed else "its create did not finish in time"
         d.add(f"lease {lease.name}: idle, {why}", *d.delete_lease(lease, None))
         return True

@@ -181,3 +181,60 @@ def test_a_refused_reservation_claim_creates_nothing_and_waits_in_cluster_busy(b
     bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0, claimed=3)))
     assert bench.phase(tid) == "Pending/Provisioning"
     assert [c[0] for c in bench.port.calls][:2] == ["claim_reservation", "ensure_pool"]
+
+
+def test_abort_while_creating_keeps_the_pool_and_hands_it_over_once_its_create_finished(bench):
+    first, second = bench.submit("alice"), bench.submit("bob")
+    name = f"falcon-t{first}-2x2"
+    bench.step(ClusterView(reservation=RES))
+    creating = ClusterView(pools=pool(first, "PROVISIONING", 0), ops={name: OpView("create", "running")}, reservation=RES)
+    bench.step(creating)
+    assert bench.store.leases()[0].state == LeaseState.CREATING
+    bench.store.request_abort(first)
+    bench.port.calls.clear()
+    bench.step(creating)
+    assert bench.phase(first) == "Aborted"
+    (lease,) = bench.store.leases()
+    assert lease.state == LeaseState.IDLE and lease.ready_at is None  # kept for bob, not handed over yet
+    assert bench.phase(second) == "Pending/Provisioning"
+    assert "Waiting for node pool" in bench.task(second).message
+    assert bench.port.took("ensure_pool") == [], "no second pool while the abandoned one is being created"
+    bench.step(ClusterView(pools=pool(first), ops={name: OpView("create", "done")}, reservation=RES))
+    assert bench.phase(second) in ("Pending/Dispatching", "Running")
+    assert bench.task(second).node_pool_name == name
+
+
+def test_a_failed_create_of_an_abandoned_pool_is_deleted_and_the_next_task_makes_its_own(bench):
+    first, second = bench.submit("alice"), bench.submit("bob")
+    name = f"falcon-t{first}-2x2"
+    bench.step(ClusterView(reservation=RES))
+    creating = ClusterView(pools=pool(first, "PROVISIONING", 0), ops={name: OpView("create", "running")}, reservation=RES)
+    bench.step(creating)
+    bench.store.request_abort(first)
+    bench.step(creating)
+    bench.port.calls.clear()
+    bench.step(ClusterView(pools=pool(first, "ERROR", 0), ops={name: OpView("create", "done")}, reservation=RES))
+    assert ("delete_pool", name) in bench.port.calls
+    assert ("ensure_pool", f"falcon-t{second}-2x2", None) in bench.port.calls
+    assert bench.task(second).node_pool_name == f"falcon-t{second}-2x2"
+
+
+def test_pick_order_is_fifo_per_actor_and_round_robin_between_actors(bench):
+    ids = {label: bench.submit(label[:-1]) for label in ("alice1", "alice2", "alice3", "bob1", "bob2", "carol1")}
+    order = []
+    for _ in ids:
+        bench.step(ClusterView(reservation=RES))
+        (holder,) = [k for k, tid in ids.items() if bench.phase(tid) == "Pending/Provisioning"]
+        order.append(holder)
+        bench.store.request_abort(ids[holder])  # free the slot for the next pick
+        bench.step(ClusterView(reservation=RES))
+    assert order == ["alice1", "bob1", "alice2", "bob2", "alice3", "carol1"], order
+    assert bench.store.last_granted(bench.cluster.id, "2x2") == "carol"
+
+
+def test_a_reservation_task_with_no_cluster_that_has_a_reservation_fails_at_intake(bench):
+    bench.store.add_cluster("edge-b", "proj-b", "us-central1-b", "v6e", "logs-b", "")
+    bench.store.set_cluster_status("edge-a", "offline")
+    tid = bench.submit(supply_mode="reservation")
+    t = bench.task(tid)
+    assert (t.status, t.reason) == ("Failed", "NoCandidateCluster") and "reservation" in t.message

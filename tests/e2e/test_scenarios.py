@@ -1,6 +1,10 @@
 """End-to-end scenarios through the demo machinery: real Ray actors, the simulated fleet
 over the real GKE / Compute / Kubernetes clients, and a real database.
 
+Only what needs the whole path lives here (the clients, the ClusterActor, crashes of
+real actors); the queue's rules by themselves (hand-over, ClusterBusy, the pick order,
+abort mid-create, intake verdicts) are component tests in tests/component/test_queue.py.
+
 After every scenario the same three checks hold: no Falcon node pool is alive in the
 fleet, every dispatched task had its Job created exactly once, and every task's event
 log moves only along edges of the lifecycle table.
@@ -67,56 +71,6 @@ def test_job_submit_failure_is_reported_and_pool_cleaned(controller):
     assert "admission webhook" in t.message
 
 
-def test_cluster_busy_until_the_reservation_frees(controller):
-    run = controller(make_fleet(a={"reservation": {"name": "res-a", "count": 2}}, with_b=False))
-    big = run.submit("alice", spec("2x4", 3, supply_mode="reservation"))
-    wait_for(run, big, phase_is(lc.RUNNING))
-    small = run.submit("bob", spec("2x2", 1, supply_mode="reservation"))
-    busy = wait_for(run, small, phase_is(lc.CLUSTER_BUSY))
-    assert "reservation_remaining_slices=0 reservation_needed_slices=1" in busy.message
-    assert_clean(run)
-    assert run.store.get_task(small).status == "Succeeded"
-    path = reasons(run, small)
-    assert path.index("Pending/ClusterBusy") < path.index("Pending/Provisioning", path.index("Pending/ClusterBusy"))
-    stats = run.sim.stats()["clusters"]["edge-a"]
-    assert not any("on-demand" in str(p["request"]) or "flexStart" in str(p["request"]) for p in stats["node_pools"])
-
-
-def test_finished_pool_is_handed_over_to_the_next_same_topology_task(controller):
-    slow = {"node_pool_create": 3.0}
-    run = controller(make_fleet(a={"timings": slow}, with_b=False))
-    first = run.submit("alice", spec("2x2", 0.5))
-    second = run.submit("alice", spec("2x2", 0.5))
-    assert_clean(run)
-    t1, t2 = run.store.get_task(first), run.store.get_task(second)
-    assert t1.status == t2.status == "Succeeded"
-    assert t2.node_pool_name == t1.node_pool_name, "the second task should run on the first task's pool"
-    pools = [p for p in run.sim.stats()["clusters"]["edge-a"]["node_pools"] if p["name"].startswith("falcon-")]
-    assert {p["name"] for p in pools} >= {t1.node_pool_name}
-
-
-def test_pick_order_is_fifo_per_actor_and_round_robin_between_actors(controller):
-    run = controller(make_fleet(with_b=False))
-    ids = {}
-    for label in ("alice1", "alice2", "alice3", "bob1", "bob2", "carol1"):
-        ids[label] = run.submit(label[:-1], spec("2x2", 0.3), label)
-        time.sleep(0.02)  # distinct created_at
-    waiting_seen = wait_for(run, ids["carol1"], lambda t: "ahead" in t.message)
-    assert waiting_seen.message.startswith("Queue position #")
-    assert_clean(run, timeout=120)
-
-    def granted_at(tid):
-        for e in run.store.events(tid):
-            if e.status == "Pending" and e.reason not in ("", "Waiting"):
-                return e.at
-        raise AssertionError(f"task {tid} never left Waiting")
-
-    order = sorted(ids, key=lambda k: granted_at(ids[k]))
-    assert order == ["alice1", "bob1", "alice2", "bob2", "alice3", "carol1"], order
-    cluster = run.store.get_cluster("edge-a")
-    assert run.store.last_granted(cluster.id, "2x2") == "carol"
-
-
 def test_abort_in_every_phase(controller):
     run = controller(make_fleet(a={"timings": {"node_pool_create": 2.5, "pod_start": 2.5}}, with_b=False))
     holder = run.submit("alice", spec("2x2", 30), "holder")
@@ -140,21 +94,6 @@ def test_abort_in_every_phase(controller):
     assert run.store.get_task(waiting).node_pool_name is None
     jobs = {j["name"] for j in run.sim.stats()["clusters"]["edge-a"]["jobs"]}
     assert job_name(waiting) not in jobs and job_name(holder) not in jobs
-
-
-def test_abort_while_provisioning_keeps_the_pool_for_the_next_task(controller):
-    run = controller(make_fleet(a={"timings": {"node_pool_create": 4.0}}, with_b=False))
-    first = run.submit("alice", spec("2x2", 0.5), "first")
-    second = run.submit("bob", spec("2x2", 0.5), "second")
-    pool = wait_for(run, first, lambda t: t.node_pool_name is not None).node_pool_name
-    # abort once GKE has accepted the create (a lease still Requested is never kept)
-    assert run.wait(lambda: [l.state for l in run.store.leases()] == ["Creating"], 30)
-    assert run.store.get_task(first).phase in (lc.PROVISIONING, lc.WAITING_FOR_NODE)
-    run.abort(first)
-    assert_clean(run)
-    assert run.store.get_task(first).status == "Aborted"
-    t2 = run.store.get_task(second)
-    assert t2.status == "Succeeded" and t2.node_pool_name == pool
 
 
 def test_node_pool_create_failure_and_timeout(controller):
@@ -254,15 +193,6 @@ def test_maintenance_cluster_gets_no_new_tasks_and_waiting_ones_move(controller)
     assert_clean(run, timeout=90)
     assert run.store.get_task(first).status == "Succeeded"  # running tasks finish
     assert run.store.get_task(held).status == "Succeeded"
-
-
-def test_no_candidate_cluster_for_a_reservation_task(controller):
-    run = controller(make_fleet(a={"status": "offline"}))
-    tid = run.submit("alice", spec("2x2", 1, supply_mode="reservation"))
-    t = wait_for(run, tid, lambda t: t.terminal)
-    assert (t.status, t.reason) == ("Failed", "NoCandidateCluster")
-    assert "reservation" in t.message
-    assert_clean(run)
 
 
 def _kill(run: DemoRun, name: str) -> None:

@@ -313,13 +313,17 @@ class QueueReconciler:
         raise TypeError(f"unknown effect {e!r}")
 
     def _submit(self, e: SubmitJob) -> tuple[bool, bool]:
-        res = self.port.submit_job(self.cluster_name, e.manifest, e.service)
+        try:
+            res = self.port.submit_job(self.cluster_name, e.manifest, e.service)
+        except Exception as exc:  # the ClusterActor did not answer: a refusal for now, with a budget
+            res = {"error_kind": ErrorKind.TRANSIENT.value, "error": f"{type(exc).__name__}: {exc}"[:500]}
         if "error_kind" in res:
             kind = ErrorKind(res["error_kind"])
-            if kind in PERMANENT_SUBMIT_KINDS:
-                self.submit_errors[e.task_id] = SubmitError(kind, res["error"])
-                return False, True  # decide again: the task fails with JobSubmitFailed
-            raise RuntimeError(f"Job submit for task {e.task_id}: {res['error']}")
+            # the decision reads it: a refusal for good fails the task at once, another one is
+            # retried until submit_budget_s has passed in Dispatching
+            self.submit_errors[e.task_id] = SubmitError(kind, res["error"])
+            log.info("queue %s: Job submit for task %s refused (%s): %s", self.label, e.task_id, kind, res["error"])
+            return False, kind in PERMANENT_SUBMIT_KINDS
         self.submit_errors.pop(e.task_id, None)
         fields: dict[str, Any] = {"job_uid": res["uid"]}
         if e.first:

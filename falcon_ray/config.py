@@ -47,6 +47,9 @@ class Settings(BaseModel):
     v7x_workload_policy: str = Field(
         "falcon-{topology}", description="name of the TPU7x workload policy per topology (UNVERIFIED field mapping)"
     )
+    submit_budget_s: float = Field(
+        600.0, gt=0, description="a Job submission refused for now (5xx, timeouts) is retried this long, then JobSubmitFailed"
+    )
     # --- calls between actors
     actor_call_timeout_s: float = Field(
         60.0, gt=0, description="QueueActor: longest wait for one call to its ClusterActor (observe, pools, Jobs)"

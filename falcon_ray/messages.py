@@ -79,6 +79,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Waiting for node pool {pool}, whose create an aborted task started, to finish before it is handed over...",
         "等待 node pool {pool} 创建完成 (由已中止的任务发起),完成后交接使用...",
     ),
+    "submit_retrying": (
+        "Kubernetes Job submission refused for now, retrying (waiting {waited}): {detail}",
+        "K8s Job 提交暂时被拒绝,重试中 (已等待 {waited}): {detail}",
+    ),
     "dispatching": (
         "Node pool {pool} ready, submitting the Kubernetes Job...",
         "Node pool {pool} 就绪,正在提交 K8s Job...",

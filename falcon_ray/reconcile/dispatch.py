@@ -22,7 +22,7 @@ from __future__ import annotations
 from falcon_ray import lifecycle as lc
 from falcon_ray import render
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import JobView, Lease, PoolView, QueueTask
+from falcon_ray.model import PERMANENT_SUBMIT_KINDS, JobView, Lease, PoolView, QueueTask
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import Effect, MoveLease, SubmitJob, Transition, UpdateTask
 
@@ -71,11 +71,11 @@ def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState,
 
 def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
     """WaitingForNode with the Job submitted: Running once every pod is ready."""
-    job, err, outcome = d.job_of(t), d.q.submit_errors.get(t.id), d.job_outcome(t)
+    job, outcome = d.job_of(t), d.job_outcome(t)
     if outcome is not None:  # it ran and ended between two looks
         d.finish(t, *outcome)
-    elif err is not None and job is None:
-        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message), keep_pool=False)
+    elif job is None and submit_refused(d, t):
+        return
     elif job is None:
         d.add(f"task {t.id}: submit Job", submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE))
     elif job.ready >= t.spec.shape.hosts:
@@ -92,11 +92,27 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         d.say(t, node_text(d, t, lease.name, d.v.pools.get(lease.name), job), "waiting for nodes")
 
 
+def submit_refused(d: Decision, t: QueueTask) -> bool:
+    """No Job, and the Kubernetes API refused it for good or for longer than submit_budget_s:
+    JobSubmitFailed (its pool is deleted, original failure table). A refusal for now is
+    retried, and the Message says so and since when. True when the task was decided here."""
+    err = d.q.submit_errors.get(t.id)
+    age = d.phase_age_s(t)
+    if err is not None and err.kind in PERMANENT_SUBMIT_KINDS:
+        detail = err.message
+    elif err is not None and age > d.s.submit_budget_s:
+        detail = f"no Job accepted within {fmt_limit(d.s.submit_budget_s)}; last error: {err.message}"
+    else:
+        if err is not None:
+            d.say(t, d.msg("submit_retrying", detail=err.message, waited=fmt_duration(age)), "submit retrying")
+        return False
+    d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=detail), keep_pool=False)
+    return True
+
+
 def dispatching(d: Decision, t: QueueTask) -> None:
     job = d.job_of(t)
-    err = d.q.submit_errors.get(t.id)
-    if err is not None and job is None:
-        d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=err.message), keep_pool=False)
+    if job is None and submit_refused(d, t):
         return
     lease = d.lease_by_task.get(t.id)
     if job is None:

@@ -238,3 +238,19 @@ def test_a_reservation_task_with_no_cluster_that_has_a_reservation_fails_at_inta
     tid = bench.submit(supply_mode="reservation")
     t = bench.task(tid)
     assert (t.status, t.reason) == ("Failed", "NoCandidateCluster") and "reservation" in t.message
+
+
+def test_a_job_submission_refused_for_now_is_retried_then_fails_after_its_budget(bench):
+    tid = bench.submit()
+    bench.port.submit_result = {"error_kind": "transient", "error": "503 the apiserver is overloaded"}
+    bench.step(ClusterView(reservation=RES))
+    bench.step(ClusterView(pools=pool(tid), reservation=RES))
+    t = bench.task(tid)
+    assert str(t.phase) == "Pending/Dispatching" and "retrying (waiting <1m)" in t.message and "503" in t.message
+    bench.step(ClusterView(pools=pool(tid)), advance=bench.settings.submit_budget_s - 10)
+    assert bench.phase(tid) == "Pending/Dispatching"
+    bench.port.calls.clear()
+    bench.step(ClusterView(pools=pool(tid)), advance=20)
+    t = bench.task(tid)
+    assert str(t.phase) == "Failed/JobSubmitFailed" and "no Job accepted within 10m" in t.message
+    assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls  # the original's failure table

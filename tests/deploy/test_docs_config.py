@@ -48,6 +48,7 @@ UNITS: dict[str, str] = {
     "pool_delete_report_after": "attempts",
     "orphan_scan_interval_s": "seconds",
     "v7x_workload_policy": "name template (`{topology}`)",
+    "submit_budget_s": "seconds",
     "actor_call_timeout_s": "seconds",
     "submit_call_timeout_s": "seconds",
     "watch_timeout_s": "seconds",

@@ -30,6 +30,8 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Queue position #{position}, {ahead} task(s) ahead ({tasks})",
         "队列位置 #{position},前面有 {ahead} 个任务 ({tasks})",
     ),
+    "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
+    "waited": (" (waiting {waited})", " (已等待 {waited})"),
     "waiting_first": (
         "Queue position #1, next to acquire resources on {cluster} ({topology})",
         "队列位置 #1,下一个在 {cluster} ({topology}) 上获取资源",

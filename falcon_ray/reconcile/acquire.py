@@ -125,7 +125,7 @@ def unreachable(d: Decision, t: QueueTask) -> None:
         text = d.msg("node_pool_timeout", limit=fmt_limit(d.s.node_pool_timeout_s), detail=detail)
         fail(d, t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), text)
         return
-    d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.v.error), "cluster unreachable")
+    d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.v.error) + d.waited(t), "cluster unreachable")
 
 
 def reservation_allows(d: Decision, t: QueueTask) -> bool:
@@ -141,12 +141,15 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         return False
     if r is None:  # not read yet (the ClusterActor fetches it for the next tick), or failing for now
         if err is not None:
-            d.say(t, d.msg("reservation_unreadable", reservation=name, detail=err.message), "reservation unreadable")
+            text = d.msg("reservation_unreadable", reservation=name, detail=err.message) + d.waited(t)
+            d.say(t, text, "reservation unreadable")
         return False
     head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed)
     if head.enough:
         return True
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
+    if t.phase == lc.CLUSTER_BUSY:
+        text += d.waited(t)
     if t.phase != lc.CLUSTER_BUSY:
         d.add(f"task {t.id}: cluster busy", Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text))
     else:
@@ -256,6 +259,8 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
         return
     text = d.msg("waiting_for_node", pool=lease.name, registered=pool.registered, expected=hosts, ready=pool.ready)
+    if t.phase == lc.WAITING_FOR_NODE:
+        text += d.waited(t)
     if t.phase != lc.WAITING_FOR_NODE:
         effects.append(Transition(t.id, (t.phase,), lc.WAITING_FOR_NODE, text))
     else:
@@ -272,7 +277,9 @@ def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | 
         request = pool_request(d, t, lease.supply_mode, lease.name)
         effects.append(EnsurePool(lease.name, request, operation=lease.operation))
     if pool is None and op is not None and op.state == OpState.DONE and lease.supply_mode == SupplyMode.FLEX_START:
-        effects += d.say_effect(t, d.msg("flex_not_visible", pool=lease.name))
+        effects += d.say_effect(t, d.msg("flex_not_visible", pool=lease.name) + d.waited(t))
     elif op is not None and op.busy:
-        effects += d.say_effect(t, d.msg("cluster_busy_ops", cluster=d.q.cluster.name, detail=op.error))
+        effects += d.say_effect(t, d.msg("cluster_busy_ops", cluster=d.q.cluster.name, detail=op.error) + d.waited(t))
+    elif t.phase == lc.PROVISIONING:
+        effects += d.say_effect(t, d.msg("provisioning", pool=lease.name, supply=lease.supply_mode.value) + d.waited(t))
     return effects

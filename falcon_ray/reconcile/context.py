@@ -158,6 +158,10 @@ class Decision:
             return lc.failed(Reason.JOB_FAILED), self.msg("job_failed", detail=job.message or f"Job {job.name} failed")
         return None
 
+    def waited(self, t: QueueTask) -> str:
+        """`` (waiting 12m)``: how long the task has been in its phase, for a Message."""
+        return self.msg("waited", waited=fmt_duration(self.phase_age_s(t)))
+
     def phase_age_s(self, t: QueueTask) -> float:
         """Seconds the task has spent in its phase, from the durable event log (0 if unknown)."""
         return max(0.0, (self.now - t.phase_since).total_seconds()) if t.phase_since else 0.0

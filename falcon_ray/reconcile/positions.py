@@ -18,20 +18,23 @@ from falcon_ray.reconcile.effects import RefreshMessages
 SHOWN_AHEAD = 5
 
 
-def waiting_text(d: Decision, ahead: list[QueueTask]) -> str:
+def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask]) -> str:
+    """Position and the tasks ahead, and since when it waits: an absolute time, so the text
+    changes only when the queue ahead does (no rewrite of every Waiting row each minute)."""
+    since = d.msg("waiting_since", at=t.phase_since.strftime("%Y-%m-%d %H:%M")) if t.phase_since else ""
     if not ahead:
-        return d.msg("waiting_first", cluster=d.q.cluster.name, topology=d.q.topology)
+        return d.msg("waiting_first", cluster=d.q.cluster.name, topology=d.q.topology) + since
     names = ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
     if len(ahead) > SHOWN_AHEAD:
         names += f", ... {len(ahead) - SHOWN_AHEAD} more"
-    return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names)
+    return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names) + since
 
 
 def positions(d: Decision) -> None:
     ahead: list[QueueTask] = list(d.holders)
     updates = []
     for t in scheduling.pick_order(d.waiting, d.q.last_granted):
-        text = waiting_text(d, ahead)
+        text = waiting_text(d, t, ahead)
         if text != t.message:
             updates.append((t.id, lc.WAITING, text))
         ahead.append(t)

@@ -31,7 +31,9 @@ def run_to_running(b: QueueBench, tid: int, check_waiting: int | None = None, th
     b.step(ClusterView(reservation=RES))
     assert b.phase(tid) == "Pending/Provisioning"
     if check_waiting is not None:
-        assert "Queue position #2, 1 task(s) ahead (alice: alice-2x2)" in b.task(check_waiting).message
+        text = b.task(check_waiting).message
+        assert "Queue position #2, 1 task(s) ahead (alice: alice-2x2)" in text
+        assert text.endswith("(waiting since 2026-12-01 12:00 UTC)"), text  # since when, from the event log
     assert b.port.took("ensure_pool") == [("ensure_pool", f"falcon-t{tid}-2x2", None)]
     b.step(ClusterView(pools=pool(tid), reservation=then))
     assert b.port.took("submit_job") == [("submit_job", f"falcon-task-{tid}")]
@@ -99,6 +101,7 @@ def test_cluster_busy_waits_for_reservation_headroom_then_creates(bench):
     assert bench.port.took("ensure_pool") == []
     bench.step(ClusterView(reservation=ReservationView(count=4, in_use=4)), advance=3600)
     assert bench.phase(tid) == "Pending/ClusterBusy", "no timer ends a wait for reservation headroom"
+    assert bench.task(tid).message.endswith("(waiting 1h00m)"), bench.task(tid).message
     bench.step(ClusterView(reservation=ReservationView(count=4, in_use=3)))
     assert bench.phase(tid) == "Pending/Provisioning"
     assert bench.port.took("ensure_pool") == [("ensure_pool", f"falcon-t{tid}-2x2", None)]

@@ -10,6 +10,7 @@ from falcon_ray import messages
 
 PLAUSIBLE = {
     "active": 1,
+    "at": "2026-12-01 10:42",
     "ahead": 2,
     "cluster": "tpuv7x-64-node",
     "clusters": "edge-a, edge-b",

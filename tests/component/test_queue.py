@@ -3,10 +3,14 @@ and a fake clock. Each test reads as rows and a cluster view in, rows and port c
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import ClusterView, JobView, OpView, PoolView, ReservationView
+from falcon_ray.store.migrate import upgrade
 from tests.harness.fakes import QueueBench
 
 RES = ReservationView(count=4, in_use=0)
@@ -21,9 +25,18 @@ def job(tid: int, phase: str, ready: int = 1) -> dict[int, JobView]:
     return {tid: JobView(tid, f"falcon-task-{tid}", "falcon-jobs", f"uid-{tid}", phase, ready, ready, 1)}
 
 
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory) -> Path:
+    """One migrated SQLite file per module; each test starts from a copy (no Alembic per test)."""
+    path = tmp_path_factory.mktemp("template") / "q.db"
+    upgrade(f"sqlite:///{path}", with_jobs_table=True)
+    return path
+
+
 @pytest.fixture
-def bench(tmp_path) -> QueueBench:
-    return QueueBench(f"sqlite:///{tmp_path / 'q.db'}", node_pool_timeout_s=600, create_visibility_grace_s=120)
+def bench(tmp_path, migrated) -> QueueBench:
+    shutil.copy(migrated, tmp_path / "q.db")
+    return QueueBench(f"sqlite:///{tmp_path / 'q.db'}", migrate=False, node_pool_timeout_s=600, create_visibility_grace_s=120)
 
 
 def run_to_running(b: QueueBench, tid: int, check_waiting: int | None = None, then: ReservationView = RES) -> None:

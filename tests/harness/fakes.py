@@ -97,8 +97,11 @@ class FakePort:
 class QueueBench:
     """One queue (edge-a, ``topology``) on SQLite, driven step by step."""
 
-    def __init__(self, db_url: str, topology: str = "2x2", reservation: str = "res-a", **settings: Any) -> None:
-        upgrade(db_url, with_jobs_table=True)
+    def __init__(
+        self, db_url: str, topology: str = "2x2", reservation: str = "res-a", migrate: bool = True, **settings: Any
+    ) -> None:
+        if migrate:
+            upgrade(db_url, with_jobs_table=True)
         self.clock = FakeClock()
         self.store = Store(db_url, clock=self.clock)
         self.cluster = self.store.add_cluster("edge-a", "proj-a", "us-east5-b", "v6e", "logs-a", reservation)

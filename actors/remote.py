@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -52,6 +53,9 @@ class RayPort:
         self._handles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.dropped = 0  # handles found dead and looked up again
+        # a reply's callback runs on Ray's own thread: the look-up again happens off it
+        self._relookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="falcon-port")
+        self._creator = ThreadPoolExecutor(max_workers=2, thread_name_prefix="falcon-port-create")
 
     # ---- handles ------------------------------------------------------------------------
 
@@ -59,11 +63,17 @@ class RayPort:
         with self._lock:
             h = self._handles.get(name)
         if h is None:
-            h = make() if make is not None else names.lookup(name, self.s.namespace)
+            h = self._bounded(make) if make is not None else names.lookup(name, self.s.namespace)
             if h is not None:
                 with self._lock:
                     self._handles[name] = h
         return h
+
+    def _bounded(self, make: Callable[[], Any]) -> Any:
+        """Create-or-get an actor, bounded in time: right after an actor with the same name
+        was killed, Ray's get-if-exists can block until the name is free."""
+        future = self._creator.submit(make)
+        return future.result(timeout=self.s.actor_call_timeout_s)
 
     def _drop(self, name: str, h: Any) -> None:
         with self._lock:
@@ -131,7 +141,7 @@ class RayPort:
             f.result()
         except RayActorError:  # the actor behind the cached handle is gone: find the live one
             self._drop(name, h)
-            self._fire_hint(name, make, retry=False)
+            self._relookup.submit(self._fire_hint, name, make, False)
         except Exception as e:
             log.warning("hint %s: %s", name, e)
 

@@ -46,6 +46,9 @@ def test_a_retired_and_recreated_queue_gets_both_kinds_of_hint_at_once(ray_sessi
         wait_steps_above(first, 0, timeout=60)
         cluster_port.hint("edge-a", "2x2", create=False)  # the ClusterActor's port caches it too
         ray.kill(first, no_restart=True)  # the supervisor retires it
+        deadline = time.monotonic() + 60
+        while names.lookup(name, s.namespace) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)  # until Ray has let go of the name
         second = remote.ensure_queue("edge-a", "2x2", s, db)  # a later task brings it back
         n = wait_steps_above(second, 0, timeout=60)
         time.sleep(0.5)

@@ -57,7 +57,7 @@ from falcon_ray.reconcile import (
     UpdateTask,
 )
 from falcon_ray.spec import SpecError, TaskSpec, parse_spec
-from falcon_ray.store import Store, utcnow
+from falcon_ray.store import Fenced, Store, utcnow
 
 log = logging.getLogger("falcon.queue")
 IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
@@ -108,6 +108,8 @@ class QueueReconciler:
         return applied
 
     def reconcile_once(self) -> int:
+        if self.store.fenced:  # a newer controller leads: observe nothing, call nobody
+            raise Fenced(self.store.fenced)
         applied = 0
         for _ in range(MAX_ROUNDS):
             observed = self.observe()
@@ -246,6 +248,9 @@ class QueueReconciler:
                         break
                 if changed:
                     progressed += 1
+            except Fenced:
+                self.store.check_fence()  # raises when this queue's own epoch is stale
+                raise  # only its ClusterActor is fenced: the step ends, the next one decides again
             except Exception as e:
                 log.warning(
                     "queue %s: %s failed: %s: %s",

@@ -144,7 +144,10 @@ def register(main: click.Group) -> None:
         settings = settings.model_copy(update={"namespace": where["namespace"]})
         _join_ray(where)
         sup = Supervisor(settings, where["db_url"])
-        lease = sup.store.leader()
+        try:
+            lease = sup.store.leader()
+        except Exception:  # the database is unreachable: the report says so
+            lease = None
         sup.holder = lease["holder"] if lease else sup.holder
         sup.leader = bool(lease)
         report = health.check(sup)
@@ -153,7 +156,8 @@ def register(main: click.Group) -> None:
             click.echo(json.dumps(report, indent=2, default=str))
         else:
             click.echo(f"healthy: {report['healthy']}  ready: {report['ready']}  leader: {report['leader']['holder']}  (namespace {where['namespace']})")
-            click.echo(f"database: {'ok' if report['database']['ok'] else report['database'].get('error')}")
+            db = report["database"]
+            click.echo(f"database: {'ok' if db['ok'] else 'UNREACHABLE: ' + str(db.get('error'))}")
             for name, a in sorted(report["actors"].items()):
                 click.echo(f"  {name:<32} {'ok' if a.get('ok') else 'FAIL'}  {a.get('error') or a.get('connect_error') or ''}")
             for t in report["stuck_tasks"]:

@@ -17,6 +17,20 @@ Contract
   so any process may die at any line.
 - ``statements`` counts the SQL statements this Store executed (for the cost report).
 
+Database faults
+---------------
+MySQL connections are checked out with ``pool_pre_ping`` (a connection the server
+killed or dropped while idle is replaced before use). A method whose statement meets
+a disconnect anyway (``DBAPIError.connection_invalidated``: the connection was
+killed mid-use, the server restarted) is run again, whole, on a fresh connection,
+up to ``DISCONNECT_RETRIES`` times; every method is one short transaction whose
+writes are compare-and-set or idempotent by name, so a rerun after a commit whose
+answer was lost just loses its compare-and-set ("re-read and decide again").
+``submit_task`` (the upper layer's insert, not idempotent) is not rerun. When the
+database stays unreachable the error propagates: the actors' loops log it, keep
+their state and try again at their next tick; no task is failed for it.
+``disconnects`` counts the reruns.
+
 Fencing
 -------
 The leader lease row (``falcon_leader_lease``, name ``controller``) carries an
@@ -39,6 +53,7 @@ tests) writes unguarded.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import time
 import uuid
@@ -101,6 +116,25 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+DISCONNECT_RETRIES = 2
+
+
+def _rerun_on_disconnect(fn):
+    """Run a Store method again, whole, when its connection turned out to be dead."""
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        for attempt in range(DISCONNECT_RETRIES + 1):
+            try:
+                return fn(self, *args, **kwargs)
+            except sa.exc.DBAPIError as e:
+                if not e.connection_invalidated or attempt == DISCONNECT_RETRIES:
+                    raise
+                self.disconnects += 1
+
+    return method
+
+
 def _clip(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
@@ -113,6 +147,7 @@ class Store:
         self.engine = make_engine(url)
         self.clock = clock
         self.statements = 0
+        self.disconnects = 0  # methods rerun after a disconnect
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
         self.fenced = ""  # why this Store may not write any more, once known
         self._fence_checked_at = 0.0
@@ -662,5 +697,10 @@ class Store:
             r = c.execute(sa.select(ll.c.epoch).where(ll.c.name == name, ll.c.holder == holder)).first()
         return int(r[0]) if r else None
 
+
+for _name, _fn in list(vars(Store).items()):
+    if callable(_fn) and not _name.startswith("_") and _name not in ("submit_task", "dispose", "ping"):
+        setattr(Store, _name, _rerun_on_disconnect(_fn))
+del _name, _fn
 
 __all__ = ["Store", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]

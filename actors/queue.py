@@ -16,7 +16,9 @@ submission per task (a lost one is rediscovered by submitting again).
 and carries out the effect groups it returns; it repeats while decisions change
 state (at most ``MAX_ROUNDS`` rounds). A group stops at its first failed or lost
 effect; the next step decides again. Every effect is idempotent, so the process may
-die at any line: the constructor is the recovery path, there is no other.
+die at any line: the constructor is the recovery path, there is no other. A step of a
+fenced store (a newer controller holds the leader lease) raises ``Fenced`` before it
+observes anything or calls the port, so a stale queue neither writes nor acts.
 """
 
 from __future__ import annotations

@@ -32,6 +32,12 @@ idempotent and may be retried.
   label when no live lease manages it, no non-terminal task holds it, and it is
   older than the create-visibility grace; it also deletes Jobs whose task is over.
 
+Fencing: the store carries the leader epoch the actor was started under. Before
+every GKE or Kubernetes call that changes something (pool create/delete, Job
+create/delete, the orphan scan) the gateway reads the lease (``_fence``); the loops
+that only read (watch, pool list) use the check at most a fence period old. Once
+fenced it stops every loop, closes the watch and refuses every call with ``Fenced``.
+
 Blocking client calls run on the loops' threads and the actor's thread pool (a
 threaded actor), never on an event loop.
 """
@@ -68,7 +74,7 @@ from falcon_ray.model import (
     ReservationView,
 )
 from falcon_ray.spec import SupplyMode
-from falcon_ray.store import Store, utcnow
+from falcon_ray.store import Fenced, Store, utcnow
 from falcon_ray.tpu import NODEPOOL_LABEL
 
 log = logging.getLogger("falcon.cluster")
@@ -147,6 +153,18 @@ class ClusterGateway:
             "gauges": Ticker(f"cluster {cluster_name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S),
         }
 
+    # ---- fencing ------------------------------------------------------------------
+
+    def _fence(self, max_age_s: float = 0.0) -> None:
+        """Raise ``Fenced`` (and stop every loop) when a newer controller holds the lease."""
+        try:
+            self.store.check_fence(max_age_s)
+        except Fenced:
+            if not self.stop.is_set():
+                log.error("cluster %s: %s; stopping", self.name, self.store.fenced)
+                self.shutdown()
+            raise
+
     # ---- clients ------------------------------------------------------------------
 
     def _connect(self) -> None:
@@ -169,6 +187,7 @@ class ClusterGateway:
         """Connect (with backoff) until connected, then one round of the Job watch."""
         from falcon_ray.kube import JobWatcher
 
+        self._fence(self.s.leader_ttl_s / 3)
         if self.gke is None:
             try:
                 self._connect()
@@ -262,6 +281,7 @@ class ClusterGateway:
     def _refresh_pools(self, force: bool = False) -> None:
         if self.gke is None or self.kube is None:
             return
+        self._fence(self.s.leader_ttl_s / 3)
         with self.refresh_lock:
             if not force and time.monotonic() - self.pools_at < self.s.pool_refresh_s:
                 return
@@ -371,6 +391,7 @@ class ClusterGateway:
     def claim_reservation(self, name: str, hosts: int) -> bool:
         """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free.
         Idempotent: a claim already granted (or carried by its lease row) is granted again."""
+        self._fence(self.s.leader_ttl_s / 3)
         with self.claim_lock:
             self._refresh_reservation()
             r = self.reservation
@@ -465,6 +486,12 @@ class ClusterGateway:
             op = self._next_op()
             if op is None:
                 return
+            try:
+                self._fence()
+            except Fenced:
+                with self.lock:
+                    self.op_fifo.appendleft(op)
+                raise
             op.state = OpState.RUNNING
             try:
                 self._run_op(op)
@@ -547,6 +574,7 @@ class ClusterGateway:
 
     def submit_job(self, manifest: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
         """Create the Job (and its headless Service); 409 adopts. Returns {uid} or {error_kind, error}."""
+        self._fence()
         if self.kube is None:
             return {"error_kind": ErrorKind.TRANSIENT.value, "error": self.connect_error or "cluster not connected"}
         try:
@@ -559,6 +587,7 @@ class ClusterGateway:
             return {"error_kind": e.kind.value, "error": e.message}
 
     def delete_job(self, namespace: str, name: str) -> bool:
+        self._fence()
         if self.kube is None:
             raise CloudError(ErrorKind.TRANSIENT, self.connect_error or "cluster not connected")
         gone = self.kube.delete_job(namespace, name)
@@ -573,6 +602,7 @@ class ClusterGateway:
 
     def _gauges(self) -> None:
         """Keep the per-cluster gauges fresh: Ray drops a gauge that is not set again for ~20 s."""
+        self._fence(self.s.leader_ttl_s / 3)
         idle = sum(1 for l in self.store.leases(self.cluster.id) if l.state == LeaseState.IDLE)
         metrics.pools_alive(self.name, self._falcon_pools_alive(), idle=idle)
         self._refresh_reservation()
@@ -608,6 +638,7 @@ class ClusterGateway:
         """Delete leaked pools and Jobs; returns what it found and queued for deletion."""
         if self.gke is None:
             return {"pools": [], "jobs": []}
+        self._fence()
         self._refresh_pools(force=True)
         found = self._orphan_pools()
         for name in found:
@@ -670,6 +701,8 @@ class ClusterGateway:
                 "loops": {name: t.status() for name, t in self.tickers.items()},
                 "counters": dict(self.counters),
                 "db_statements": self.store.statements,
+                "epoch": self.store.epoch,
+                "fenced": self.store.fenced,
             }
 
     def shutdown(self) -> None:

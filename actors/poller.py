@@ -15,7 +15,8 @@ with a compare-and-set (Pending -> Pending/Waiting with the cluster). Then hint 
 QueueActor through the port, creating it if needed (once per queue per poll). A lost compare-and-set (the upper layer aborted
 meanwhile) is simply re-read next poll. The poller never talks to GCP or
 Kubernetes; Aborting tasks go to their queue, or are finished here when no cluster
-was ever assigned.
+was ever assigned. One bad row never stops a poll; ``Fenced`` (a newer controller
+holds the leader lease, see ``store.repository``) does, and the shell's loop ends.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.spec import SpecError, parse_spec
-from falcon_ray.store import Store
+from falcon_ray.store import Fenced, Store
 
 log = logging.getLogger("falcon.poller")
 
@@ -61,6 +62,8 @@ class IntakePoller:
                 try:
                     outcome = self._intake(task, clusters, load, wake)
                     counts[outcome] = counts.get(outcome, 0) + 1
+                except Fenced:
+                    raise  # a newer controller leads: stop the poll
                 except Exception as e:  # one bad row never stops the poll
                     log.exception("task %s: intake failed: %s", task.id, e)
         if aborting:
@@ -68,6 +71,8 @@ class IntakePoller:
             for task in aborting:
                 try:
                     self._route_abort(task, clusters_by_id, wake)
+                except Fenced:
+                    raise
                 except Exception as e:
                     log.exception("task %s: abort routing failed: %s", task.id, e)
         for cluster, topology in sorted(wake):

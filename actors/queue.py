@@ -16,7 +16,9 @@ submission per task (a lost one is rediscovered by submitting again).
 and carries out the effect groups it returns; it repeats while decisions change
 state (at most ``MAX_ROUNDS`` rounds). A group stops at its first failed or lost
 effect; the next step decides again. Every effect is idempotent, so the process may
-die at any line: the constructor is the recovery path, there is no other.
+die at any line: the constructor is the recovery path, there is no other. A step of a
+fenced store (a newer controller holds the leader lease) raises ``Fenced`` before it
+observes anything or calls the port, so a stale queue neither writes nor acts.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from falcon_ray.reconcile import (
     UpdateTask,
 )
 from falcon_ray.spec import SpecError, TaskSpec, parse_spec
-from falcon_ray.store import Store, utcnow
+from falcon_ray.store import Fenced, Store, utcnow
 
 log = logging.getLogger("falcon.queue")
 IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
@@ -110,6 +112,8 @@ class QueueReconciler:
         return applied
 
     def reconcile_once(self) -> int:
+        if self.store.fenced:  # a newer controller leads: observe nothing, call nobody
+            raise Fenced(self.store.fenced)
         applied = 0
         for _ in range(MAX_ROUNDS):
             observed = self.observe()
@@ -248,6 +252,9 @@ class QueueReconciler:
                         break
                 if changed:
                     progressed += 1
+            except Fenced:
+                self.store.check_fence()  # raises when this queue's own epoch is stale
+                raise  # only its ClusterActor is fenced: the step ends, the next one decides again
             except Exception as e:
                 log.warning(
                     "queue %s: %s failed: %s: %s",

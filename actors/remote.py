@@ -15,6 +15,18 @@ actor up again (creating it when that is the caller's right) and retries once. A
 hint is fired without waiting; when it meets a dead actor the same happens from the
 reply's callback, so a queue that was retired and created again gets the wake-up at
 once instead of at its next timed tick.
+
+Fencing: every actor is created under a leader epoch (the ``epoch`` argument of
+``ensure_*``, which the supervisor takes from the lease it holds; actors that the
+RayPort creates on demand get their creator's). The epoch goes into the actor's
+``Store``, so each of its writes loses once a newer controller holds the lease (see
+``store.repository``). Besides, each shell runs a ``fence`` loop that reads the lease
+every third of ``leader_ttl_s``: when the epoch is no longer the actor's, the actor
+stops its loops (the ClusterActor also closes its watch and refuses GKE/Kubernetes
+calls), stays alive to be seen, and says so in ``snapshot()["fenced"]``. ``epoch()``
+answers the epoch it was started under, so a supervisor can replace an actor it
+adopts from an older epoch. Ray restarts an actor with its creation arguments, so a
+replaced actor keeps the new epoch across crashes.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from actors.queue import QueueReconciler
 from actors.ticker import Ticker
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView
-from falcon_ray.store import Store
+from falcon_ray.store import Fenced, Store
 
 log = logging.getLogger("falcon.remote")
 
@@ -47,9 +59,10 @@ CLUSTER_CONCURRENCY = 64
 class RayPort:
     """``actors.port.Port`` over Ray actor calls, with the timeouts from ``Settings``."""
 
-    def __init__(self, settings: Settings, db_url: str) -> None:
+    def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
         self.s = settings
         self.db_url = db_url
+        self.epoch = epoch  # what the actors this port creates are started under
         self._handles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.dropped = 0  # handles found dead and looked up again
@@ -84,7 +97,7 @@ class RayPort:
     def _cluster_call(self, cluster: str, method: str, *args: Any, timeout: float) -> Any:
         name = names.cluster_name(cluster)
         for attempt in (1, 2):
-            h = self._handle(name, lambda: ensure_cluster(cluster, self.s, self.db_url))
+            h = self._handle(name, lambda: ensure_cluster(cluster, self.s, self.db_url, self.epoch))
             try:
                 return ray.get(getattr(h, method).remote(*args), timeout=timeout)
             except RayActorError:
@@ -115,7 +128,7 @@ class RayPort:
 
     def hint(self, cluster: str, topology: str, create: bool = True) -> None:
         name = names.queue_name(cluster, topology)
-        make = (lambda: ensure_queue(cluster, topology, self.s, self.db_url)) if create else None
+        make = (lambda: ensure_queue(cluster, topology, self.s, self.db_url, self.epoch)) if create else None
         self._fire_hint(name, make, retry=True)
 
     def _fire_hint(self, name: str, make: Callable[[], Any] | None, retry: bool) -> None:
@@ -149,7 +162,36 @@ class RayPort:
 # ---- the shells ------------------------------------------------------------------------------
 
 
-class _Shell:
+class _Fencing:
+    """The fence loop every shell runs: read the lease every third of its TTL; once a
+    newer epoch holds it, call ``_on_fenced`` (stop the loops) and stop checking."""
+
+    store: Store
+
+    def _start_fence(self, settings: Settings, log_name: str) -> None:
+        period = max(0.2, settings.leader_ttl_s / 3)
+        self.fence = Ticker(
+            "fence", self._fence_step, lambda: period, logging.getLogger(log_name),
+            start_after=period, halted=lambda: self.store.fenced,
+        )
+
+    def _fence_step(self) -> None:
+        try:
+            self.store.check_fence(0.0)
+        except Fenced:
+            self._on_fenced()
+
+    def _on_fenced(self) -> None:  # pragma: no cover - each shell says what to stop
+        raise NotImplementedError
+
+    def epoch(self) -> int | None:
+        return self.store.epoch
+
+    def fenced(self) -> str:
+        return self.store.fenced
+
+
+class _Shell(_Fencing):
     """What every Falcon actor answers: ping, snapshot, shutdown, drain, and a readable repr."""
 
     ticker: Ticker
@@ -157,6 +199,9 @@ class _Shell:
 
     def ping(self) -> bool:
         return True
+
+    def _on_fenced(self) -> None:
+        self.ticker.stop()
 
     def shutdown(self) -> None:
         self.ticker.stop()
@@ -166,7 +211,7 @@ class _Shell:
         return self.ticker.drain(timeout)
 
     def loop(self) -> dict[str, Any]:
-        return {"steps": self.ticker.steps, "last_step_at": self.ticker.last_step_at, "last_error": self.ticker.last_error}
+        return {"steps": self.ticker.steps, "last_step_at": self.ticker.last_step_at, "last_error": self.ticker.last_error, "fenced": self.store.fenced}
 
     def __repr__(self) -> str:
         return repr(self.core)
@@ -174,9 +219,13 @@ class _Shell:
 
 @ray.remote
 class PollerActor(_Shell):
-    def __init__(self, settings: Settings, db_url: str) -> None:
-        self.core = IntakePoller(settings, Store(db_url), RayPort(settings, db_url))
-        self.ticker = Ticker("poll", self.core.poll_once, self.core.interval, logging.getLogger("falcon.poller"))
+    def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        self.store = Store(db_url, epoch=epoch)
+        self.core = IntakePoller(settings, self.store, RayPort(settings, db_url, epoch))
+        self.ticker = Ticker(
+            "poll", self.core.poll_once, self.core.interval, logging.getLogger("falcon.poller"), halted=lambda: self.store.fenced
+        )
+        self._start_fence(settings, "falcon.poller")
 
     def poll_now(self) -> None:
         self.ticker.wake()
@@ -188,6 +237,8 @@ class PollerActor(_Shell):
             "last_poll_at": t.last_step_at,
             "last_poll_s": t.last_step_s,
             "last_error": t.last_error,
+            "epoch": self.store.epoch,
+            "fenced": self.store.fenced,
             **self.core.snapshot(),
         }
 
@@ -198,9 +249,14 @@ class PollerActor(_Shell):
 
 @ray.remote
 class QueueActor(_Shell):
-    def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str) -> None:
-        self.core = QueueReconciler(cluster_name, topology, settings, Store(db_url), RayPort(settings, db_url))
-        self.ticker = Ticker(f"queue {self.core.label}", self.core.step, self.core.interval, logging.getLogger("falcon.queue"))
+    def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        self.store = Store(db_url, epoch=epoch)
+        self.core = QueueReconciler(cluster_name, topology, settings, self.store, RayPort(settings, db_url, epoch))
+        self.ticker = Ticker(
+            f"queue {self.core.label}", self.core.step, self.core.interval, logging.getLogger("falcon.queue"),
+            halted=lambda: self.store.fenced,
+        )
+        self._start_fence(settings, "falcon.queue")
 
     def hint(self) -> None:
         """Something changed for this queue (a new task, an abort, a Job event)."""
@@ -213,14 +269,21 @@ class QueueActor(_Shell):
             "last_tick_at": self.ticker.last_step_at,
             "last_error": self.ticker.last_error,
             "ticks": self.ticker.steps,
+            "epoch": self.store.epoch,
+            "fenced": self.store.fenced,
             **c.snapshot(),
         }
 
 
 @ray.remote
-class ClusterActor:
-    def __init__(self, cluster_name: str, settings: Settings, db_url: str) -> None:
-        self.core = ClusterGateway(cluster_name, settings, Store(db_url), RayPort(settings, db_url))
+class ClusterActor(_Fencing):
+    def __init__(self, cluster_name: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        self.store = Store(db_url, epoch=epoch)
+        self.core = ClusterGateway(cluster_name, settings, self.store, RayPort(settings, db_url, epoch))
+        self._start_fence(settings, "falcon.cluster")
+
+    def _on_fenced(self) -> None:
+        self.core._fence()  # logs, stops every loop and closes the watch
 
     def ping(self) -> bool:
         return True
@@ -265,16 +328,16 @@ class ClusterActor:
 # ---- creation ---------------------------------------------------------------------------------
 
 
-def ensure_poller(settings: Settings, db_url: str):
+def ensure_poller(settings: Settings, db_url: str, epoch: int | None = None):
     opts = names.options(names.POLLER, settings.namespace, POLLER_CONCURRENCY)
-    return PollerActor.options(**opts).remote(settings, db_url)
+    return PollerActor.options(**opts).remote(settings, db_url, epoch)
 
 
-def ensure_cluster(cluster: str, settings: Settings, db_url: str):
+def ensure_cluster(cluster: str, settings: Settings, db_url: str, epoch: int | None = None):
     opts = names.options(names.cluster_name(cluster), settings.namespace, CLUSTER_CONCURRENCY)
-    return ClusterActor.options(**opts).remote(cluster, settings, db_url)
+    return ClusterActor.options(**opts).remote(cluster, settings, db_url, epoch)
 
 
-def ensure_queue(cluster: str, topology: str, settings: Settings, db_url: str):
+def ensure_queue(cluster: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None):
     opts = names.options(names.queue_name(cluster, topology), settings.namespace, QUEUE_CONCURRENCY)
-    return QueueActor.options(**opts).remote(cluster, topology, settings, db_url)
+    return QueueActor.options(**opts).remote(cluster, topology, settings, db_url, epoch)

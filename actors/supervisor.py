@@ -16,6 +16,16 @@ actors on the next reconcile: a cluster in maintenance or offline gets no new
 tasks (the poller ranks only active ones), its queues re-rank their waiting tasks
 and delete idle pools, and running tasks finish.
 
+Fencing: taking the lease as a new holder bumps its ``epoch`` (the store does it in
+the same UPDATE); the supervisor starts every actor under the epoch it holds. An
+actor it adopts (get-if-exists found it running) is asked for its epoch the first
+time the supervisor sees it: one started under an older epoch is fenced (its writes
+lose, its loops stop), so it is replaced: killed without restart and created again
+under the current epoch (killing at any line is safe: the database and the clusters
+are the truth). Replacing rather than re-arming keeps the new epoch in the actor's
+creation arguments, which are what Ray restarts it with. If the lease is lost and
+taken again at a newer epoch, ``start()`` runs again and replaces them all.
+
 ``shutdown(drain=True)`` asks every actor to finish its current step, then stops
 them and releases the lease: the clean stop of ``falcon-ray run``.
 """
@@ -47,6 +57,9 @@ class Supervisor:
         self.store = Store(db_url)
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leader = False
+        self.epoch: int | None = None  # the lease's epoch while this supervisor holds it
+        self.actor_epochs: dict[str, int | None] = {}  # what each known actor was started under
+        self.replaced: list[str] = []
         self.lease_renewed_at: float | None = None
         self.started_at = time.time()
         self.known: dict[str, ray.actor.ActorHandle] = {}
@@ -67,6 +80,10 @@ class Supervisor:
             self.leader = False
         if self.leader:
             self.lease_renewed_at = time.time()
+            try:
+                self.epoch = self.store.leader_epoch(self.holder)
+            except Exception as e:
+                log.warning("leader epoch: %s", e)
         return self.leader
 
     def wait_for_lead(self, stop: threading.Event | None = None, timeout: float | None = None) -> bool:
@@ -90,8 +107,33 @@ class Supervisor:
 
     def start(self) -> None:
         """Create or adopt every actor the registry calls for (requires the lease)."""
-        self.known[names.POLLER] = remote.ensure_poller(self.s, self.db_url)
+        self.known[names.POLLER] = self._adopt(names.POLLER, lambda: remote.ensure_poller(self.s, self.db_url, self.epoch))
         self.reconcile_registry()
+
+    def _adopt(self, name: str, make):
+        """Create or adopt ``name`` under the current epoch; replace one from an older epoch."""
+        h = make()
+        if name in self.known and self.actor_epochs.get(name) == self.epoch:
+            return h
+        try:
+            theirs = ray.get(h.epoch.remote(), timeout=self.s.actor_call_timeout_s)
+        except Exception as e:  # still starting, or dying: look again at the next reconcile
+            log.warning("epoch of %s: %s", name, e)
+            self.actor_epochs.pop(name, None)
+            return h
+        if theirs != self.epoch:
+            log.warning("replacing %s: started under epoch %s, the lease is at %s", name, theirs, self.epoch)
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception as e:
+                log.warning("replace %s: %s", name, e)
+            deadline = time.monotonic() + max(10.0, self.s.actor_call_timeout_s)
+            while names.lookup(name, self.s.namespace) is not None and time.monotonic() < deadline:
+                time.sleep(0.1)  # the name is free once Ray has recorded the kill
+            h = make()
+            self.replaced.append(name)
+        self.actor_epochs[name] = self.epoch
+        return h
 
     def reconcile_registry(self) -> dict[str, list[str]]:
         clusters = self.store.list_clusters()
@@ -115,10 +157,10 @@ class Supervisor:
         created = []
         for name, what in sorted(wanted.items()):
             if what[0] == "cluster":
-                h = remote.ensure_cluster(what[1], self.s, self.db_url)
+                h = self._adopt(name, lambda w=what: remote.ensure_cluster(w[1], self.s, self.db_url, self.epoch))
                 h.refresh_cluster.remote()
             else:
-                h = remote.ensure_queue(what[1], what[2], self.s, self.db_url)
+                h = self._adopt(name, lambda w=what: remote.ensure_queue(w[1], w[2], self.s, self.db_url, self.epoch))
                 h.hint.remote()
             if name not in self.known:
                 created.append(name)
@@ -134,6 +176,7 @@ class Supervisor:
         return {"created": created, "retired": retired}
 
     def _kill(self, name: str) -> None:
+        self.actor_epochs.pop(name, None)
         h = self.known.pop(name, None) or names.lookup(name, self.s.namespace)
         if h is not None:
             try:
@@ -152,12 +195,16 @@ class Supervisor:
             return
         self.start()
         next_registry = time.monotonic() + self.s.registry_interval_s
+        started_under = self.epoch
         while not stop.wait(self.s.leader_ttl_s / 3):
             if not self.try_lead():
                 log.error("leader lease lost; waiting to take it again")
                 if not self.wait_for_lead(stop):
                     return
+            if self.epoch != started_under:  # taken again after another holder: actors are fenced
                 self.start()
+                started_under = self.epoch
+                next_registry = time.monotonic() + self.s.registry_interval_s
             if time.monotonic() >= next_registry:
                 try:
                     self.reconcile_registry()

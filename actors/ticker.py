@@ -5,7 +5,9 @@ Contract
 A daemon thread calls ``step()`` (at once, or after ``start_after`` seconds), then
 again whenever ``wake()`` is called or ``interval()`` seconds have passed. A step that raises is logged and recorded in
 ``last_error``; the loop never dies of it. ``stop()`` ends the loop after the step in
-progress; ``drain(timeout)`` stops and waits for that step to finish.
+progress; ``drain(timeout)`` stops and waits for that step to finish. With ``halted``
+(a callable returning a reason, empty while all is well) the loop also ends after a
+step once it returns a reason, kept in ``halted_reason`` (a fenced actor's loops).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Ticker:
         interval: Callable[[], float],
         log: logging.Logger,
         start_after: float = 0.0,
+        halted: Callable[[], str] | None = None,
     ) -> None:
         self.name = name
         self._start_after = start_after
@@ -36,6 +39,8 @@ class Ticker:
         self.last_step_at: float | None = None  # wall clock
         self.last_step_s = 0.0
         self.last_error = ""
+        self._halted = halted
+        self.halted_reason = ""
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
 
@@ -53,6 +58,10 @@ class Ticker:
             self.last_step_s = time.monotonic() - t0
             self.last_step_at = time.time()
             self.steps += 1
+            if self._halted is not None and (reason := self._halted()):
+                self.halted_reason = reason
+                self._log.error("%s: loop stopped: %s", self.name, reason)
+                break
             self._wake.wait(self._interval())
             self._wake.clear()
 
@@ -77,4 +86,4 @@ class Ticker:
         return not self._thread.is_alive()
 
     def status(self) -> dict[str, object]:
-        return {"steps": self.steps, "last_step_at": self.last_step_at, "last_step_s": self.last_step_s, "last_error": self.last_error}
+        return {"steps": self.steps, "last_step_at": self.last_step_at, "last_step_s": self.last_step_s, "last_error": self.last_error, "halted": self.halted_reason}

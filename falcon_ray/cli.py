@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import tpu
+from falcon_ray.config import SettingsError
 from falcon_ray.render import ZONE_RE
 from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import DEFAULT_DB_URL, Store, Task, migrate
@@ -48,6 +49,19 @@ class InvalidInput(click.ClickException):
 # --- shared options and helpers --------------------------------------------------------
 
 
+def db_url_param(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """Click callback: a database URL SQLAlchemy can parse and has a driver for (else exit 2)."""
+    if value is None:
+        return None
+    try:
+        sa.engine.make_url(value).get_dialect().import_dbapi()
+    except sa.exc.ArgumentError:
+        raise click.BadParameter(f"not a database URL: {value[:200]!r}") from None
+    except (ImportError, sa.exc.NoSuchModuleError) as e:
+        raise click.BadParameter(f"no database driver for {safe_url(value)[:200]!r}: {_first_line(e)}") from None
+    return value
+
+
 def db_option(f: Callable) -> Callable:
     return click.option(
         "--db",
@@ -57,6 +71,7 @@ def db_option(f: Callable) -> Callable:
         show_default=True,
         show_envvar=True,
         metavar="URL",
+        callback=db_url_param,
         help="SQLAlchemy database URL, e.g. mysql+pymysql://user@host:3306/falcon.",
     )(f)
 
@@ -84,7 +99,7 @@ def check_database(db_url: str, need_jobs: bool = True) -> None:
     try:
         url = sa.engine.make_url(db_url)
     except sa.exc.ArgumentError as e:
-        raise CliError(f"not a database URL: {db_url!r} ({e})") from None
+        raise InvalidInput(f"not a database URL: {db_url!r} ({e})") from None
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         if not Path(url.database).exists():
             raise CliError(f"database file {url.database} does not exist; run `falcon-ray db upgrade` first")
@@ -167,6 +182,8 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except SettingsError as e:  # a bad --config file is bad input
+            raise InvalidInput(str(e)) from None
         except sa.exc.SQLAlchemyError as e:  # never a traceback for a database problem
             raise CliError(f"database error: {_first_line(e)}") from None
 
@@ -425,7 +442,7 @@ def submit(
 
 
 @main.command()
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
 @db_option
 @json_option
 def abort(task_id: int, db_url: str, as_json: bool) -> None:
@@ -526,9 +543,9 @@ def _print_timeline(task: Task, cluster_name: str | None, steps: list[dict[str, 
 
 
 @main.command()
-@click.argument("task_ids", nargs=-1, type=int)
+@click.argument("task_ids", nargs=-1, type=click.IntRange(1, 2**63 - 1))
 @click.option("--events", is_flag=True, help="Show the event timeline of one task.")
-@click.option("--limit", default=STATUS_LIMIT, show_default=True, help="How many recent tasks without ids.")
+@click.option("--limit", default=STATUS_LIMIT, show_default=True, type=click.IntRange(1, 100_000), help="How many recent tasks without ids.")
 @db_option
 @json_option
 def status(task_ids: tuple[int, ...], events: bool, limit: int, db_url: str, as_json: bool) -> None:

@@ -4,7 +4,9 @@ Contract
 --------
 ``Settings`` holds every tunable of the controller; ``load_settings(path)`` reads a
 YAML mapping (unknown keys are an error, so a typo never silently falls back to a
-default) and ``Settings()`` gives the production defaults. The same object is passed
+default) and ``Settings()`` gives the production defaults; an unreadable file, bad
+YAML or an invalid value raises ``SettingsError`` (one line naming the file and the
+key), and only that. The same object is passed
 to every actor; decisions read their timeouts from it, never from constants of their
 own. docs/configuration.md lists every field; a test keeps the two in step.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from falcon_ray.spec import SupplyMode
 
@@ -104,12 +106,24 @@ class Settings(BaseModel):
         return self.v7x_workload_policy.format(topology=topology)
 
 
+class SettingsError(ValueError):
+    """The settings file cannot be used; the message says which file and key, in one line."""
+
+
 def load_settings(path: str | Path | None = None, **overrides: object) -> Settings:
     data: dict = {}
+    where = str(path) if path else "settings"
     if path:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise SettingsError(f"{where}: not readable YAML: {' '.join(str(e).split())[:300]}") from None
         if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: settings must be a YAML mapping")
+            raise SettingsError(f"{path}: settings must be a YAML mapping")
         data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**data)
+    try:
+        return Settings(**{str(k): v for k, v in data.items()})
+    except ValidationError as e:
+        parts = [f"{'.'.join(str(x) for x in err['loc']) or 'settings'}: {err['msg']}" for err in e.errors(include_url=False)]
+        raise SettingsError(f"{where}: {'; '.join(parts)}"[:1000]) from None

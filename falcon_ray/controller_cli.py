@@ -20,9 +20,29 @@ import click
 
 
 def _db_option(f):
+    from falcon_ray.cli import db_url_param
+
     return click.option(
-        "--db", "db_url", envvar="FALCON_DB_URL", default=None, help="Database URL (default: FALCON_DB_URL or sqlite:///falcon.db)."
+        "--db", "db_url", envvar="FALCON_DB_URL", default=None, callback=db_url_param,
+        help="Database URL (default: FALCON_DB_URL or sqlite:///falcon.db).",
     )(f)
+
+
+def _db_url_param(ctx, param, value):
+    from falcon_ray.cli import db_url_param
+
+    return db_url_param(ctx, param, value)
+
+
+def _settings(config):
+    """Settings from --config, checked before anything starts (bad file: exit 2, one line)."""
+    from falcon_ray.cli import InvalidInput
+    from falcon_ray.config import SettingsError, load_settings
+
+    try:
+        return load_settings(config)
+    except SettingsError as e:
+        raise InvalidInput(str(e)) from None
 
 
 def _db(url: str | None) -> str:
@@ -46,9 +66,7 @@ def register(main: click.Group) -> None:
 
         from actors.supervisor import Supervisor
         from falcon_ray import health
-        from falcon_ray.config import load_settings
-
-        settings = load_settings(config)
+        settings = _settings(config)
         ray.init(
             address=ray_address,
             namespace=settings.namespace,
@@ -76,10 +94,10 @@ def register(main: click.Group) -> None:
         help="Tasks JSONL (default: the sample tasks); '-' reads one JSON line per task from stdin as they come.",
     )
     @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None, help="Settings YAML.")
-    @click.option("--db", "db_url", default=None, help="Database URL (default: a fresh SQLite file).")
-    @click.option("--timeout", default=300.0, show_default=True, help="Give up on the play after this many seconds (not with --hold).")
+    @click.option("--db", "db_url", default=None, callback=_db_url_param, help="Database URL (default: a fresh SQLite file).")
+    @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Give up on the play after this many seconds (not with --hold).")
     @click.option("--hold", is_flag=True, help="Keep the controller and the fleet running after the play, until Ctrl-C.")
-    @click.option("--shutdown-timeout", default=90.0, show_default=True, help="On Ctrl-C: seconds to let the controller abort live tasks and delete pools.")
+    @click.option("--shutdown-timeout", default=90.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="On Ctrl-C: seconds to let the controller abort live tasks and delete pools.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (tasks and fleet) on stdout.")
     def demo_cmd(fleet, tasks_path, config, db_url, timeout, hold, shutdown_timeout, as_json):
         """Run Falcon-Ray end to end on a simulated fleet and play a tasks file.
@@ -95,8 +113,10 @@ def register(main: click.Group) -> None:
         try:
             tasks = [] if from_stdin else load_tasks(tasks_path)
             settings = demo_settings(config)
-        except Exception as e:
-            raise click.ClickException(str(e)) from None
+        except Exception as e:  # a bad tasks or settings file is bad input
+            from falcon_ray.cli import InvalidInput
+
+            raise InvalidInput(" ".join(str(e).split())[:1000]) from None
         run = DemoRun(fleet, settings, db_url, namespace=settings.namespace, dashboard=True)
         sys.exit(_demo(run, tasks, from_stdin, timeout, hold, shutdown_timeout, as_json))
 
@@ -137,14 +157,15 @@ def register(main: click.Group) -> None:
         """Report the controller's health; exit 0 healthy, 1 unhealthy."""
         from actors.supervisor import Supervisor
         from falcon_ray import discovery, health
-        from falcon_ray.config import load_settings
-
-        settings = load_settings(config)
+        settings = _settings(config)
         where = discovery.resolve(ray_address, namespace or (settings.namespace if config else None), db_url)
         settings = settings.model_copy(update={"namespace": where["namespace"]})
         _join_ray(where)
         sup = Supervisor(settings, where["db_url"])
-        lease = sup.store.leader()
+        try:
+            lease = sup.store.leader()
+        except Exception:  # the database is unreachable: the report says so
+            lease = None
         sup.holder = lease["holder"] if lease else sup.holder
         sup.leader = bool(lease)
         report = health.check(sup)
@@ -153,7 +174,8 @@ def register(main: click.Group) -> None:
             click.echo(json.dumps(report, indent=2, default=str))
         else:
             click.echo(f"healthy: {report['healthy']}  ready: {report['ready']}  leader: {report['leader']['holder']}  (namespace {where['namespace']})")
-            click.echo(f"database: {'ok' if report['database']['ok'] else report['database'].get('error')}")
+            db = report["database"]
+            click.echo(f"database: {'ok' if db['ok'] else 'UNREACHABLE: ' + str(db.get('error'))}")
             for name, a in sorted(report["actors"].items()):
                 click.echo(f"  {name:<32} {'ok' if a.get('ok') else 'FAIL'}  {a.get('error') or a.get('connect_error') or ''}")
             for t in report["stuck_tasks"]:

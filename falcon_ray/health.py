@@ -11,6 +11,9 @@ allows (``Settings.stuck_after_s``). ``healthy`` is the liveness verdict (leader
 held or waiting, database reachable, actors answering); ``ready`` adds that the
 lease is held. ``stuck_tasks`` are reported, not fatal: a stuck task is the
 operator's business, not a reason to restart the controller.
+An actor started under an older leader epoch than the lease's (``fenced``: it
+stopped its loops) is reported with its reason and counts as not answering, so the
+probes fail until the supervisor has replaced it. ``leader.epoch`` is the lease's.
 ``serve(supervisor, port)`` exposes ``/healthz`` and ``/readyz`` over HTTP.
 """
 
@@ -65,6 +68,7 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
         "holder": lease["holder"] if lease else None,
         "expires_at": lease["expires_at"].isoformat() if lease else None,
         "renewed_at": sup.lease_renewed_at,
+        "epoch": lease.get("epoch") if lease else None,
     }
     actors: dict[str, Any] = {}
     degraded: list[str] = []
@@ -99,6 +103,9 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
                     degraded.append(name)
             else:
                 entry["last_error"] = snap.get("last_error") or ""
+            entry["epoch"] = snap.get("epoch")
+            if snap.get("fenced"):
+                entry.update(ok=False, fenced=snap["fenced"], error=snap["fenced"])
             actors[name] = entry
         except Exception as e:
             actors[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}

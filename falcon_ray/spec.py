@@ -180,13 +180,22 @@ class TaskSpec(BaseModel):
         return tpu.lookup(self.tpu_type, self.topology)
 
 
+def _loc_part(x: Any) -> str:
+    """One step of an error's path: a plain name as is, any other key quoted and cut."""
+    if isinstance(x, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", x) or isinstance(x, int):
+        return str(x)
+    return repr(str(x)[:40])
+
+
 def _describe(err: ValidationError) -> str:
     parts = []
     for e in err.errors(include_url=False):
-        loc = ".".join(str(x) for x in e["loc"]) or "spec"
+        loc = ".".join(_loc_part(x) for x in e["loc"]) or "spec"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (not allowed in a task spec)"
+            if loc.startswith("'"):  # an empty, long or odd name is quoted: say where it is
+                loc = f"spec.{loc}"
         elif e["type"] == "missing":
             msg = "required field is missing"
         if not e["loc"] and re.match(r"^[a-z_]+: ", msg):

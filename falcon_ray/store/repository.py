@@ -16,12 +16,46 @@ Contract
 - Each method is one short transaction; nothing holds a connection between calls,
   so any process may die at any line.
 - ``statements`` counts the SQL statements this Store executed (for the cost report).
+
+Database faults
+---------------
+MySQL connections are checked out with ``pool_pre_ping`` (a connection the server
+killed or dropped while idle is replaced before use). A method whose statement meets
+a disconnect anyway (``DBAPIError.connection_invalidated``: the connection was
+killed mid-use, the server restarted) is run again, whole, on a fresh connection,
+up to ``DISCONNECT_RETRIES`` times; every method is one short transaction whose
+writes are compare-and-set or idempotent by name, so a rerun after a commit whose
+answer was lost just loses its compare-and-set ("re-read and decide again").
+``submit_task`` (the upper layer's insert, not idempotent) is not rerun. When the
+database stays unreachable the error propagates: the actors' loops log it, keep
+their state and try again at their next tick; no task is failed for it.
+``disconnects`` counts the reruns.
+
+Fencing
+-------
+The leader lease row (``falcon_leader_lease``, name ``controller``) carries an
+``epoch`` that grows by one with each new holder (``acquire_leader``; a renewal by the
+same holder keeps it, a release keeps it too). A Store built with ``epoch=N`` (the
+actors' stores) adds ``EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name =
+'controller' AND epoch = N)`` to every task, lease and queue-state write it makes
+(``_fenced``: UPDATEs get it in their WHERE clause, INSERTs become INSERT ... SELECT
+... WHERE it), so the check and the write are one statement: on InnoDB the
+subquery takes a shared lock on the lease row that a newer holder's UPDATE waits
+for; on SQLite the statement runs under the database's write lock. The event rows
+are written in the same transaction as the task write that won. A guarded write that
+changes no row reads the lease once: when its epoch is no longer ``N`` the Store
+records why in ``fenced`` and raises ``Fenced``; every later write raises at once
+without SQL. ``check_fence(max_age_s)`` is the same check for callers about to act
+outside the database (GKE, Kubernetes). A Store without an epoch (CLI, upper layer,
+tests) writes unguarded.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -52,6 +86,13 @@ class IllegalTransition(ValueError):
     pass
 
 
+LEADER = "controller"
+
+
+class Fenced(RuntimeError):
+    """A newer controller holds the leader lease: this Store's epoch may not write any more."""
+
+
 def _row(cls, row) -> Any:
     return cls(**{k: row._mapping[k] for k in cls.__dataclass_fields__})
 
@@ -75,6 +116,25 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+DISCONNECT_RETRIES = 2
+
+
+def _rerun_on_disconnect(fn):
+    """Run a Store method again, whole, when its connection turned out to be dead."""
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        for attempt in range(DISCONNECT_RETRIES + 1):
+            try:
+                return fn(self, *args, **kwargs)
+            except sa.exc.DBAPIError as e:
+                if not e.connection_invalidated or attempt == DISCONNECT_RETRIES:
+                    raise
+                self.disconnects += 1
+
+    return method
+
+
 def _clip(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
@@ -82,21 +142,75 @@ def _clip(message: str) -> str:
 class Store:
     """One database, many short transactions. Safe to share between threads."""
 
-    def __init__(self, url: str, clock=utcnow) -> None:
+    def __init__(self, url: str, clock=utcnow, epoch: int | None = None) -> None:
         self.url = url
         self.engine = make_engine(url)
         self.clock = clock
         self.statements = 0
+        self.disconnects = 0  # methods rerun after a disconnect
+        self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
+        self.fenced = ""  # why this Store may not write any more, once known
+        self._fence_checked_at = 0.0
 
         @event.listens_for(self.engine, "before_cursor_execute")
         def _count(*_a, **_k):
             self.statements += 1
 
     def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
-        return {"url": self.url, "clock": self.clock}
+        return {"url": self.url, "clock": self.clock, "epoch": self.epoch}
 
     def __setstate__(self, state):
-        self.__init__(state["url"], state["clock"])
+        self.__init__(state["url"], state["clock"], state.get("epoch"))
+
+    # --- fencing -------------------------------------------------------------------
+
+    def _epoch_holds(self):
+        ll = t.leader_lease
+        return sa.exists().where(ll.c.name == LEADER, ll.c.epoch == self.epoch)
+
+    def _fenced(self, stmt):
+        """The one place where an UPDATE gets the epoch guard in its WHERE clause."""
+        if self.epoch is None:
+            return stmt
+        if self.fenced:
+            raise Fenced(self.fenced)
+        return stmt.where(self._epoch_holds())
+
+    def _insert(self, table, values: dict[str, Any], ins=sa.insert):
+        """A one-row INSERT; fenced, it is INSERT ... SELECT <values> WHERE <epoch holds>."""
+        if self.epoch is None:
+            return ins(table).values(**values)
+        if self.fenced:
+            raise Fenced(self.fenced)
+        cols = list(values)
+        row = sa.select(*[sa.literal(values[k], type_=table.c[k].type) for k in cols]).where(self._epoch_holds())
+        return ins(table).from_select(cols, row)
+
+    def _write(self, c, stmt):
+        """Execute a guarded write; when it changed no row, tell a lost race from fencing."""
+        res = c.execute(self._fenced(stmt))
+        if self.epoch is not None and res.rowcount == 0:
+            self._verify_epoch(c)
+        return res
+
+    def _verify_epoch(self, c) -> None:
+        ll = t.leader_lease
+        row = c.execute(sa.select(ll.c.epoch, ll.c.holder).where(ll.c.name == LEADER)).first()
+        self._fence_checked_at = time.monotonic()
+        if row is None or int(row.epoch) != self.epoch:
+            now_held = f"epoch {row.epoch} ({row.holder or 'released'})" if row else "no lease row"
+            self.fenced = f"fenced: started under leader epoch {self.epoch}, the lease is now at {now_held}"
+            raise Fenced(self.fenced)
+
+    def check_fence(self, max_age_s: float = 0.0) -> None:
+        """Raise ``Fenced`` when a newer controller holds the lease. Reads the lease row
+        unless it was read less than ``max_age_s`` ago; no-op for an unfenced Store."""
+        if self.fenced:
+            raise Fenced(self.fenced)
+        if self.epoch is None or time.monotonic() - self._fence_checked_at < max_age_s:
+            return
+        with self.engine.connect() as c:
+            self._verify_epoch(c)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -306,8 +420,8 @@ class Store:
         won = False
         with self.engine.begin() as c:
             if moving:
-                res = c.execute(
-                    t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
+                res = self._write(
+                    c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
                 )
                 won = res.rowcount == 1
                 if won and to == lc.ABORTED:
@@ -323,8 +437,8 @@ class Store:
                         )
                     )
             if not won and staying:
-                res = c.execute(
-                    t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
+                res = self._write(
+                    c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
                 )
                 won = res.rowcount == 1
         return won
@@ -348,7 +462,7 @@ class Store:
         if message is not None:
             values["message"] = _clip(message)
         with self.engine.begin() as c:
-            res = c.execute(t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values))
+            res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values))
         return res.rowcount == 1
 
     def refresh_messages(self, updates: Sequence[tuple[int, Phase, str]]) -> int:
@@ -362,8 +476,8 @@ class Store:
         whens = [(j.c.id == tid, _clip(msg)) for tid, _, msg in updates]
         guard = sa.or_(*[sa.and_(j.c.id == tid, self._phase_predicate([ph])) for tid, ph, _ in updates])
         with self.engine.begin() as c:
-            res = c.execute(
-                j.update().where(guard).values(message=sa.case(*whens, else_=j.c.message), updated_at=now)
+            res = self._write(
+                c, j.update().where(guard).values(message=sa.case(*whens, else_=j.c.message), updated_at=now)
             )
         return res.rowcount
 
@@ -409,20 +523,21 @@ class Store:
     ) -> Lease:
         """Write the lease row (state Requested) before the create call; idempotent by name."""
         now = self.clock()
+        row = dict(
+            cluster_id=cluster_id,
+            topology=topology,
+            name=name,
+            supply_mode=supply_mode,
+            state=LeaseState.REQUESTED.value,
+            task_id=task_id,
+            created_at=now,
+            updated_at=now,
+        )
         try:
             with self.engine.begin() as c:
-                c.execute(
-                    t.node_pool_leases.insert().values(
-                        cluster_id=cluster_id,
-                        topology=topology,
-                        name=name,
-                        supply_mode=supply_mode,
-                        state=LeaseState.REQUESTED.value,
-                        task_id=task_id,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                )
+                res = c.execute(self._insert(t.node_pool_leases, row))
+                if self.epoch is not None and res.rowcount == 0:
+                    self._verify_epoch(c)
         except sa.exc.IntegrityError:
             pass  # the same name was written before a crash: adopt it
         lease = self.get_lease(cluster_id, name)
@@ -464,15 +579,15 @@ class Store:
         values.update(fields)
         L = t.node_pool_leases
         with self.engine.begin() as c:
-            res = c.execute(
-                L.update().where(L.c.id == lease_id, L.c.state.in_([s.value for s in expect])).values(**values)
+            res = self._write(
+                c, L.update().where(L.c.id == lease_id, L.c.state.in_([s.value for s in expect])).values(**values)
             )
         return res.rowcount == 1
 
     def touch_lease(self, lease_id: int, **fields: Any) -> None:
         L = t.node_pool_leases
         with self.engine.begin() as c:
-            c.execute(L.update().where(L.c.id == lease_id).values(updated_at=self.clock(), **fields))
+            self._write(c, L.update().where(L.c.id == lease_id).values(updated_at=self.clock(), **fields))
 
     # --- queue fairness ----------------------------------------------------------------
 
@@ -495,11 +610,11 @@ class Store:
         values = dict(cluster_id=cluster_id, topology=topology, last_granted_actor=actor, updated_at=now)
         name = self.engine.dialect.name
         if name in ("mysql", "mariadb"):
-            stmt = mysql_insert(q).values(**values)
+            stmt = self._insert(q, values, mysql_insert)
             stmt = stmt.on_duplicate_key_update(last_granted_actor=actor, updated_at=now)
         elif name in ("sqlite", "postgresql"):
             ins = sqlite_insert if name == "sqlite" else pg_insert
-            stmt = ins(q).values(**values)
+            stmt = self._insert(q, values, ins)
             stmt = stmt.on_conflict_do_update(
                 index_elements=[q.c.cluster_id, q.c.topology],
                 set_=dict(last_granted_actor=actor, updated_at=now),
@@ -517,7 +632,8 @@ class Store:
         for attempt in range(3):
             try:
                 with self.engine.begin() as c:
-                    c.execute(stmt)
+                    if c.execute(stmt).rowcount == 0 and self.epoch is not None:
+                        self._verify_epoch(c)
                 return
             except sa.exc.OperationalError as e:  # a deadlock victim may simply retry
                 if attempt == 2 or "1213" not in str(getattr(e, "orig", e)):
@@ -531,10 +647,17 @@ class Store:
         now = self.clock()
         expires = now + dt.timedelta(seconds=ttl_s)
         with self.engine.begin() as c:
+            # a new holder (taking an expired or released lease) bumps the epoch: the fence
+            # against every actor of the previous holder; a renewal keeps it
             res = c.execute(
                 ll.update()
                 .where(ll.c.name == name, sa.or_(ll.c.holder == holder, ll.c.expires_at < now))
-                .values(holder=holder, expires_at=expires, renewed_at=now)
+                .ordered_values(  # epoch first: MySQL assigns left to right and would see the new holder
+                    (ll.c.epoch, ll.c.epoch + sa.case((ll.c.holder == holder, 0), else_=1)),
+                    (ll.c.holder, holder),
+                    (ll.c.expires_at, expires),
+                    (ll.c.renewed_at, now),
+                )
             )
             if res.rowcount == 1:
                 return True
@@ -543,21 +666,41 @@ class Store:
             return False
         try:
             with self.engine.begin() as c:
-                c.execute(ll.insert().values(name=name, holder=holder, expires_at=expires, renewed_at=now))
+                c.execute(ll.insert().values(name=name, holder=holder, expires_at=expires, renewed_at=now, epoch=1))
             return True
         except sa.exc.IntegrityError:
             return False
 
     def release_leader(self, holder: str, name: str = "controller") -> None:
+        """Give the lease up at once. The row stays (holder empty, expired) so the epoch
+        keeps growing: the next holder's epoch is newer than every actor started before."""
         ll = t.leader_lease
+        now = self.clock()
         with self.engine.begin() as c:
-            c.execute(ll.delete().where(ll.c.name == name, ll.c.holder == holder))
+            c.execute(
+                ll.update()
+                .where(ll.c.name == name, ll.c.holder == holder)
+                .values(holder="", expires_at=now - dt.timedelta(seconds=1), renewed_at=now)
+            )
 
     def leader(self, name: str = "controller") -> dict[str, Any] | None:
+        """The lease (holder, expires_at, renewed_at, epoch), or None when nobody holds it."""
         ll = t.leader_lease
         with self.engine.connect() as c:
             r = c.execute(ll.select().where(ll.c.name == name)).first()
-        return dict(r._mapping) if r else None
+        return dict(r._mapping) if r and r.holder else None
+
+    def leader_epoch(self, holder: str, name: str = "controller") -> int | None:
+        """The epoch of the lease when ``holder`` holds it, else None."""
+        ll = t.leader_lease
+        with self.engine.connect() as c:
+            r = c.execute(sa.select(ll.c.epoch).where(ll.c.name == name, ll.c.holder == holder)).first()
+        return int(r[0]) if r else None
 
 
-__all__ = ["Store", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]
+for _name, _fn in list(vars(Store).items()):
+    if callable(_fn) and not _name.startswith("_") and _name not in ("submit_task", "dispose", "ping"):
+        setattr(Store, _name, _rerun_on_disconnect(_fn))
+del _name, _fn
+
+__all__ = ["Store", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]

@@ -126,6 +126,13 @@ leader_lease = sa.Table(
     sa.Column("holder", sa.String(128), nullable=False),
     sa.Column("expires_at", Timestamp, nullable=False),
     sa.Column("renewed_at", Timestamp, nullable=False),
+    sa.Column(
+        "epoch",
+        sa.BigInteger,
+        nullable=False,
+        server_default="0",
+        comment="fencing token: grows by one with each new holder; every controller write requires it",
+    ),
 )
 
 task_events = sa.Table(

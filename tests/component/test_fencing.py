@@ -1,0 +1,145 @@
+"""Fencing: a write under a stale leader epoch loses, atomically, on both databases.
+
+The leader lease carries an epoch that a new holder bumps; a Store built with an
+epoch adds "the lease is still at my epoch" to every task, lease and queue-state
+write. Here two controllers' stores share one database: after the second takes the
+lease, every write of the first loses, raises ``Fenced`` and leaves no trace, and the
+queue and the poller built on it stop without calling any other actor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import LeaseState
+from falcon_ray.store import Fenced, Store
+from falcon_ray.store import tables as t
+from tests.harness.fakes import FakeClock, QueueBench
+
+
+def _events(store: Store) -> int:
+    with store.engine.connect() as c:
+        return c.execute(sa.select(sa.func.count()).select_from(t.task_events)).scalar()
+
+
+def test_epoch_grows_with_each_new_holder_only(store):
+    clock = FakeClock()
+    s = Store(store.url, clock=clock)
+    try:
+        assert s.acquire_leader("a", ttl_s=30)
+        assert s.leader_epoch("a") == 1
+        clock.advance(10)
+        assert s.acquire_leader("a", ttl_s=30)  # a renewal keeps the epoch
+        assert s.leader()["epoch"] == 1
+        clock.advance(31)
+        assert s.acquire_leader("a", ttl_s=30)  # expired, but nobody else took it: still a's epoch
+        assert s.leader_epoch("a") == 1
+        clock.advance(31)
+        assert s.acquire_leader("b", ttl_s=30)
+        assert s.leader_epoch("b") == 2 and s.leader_epoch("a") is None
+        s.release_leader("b")
+        assert s.leader() is None  # released: nobody holds it, yet the row keeps the epoch
+        assert s.acquire_leader("b", ttl_s=30)  # even the same name is a new holder after a release
+        assert s.leader_epoch("b") == 3
+    finally:
+        s.dispose()
+
+
+def test_a_write_under_a_stale_epoch_loses(store):
+    clock = FakeClock()
+    s = Store(store.url, clock=clock)
+    cluster = s.add_cluster("edge-a", "p", "us-east5-b", "v6e")
+    tid = s.submit_task("alice", {"tpu_type": "v6e", "topology": "2x2", "image": "i", "command": ["x"]})
+    assert s.acquire_leader("first", ttl_s=30)
+    old = Store(store.url, clock=clock, epoch=s.leader_epoch("first"))
+    try:
+        # under its own epoch every kind of write goes through
+        assert old.transition(tid, lc.NEW, lc.WAITING, "waiting", cluster_id=cluster.id)
+        lease = old.create_lease(cluster.id, "2x2", "falcon-t1-2x2", "flex-start", tid)
+        assert old.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.CREATING)
+        old.set_last_granted(cluster.id, "2x2", "alice")
+        old.check_fence()
+
+        clock.advance(31)  # the first controller's process died: its lease expires
+        assert s.acquire_leader("second", ttl_s=30)
+        new = Store(store.url, clock=clock, epoch=s.leader_epoch("second"))
+        before = (s.get_task(tid), s.leases(), _events(s), s.last_granted(cluster.id, "2x2"))
+
+        with pytest.raises(Fenced, match="epoch 1.*epoch 2"):
+            old.transition(tid, lc.WAITING, lc.PROVISIONING, "provisioning")
+        assert "epoch 2" in old.fenced
+        # once fenced, every write refuses at once, and so does the check
+        for write in (
+            lambda: old.update_task(tid, lc.WAITING, "x"),
+            lambda: old.refresh_messages([(tid, lc.WAITING, "x")]),
+            lambda: old.create_lease(cluster.id, "2x2", "falcon-t9-2x2", "flex-start", tid),
+            lambda: old.move_lease(lease.id, LeaseState.CREATING, LeaseState.READY),
+            lambda: old.touch_lease(lease.id, operation="op"),
+            lambda: old.set_last_granted(cluster.id, "2x2", "bob"),
+            old.check_fence,
+        ):
+            with pytest.raises(Fenced):
+                write()
+        assert (s.get_task(tid), s.leases(), _events(s), s.last_granted(cluster.id, "2x2")) == before
+
+        # the new holder's writes win
+        assert new.transition(tid, lc.WAITING, lc.PROVISIONING, "provisioning")
+        assert new.move_lease(lease.id, LeaseState.CREATING, LeaseState.READY)
+    finally:
+        old.dispose()
+        s.dispose()
+
+
+@pytest.mark.parametrize("write", ["update", "insert", "upsert"])
+def test_each_guarded_statement_loses_without_a_prior_check(store, write):
+    """A stale store that never read the lease: the guard inside the statement decides."""
+    s = Store(store.url)
+    cluster = s.add_cluster("edge-a", "p", "us-east5-b", "v6e")
+    tid = s.submit_task("alice", {"tpu_type": "v6e", "topology": "2x2", "image": "i", "command": ["x"]})
+    assert s.acquire_leader("first", ttl_s=0.001)
+    stale = Store(store.url, epoch=s.leader_epoch("first"))
+    import time
+
+    time.sleep(0.05)
+    assert s.acquire_leader("second", ttl_s=30)
+    try:
+        with pytest.raises(Fenced):
+            if write == "update":
+                stale.transition(tid, lc.NEW, lc.WAITING, "waiting", cluster_id=cluster.id)
+            elif write == "insert":
+                stale.create_lease(cluster.id, "2x2", "falcon-t1-2x2", "flex-start", tid)
+            else:
+                stale.set_last_granted(cluster.id, "2x2", "alice")
+        assert s.get_task(tid).phase == lc.NEW and s.leases() == [] and s.last_granted(cluster.id, "2x2") == ""
+        assert _events(s) == 1  # only the submission's
+    finally:
+        stale.dispose()
+        s.dispose()
+
+
+def test_a_fenced_queue_and_poller_stop_and_call_nobody(tmp_path):
+    b = QueueBench(f"sqlite:///{tmp_path}/q.db")
+    assert b.store.acquire_leader("first", ttl_s=30)
+    epoch = b.store.leader_epoch("first")
+    b.store.epoch = epoch  # the bench's actors now run under the first controller's epoch
+    tid = b.submit()
+    assert b.phase(tid) == str(lc.WAITING)
+    b.port.calls.clear()
+
+    b.clock.advance(31)
+    other = Store(b.store.url, clock=b.clock)
+    assert other.acquire_leader("second", ttl_s=30)
+    t2 = other.submit_task("bob", {"tpu_type": "v6e", "topology": "2x2", "image": "i", "command": ["x"]})
+
+    with pytest.raises(Fenced):
+        b.step()  # its first write (Waiting -> Provisioning) loses
+    with pytest.raises(Fenced):
+        b.step()  # and later steps stop before they observe anything
+    with pytest.raises(Fenced):
+        b.poller.poll_once()
+    assert b.port.calls == []  # no ClusterActor call: no pool, no Job
+    assert b.phase(tid) == str(lc.WAITING)
+    assert other.get_task(t2).phase == lc.NEW  # the stale poller did not take the new task
+    other.dispose()

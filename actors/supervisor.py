@@ -196,8 +196,10 @@ class Supervisor:
         self.start()
         next_registry = time.monotonic() + self.s.registry_interval_s
         started_under = self.epoch
-        while not stop.wait(self.s.leader_ttl_s / 3):
-            if not self.try_lead():
+        # the lease is renewed on its own thread: a slow registry pass never lets it lapse
+        threading.Thread(target=self._keep_lease, args=(stop,), daemon=True, name="falcon-leader-lease").start()
+        while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
+            if not self.leader:
                 log.error("leader lease lost; waiting to take it again")
                 if not self.wait_for_lead(stop):
                     return
@@ -213,6 +215,13 @@ class Supervisor:
                     self.last_error = f"registry: {type(e).__name__}: {e}"[:500]
                     log.exception("registry reconcile failed")
                 next_registry = time.monotonic() + self.s.registry_interval_s
+
+    def _keep_lease(self, stop: threading.Event) -> None:
+        """Renew the lease every third of its lifetime while leading; a failed renewal
+        clears ``leader`` and the run loop waits to take the lease again."""
+        while not stop.wait(self.s.leader_ttl_s / 3):
+            if self.leader:
+                self.try_lead()
 
     def actor_names(self) -> list[str]:
         names_now = set(self.known)

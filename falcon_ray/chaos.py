@@ -59,6 +59,7 @@ INVARIANTS = (
 CAPACITY_REFUSAL = re.compile(
     r"does not have enough resources|ZONE_RESOURCE_POOL_EXHAUSTED|stockout|GCE_STOCKOUT", re.IGNORECASE
 )
+CREATE_ERROR = "Internal error: the node pool could not be created (simulated burst of failed creates)."
 DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few seconds
 
 # The soak's fleet timings (seconds): the e2e harness's fast profile.
@@ -411,7 +412,9 @@ class ChaosRun:
                 "poller": 45.0 * s,
                 "compact": 20.0 * s,
                 "db": 15.0 * s,
+                "create_error": 25.0 * s,
             }
+            burst_end: dict[str, float] = {}
             due = {k: self._t0 + v for k, v in every.items()}
             last_print = 0.0
             while not sched.empty() or self._now() < self.play_s:
@@ -430,6 +433,17 @@ class ChaosRun:
                 if self.faults and now >= due["compact"]:
                     self._compact()
                     due["compact"] = now + every["compact"]
+                if self.faults and now >= due["create_error"]:
+                    # a short burst of failed creates (pool in ERROR, 0 nodes) on one cluster
+                    c = self.rng.choice(("edge-a", "edge-b"))
+                    self.run.sim.set_faults(c, create_error=CREATE_ERROR)
+                    burst_end[c] = now + max(1.0, 3.0 * s)
+                    self.counts["create_error_bursts"] += 1
+                    due["create_error"] = now + every["create_error"]
+                for c, end in list(burst_end.items()):
+                    if now >= end:
+                        self.run.sim.set_faults(c, create_error=None)
+                        del burst_end[c]
                 if self.db_kills and now >= due["db"]:
                     self._kill_db_connections()
                     due["db"] = now + every["db"]
@@ -438,7 +452,9 @@ class ChaosRun:
                     last_print = self._now()
                     self.progress(self._status_line())
                 time.sleep(0.25)
-            # quiescence: no more kills; API faults stay on until the end
+            for c in burst_end:
+                self.run.sim.set_faults(c, create_error=None)
+            # quiescence: no more kills or create failures; API faults stay on until the end
             deadline = time.monotonic() + self.drain_s
             while time.monotonic() < deadline:
                 self._observe()

@@ -177,14 +177,24 @@ class Limits:
         return self.node_pool_timeout + self.margin  # Provisioning, Dispatching
 
 
+# A wait counter in a Message ("waiting 3m") is not progress: a task that only counts the
+# minutes of a wait that never ends is stuck all the same.
+_WAIT_COUNTER = re.compile(r"\((?:waiting|waited|已等待) [^)]*\)|\b(?:waiting|waited) (?:<1m|\d+h?\d*m)\b")
+
+
+def progress_text(message: str) -> str:
+    return _WAIT_COUNTER.sub("(waiting ...)", message or "")
+
+
 @dataclass
 class Observed:
-    """What the run saw of one task: (seconds, status, reason, message) at each change."""
+    """What the run saw of one task: (seconds, status, reason, message) at each change; a
+    Message that differs only in its wait counter is no change (``progress_text``)."""
 
     changes: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     def see(self, at: float, status: str, reason: str, message: str) -> None:
-        key = (str(status), str(reason or ""), message or "")
+        key = (str(status), str(reason or ""), progress_text(message))
         if not self.changes or self.changes[-1][1:] != key:
             self.changes.append((at, *key))
 

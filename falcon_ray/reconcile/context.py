@@ -19,7 +19,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import messages
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, QueueState, QueueTask
+from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, OpKind, OpState, QueueState, QueueTask
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -85,7 +85,19 @@ class Decision:
     # ---- idle pools ----------------------------------------------------------------------
 
     def free_idle(self) -> Lease | None:
-        return next((l for l in self.idle if l.id not in self.claimed), None)
+        """An idle pool that may be handed over now (``create_finished``)."""
+        return next((l for l in self.idle if l.id not in self.claimed and self.create_finished(l)), None)
+
+    def create_finished(self, lease: Lease) -> bool:
+        """Only a pool whose create finished is handed over: its lease reached Ready/InUse
+        before going Idle (``ready_at``), or, kept Idle while still creating (its task
+        aborted), GKE now shows its control plane up with no create in flight. A pool
+        whose create failed (ERROR, 0 nodes) is never handed over; rule 6 deletes it."""
+        if lease.ready_at is not None:
+            return True
+        pool, op = self.v.pools.get(lease.name), self.v.ops.get(lease.name)
+        in_flight = op is not None and op.kind == OpKind.CREATE and op.state in (OpState.QUEUED, OpState.RUNNING)
+        return pool is not None and pool.status.up and not in_flight
 
     def unclaimed_idle(self) -> int:
         return sum(1 for l in self.idle if l.id not in self.claimed)

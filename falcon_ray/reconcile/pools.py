@@ -15,7 +15,7 @@ delete that keeps failing is counted on the lease and, past
 from __future__ import annotations
 
 from falcon_ray.lifecycle import LeaseState
-from falcon_ray.model import JobPhase, Lease, OpKind, OpState
+from falcon_ray.model import JobPhase, Lease, OpKind, OpState, PoolStatus
 from falcon_ray.reconcile.context import HELD, Decision
 from falcon_ray.reconcile.effects import DeleteJob, DeletePool, Effect, MoveLease, RecordOperation, UpdateTask
 from falcon_ray.spec import SupplyMode
@@ -32,7 +32,7 @@ def leases(d: Decision) -> None:
 
 
 def idle_unwanted(d: Decision, lease: Lease) -> None:
-    if d.q.cluster_active and len(d.demand) >= d.unclaimed_idle():
+    if d.q.cluster_active and len(d.demand) >= d.unclaimed_idle() and not create_failed(d, lease):
         return
     d.claimed.add(lease.id)  # take it out of the pool of idle ones
     d.add(
@@ -40,6 +40,17 @@ def idle_unwanted(d: Decision, lease: Lease) -> None:
         MoveLease(lease.id, lease.name, (LeaseState.IDLE,), LeaseState.DELETING),
         DeletePool(lease.name),
     )
+
+
+def create_failed(d: Decision, lease: Lease) -> bool:
+    """An idle pool kept while it was still creating whose create then failed (refused, or
+    the pool in ERROR): nobody can use it."""
+    if lease.ready_at is not None:
+        return False
+    pool, op = d.v.pools.get(lease.name), d.v.ops.get(lease.name)
+    if op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED:
+        return True
+    return pool is not None and pool.status == PoolStatus.ERROR
 
 
 def deleting(d: Decision, lease: Lease) -> None:

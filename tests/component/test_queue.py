@@ -166,3 +166,49 @@ def test_a_refused_job_fails_the_task_and_deletes_its_pool_through_keep_or_delet
     bench.step(ClusterView(pools=pool(tid), reservation=RES))
     t = bench.task(tid)
     assert str(t.phase) == "Failed/JobSubmitFailed" and "admission webhook denied" in t.message
+
+
+def test_an_idle_pool_whose_create_has_not_finished_is_not_handed_over(bench):
+    """Found by the chaos soak (seed 2): a task aborted while its pool was being created left
+    the pool Idle for the next task; that create then failed (pool in ERROR, 0 nodes) and
+    the next task, handed the pool, waited for pods forever. Only a pool whose create
+    finished is handed over; an idle pool whose create failed is deleted."""
+    first, second = bench.submit("alice"), bench.submit("bob")
+    name = f"falcon-t{first}-2x2"
+    creating = ClusterView(pools=pool(first, "PROVISIONING", 0), ops={name: OpView("create", "running")}, reservation=RES)
+    bench.step(ClusterView(reservation=RES))
+    bench.step(creating)
+    assert [l.state for l in bench.store.leases()] == [LeaseState.CREATING]
+    bench.store.request_abort(first)
+    bench.port.calls.clear()
+    bench.step(creating)
+    assert bench.phase(first) == "Aborted"
+    leases = {l.name: l for l in bench.store.leases()}
+    assert leases[name].state == LeaseState.IDLE, "kept for the waiting task while its create runs"
+    assert bench.phase(second) == "Pending/Provisioning", "not handed a pool whose create has not finished"
+    assert bench.task(second).node_pool_name == f"falcon-t{second}-2x2"
+    assert bench.port.took("submit_job") == []
+    # the kept pool's create fails: it is deleted, never handed over
+    bench.port.calls.clear()
+    failed = {name: PoolView(name, "ERROR", 0, 0, "Internal error")}
+    bench.step(ClusterView(pools=failed, ops={name: OpView("create", "done")}, reservation=RES))
+    assert ("delete_pool", name) in bench.port.took("delete_pool")
+    assert {l.name: l.state for l in bench.store.leases()}[name] == LeaseState.DELETING
+    assert bench.task(second).node_pool_name == f"falcon-t{second}-2x2"
+    assert bench.port.took("submit_job") == []
+
+
+def test_an_idle_pool_kept_while_creating_is_handed_over_once_its_create_finished(bench):
+    first, second = bench.submit("alice"), bench.submit("bob")
+    name = f"falcon-t{first}-2x2"
+    creating = ClusterView(pools=pool(first, "PROVISIONING", 0), ops={name: OpView("create", "running")}, reservation=RES)
+    bench.step(ClusterView(reservation=RES))
+    bench.step(creating)
+    bench.store.request_abort(first)
+    bench.step(creating)
+    assert bench.phase(second) == "Pending/Provisioning"
+    # the kept pool comes up (RUNNING, its node Ready): the waiting holder switches to it
+    up = ClusterView(pools=pool(first), ops={name: OpView("create", "done")}, reservation=RES)
+    bench.step(up)
+    assert bench.phase(second) == "Pending/Dispatching"
+    assert bench.task(second).node_pool_name == name

@@ -124,3 +124,12 @@ def test_the_plan_is_seeded_and_mixed():
     assert 0.08 * 300 < len(aborted) < 0.25 * 300 and all(i["abort_at"] >= i["submit_at"] for i in aborted)
     assert {i["spec"].get("supply_mode") for i in a} == {None, "flex-start", "on-demand"}
     assert all(0 <= i["submit_at"] <= 60 for i in a)
+
+
+def test_a_wait_counter_in_the_message_is_not_progress():
+    base = "node pool falcon-t1-4x4 control-plane RUNNING but 0/4 expected node(s) registered (Ready=0); Job falcon-task-1 submitted, its pods are pending until the nodes come ({})..."
+    o = obs(*[(i * 60, "Pending", "WaitingForNode", base.format(w)) for i, w in enumerate(("waiting <1m", "waiting 1m", "waiting 2m"))])
+    assert len(o.changes) == 1
+    r = check([task(1, "Pending", "WaitingForNode")], {}, {1: o}, 200, FLEET_CLEAN, LIMITS)
+    assert r["invariants"]["stuck"] == 1
+    assert len(obs((0, "Pending", "Waiting", "Queue position #2"), (1, "Pending", "Waiting", "Queue position #1")).changes) == 2

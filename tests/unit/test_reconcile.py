@@ -68,9 +68,13 @@ def task(
     )
 
 
-def lease(id: int, name: str, state: LeaseState, task_id=None, age_s: float = 50, mode="reservation", attempts=0):
+def lease(id: int, name: str, state: LeaseState, task_id=None, age_s: float = 50, mode="reservation", attempts=0, ready=None):
+    """``ready``: the lease reached Ready/InUse once (``ready_at``); by default true for the
+    states that come after that (an Idle pool kept while creating passes ready=False)."""
     t = NOW - dt.timedelta(seconds=age_s)
-    return Lease(id, "c1", "2x2", name, mode, state.value, task_id, None, attempts, "", t, t, None, None, None)
+    if ready is None:
+        ready = state in (LeaseState.READY, LeaseState.IN_USE, LeaseState.IDLE)
+    return Lease(id, "c1", "2x2", name, mode, state.value, task_id, None, attempts, "", t, t, t if ready else None, None, None)
 
 
 def state(tasks=(), leases=(), last="", c=None, **kw) -> QueueState:
@@ -365,3 +369,18 @@ def test_unreachable_cluster_says_so_then_times_out_like_a_create_that_never_cam
     g = decide(state([task(1, phase=lc.PROVISIONING, in_phase_s=601)]), view, NOW, S)
     (tr,) = effects(g, Transition)
     assert tr.to == lc.failed(Reason.NODE_POOL_TIMEOUT) and "unreachable for 601s" in tr.message
+
+
+def test_an_idle_pool_kept_while_creating_is_handed_over_only_once_its_create_finished():
+    ts = [task(2, "bob")]
+    kept = [lease(7, "falcon-t1-2x2", LeaseState.IDLE, ready=False)]
+    creating = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "PROVISIONING", 0, 0)}, ops={"falcon-t1-2x2": OpView("create", "running")})
+    g = decide(state(ts, kept), creating, NOW, S)
+    assert (2, lc.PROVISIONING) in transitions(g) and (2, lc.DISPATCHING) not in transitions(g)
+    assert not [e for e in effects(g, DeletePool)], "kept while a task would take it"
+    errored = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "ERROR", 0, 0, "boom")}, ops={"falcon-t1-2x2": OpView("create", "done")})
+    g = decide(state(ts, kept), errored, NOW, S)
+    assert (2, lc.DISPATCHING) not in transitions(g)
+    assert [e.name for e in effects(g, DeletePool)] == ["falcon-t1-2x2"]
+    up = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 1, 1)}, ops={"falcon-t1-2x2": OpView("create", "done")})
+    assert (2, lc.DISPATCHING) in transitions(decide(state(ts, kept), up, NOW, S))

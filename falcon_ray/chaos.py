@@ -479,9 +479,33 @@ class ChaosRun:
                 time.sleep(0.5)
             self._observe()
             end_at = self._now()
-            return self._report(plan, end_at, time.monotonic() - started)
+            report = self._report(plan, end_at, time.monotonic() - started)
+            if not report["ok"]:
+                report["actors"] = self._actor_snapshots()
+            return report
         finally:
             self.run.stop()
+
+    def _actor_snapshots(self) -> dict[str, Any]:
+        """What the ClusterActors and QueueActors say at the end (for a broken invariant)."""
+        import ray
+
+        from actors import names
+
+        out: dict[str, Any] = {}
+        ns = self.run.settings.namespace
+        for name in names.list_falcon_actors(ns):
+            if not name.startswith(("cluster/", "queue/")):
+                continue
+            try:
+                snap = ray.get(names.lookup(name, ns).snapshot.remote(), timeout=10)
+            except Exception as e:
+                snap = {"error": f"{type(e).__name__}: {e}"[:300]}
+            if name.startswith("cluster/"):
+                snap = {k: snap.get(k) for k in ("connected", "connect_error", "jobs", "last_ok", "watch", "loops", "counters", "pool_ops", "error") if k in snap}
+                snap["now"] = time.time()
+            out[name] = snap
+        return out
 
     def _status_line(self) -> str:
         c = Counter()

@@ -278,7 +278,7 @@ def _abort_overwritten(phases: list[lc.Phase], final: lc.Phase) -> bool:
     after = phases[phases.index(lc.ABORTING) :]
     if any(p not in (lc.ABORTING, lc.ABORTED) for p in after):
         return True
-    return final != lc.ABORTED
+    return final not in (lc.ABORTING, lc.ABORTED)  # still Aborting: lost or stuck, not overwritten
 
 
 # ---- the run ---------------------------------------------------------------------------------------

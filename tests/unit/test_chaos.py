@@ -94,8 +94,11 @@ def test_abort_overwritten_reads_the_event_log_order():
         3: evs(3, "Pending", "Pending/Waiting", "Aborting", "Aborted"),
         4: evs(4, "Pending", "Pending/Waiting", "Aborting", "Pending/Dispatching", "Aborting", "Aborted"),  # overwritten, then Aborted
     }
+    tasks.append(task(5, "Aborting"))
+    events[5] = evs(5, "Pending", "Pending/Waiting", "Aborting")  # never finished: lost, not overwritten
     r = check(tasks, events, {}, 10, FLEET_CLEAN, LIMITS)
     assert sorted(d["id"] for d in r["details"]["aborts_overwritten"]) == [1, 4]
+    assert r["invariants"]["lost"] == 1
 
 
 def test_capacity_overcommit_is_a_capacity_refusal_not_any_node_pool_failure():

@@ -482,6 +482,7 @@ class ChaosRun:
             report = self._report(plan, end_at, time.monotonic() - started)
             if not report["ok"]:
                 report["actors"] = self._actor_snapshots()
+                report["kill_log"] = self.kill_log  # (seconds into the play, actor): to line up with a stall
             return report
         finally:
             self.run.stop()

@@ -109,8 +109,9 @@ def register(main: click.Group) -> None:
     @click.option("--drain", "drain_s", default=None, type=float, help="Seconds to wait for quiescence after the play (default: max(90, half the play)).")
     @click.option("--no-kills", is_flag=True, help="Inject no actor kills.")
     @click.option("--no-faults", is_flag=True, help="Inject no API faults, watch cuts, 410s or token refusals.")
+    @click.option("--no-db-kills", is_flag=True, help="Kill no database connections (MariaDB/MySQL).")
     @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
-    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, as_json):
+    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, as_json):
         """Soak the controller on the simulated fleet under faults and kills; report the invariants.
 
         Exit code 1 when a task was lost or stuck, a Job created twice, a Falcon pool left
@@ -123,7 +124,7 @@ def register(main: click.Group) -> None:
             click.echo(line, err=True)
 
         soak = ChaosRun(
-            n_tasks, minutes, seed, db_url, scale=scale, drain_s=drain_s, kills=not no_kills, faults=not no_faults, progress=say
+            n_tasks, minutes, seed, db_url, scale=scale, drain_s=drain_s, kills=not no_kills, faults=not no_faults, db_kills=not no_db_kills, progress=say
         )
         report = soak.run_soak()
         if as_json:

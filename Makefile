@@ -6,7 +6,7 @@ DEMO_ARGS ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo lint bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,18 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The long soak of issue 12: 1,000 mixed tasks on MariaDB under faults, kills and killed
+# database connections; exit 1 when an invariant breaks. SOAK_DB is the server; a fresh
+# database falcon_soak is created in it.
+SOAK_DB    ?= mysql+pymysql://root@127.0.0.1:3306
+SOAK_ARGS  ?= --tasks 1000 --minutes 8 --seed 1
+soak: $(STAMP)
+	$(BIN)/python -c "import sqlalchemy as sa; e = sa.create_engine('$(SOAK_DB)'); c = e.connect(); c.exec_driver_sql('DROP DATABASE IF EXISTS falcon_soak'); c.exec_driver_sql('CREATE DATABASE falcon_soak')"
+	$(BIN)/falcon-ray chaos $(SOAK_ARGS) --db $(SOAK_DB)/falcon_soak --json > soak-report.json; rc=$$?; \
+	  $(BIN)/python -c "import json; r = json.load(open('soak-report.json')); print(json.dumps({k: r[k] for k in ('ok', 'invariants', 'faults_injected', 'outcomes', 'quiet_at_s')}, indent=1))"; exit $$rc
+
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache falcon-demo.db
+	rm -rf $(VENV) .pytest_cache falcon-demo.db soak-report.json

@@ -66,9 +66,11 @@ class RayPort:
         self._handles: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.dropped = 0  # handles found dead and looked up again
-        # a reply's callback runs on Ray's own thread: the look-up again happens off it
-        self._relookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="falcon-port")
         self._creator = ThreadPoolExecutor(max_workers=2, thread_name_prefix="falcon-port-create")
+        # a hint that needs a look-up (which may block) goes out from a hint thread, never
+        # from the caller's (a watch, a poll) nor from Ray's callback thread
+        self._hints_pending: set[str] = set()
+        self._hint_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="falcon-hint")
 
     # ---- handles ------------------------------------------------------------------------
 
@@ -127,9 +129,37 @@ class RayPort:
         return self._cluster_call(cluster, "delete_job", namespace, name, timeout=self.s.actor_call_timeout_s)
 
     def hint(self, cluster: str, topology: str, create: bool = True) -> None:
+        """Never blocks the caller: a hint whose handle is cached goes out at once; one that
+        needs a lookup (``ray.get_actor`` can wait for as long as the actor is being
+        restarted) is sent from a hint thread, one per queue at a time. A ClusterActor's
+        watch thread calls this for every Job event; blocked in a lookup, it delivered no
+        event for minutes (found by the chaos soak)."""
         name = names.queue_name(cluster, topology)
         make = (lambda: ensure_queue(cluster, topology, self.s, self.db_url, self.epoch)) if create else None
-        self._fire_hint(name, make, retry=True)
+        with self._lock:
+            h = self._handles.get(name)
+        if h is not None:
+            self._fire_hint(name, make, retry=True)
+        else:
+            self._hint_later(name, make, retry=True)
+
+    def _hint_later(self, name: str, make: Callable[[], Any] | None, retry: bool) -> None:
+        """Send the hint from a hint thread (it needs a lookup, which may block)."""
+        if threading.current_thread().name.startswith("falcon-hint"):
+            self._fire_hint(name, make, retry=retry)  # already on one
+            return
+        with self._lock:
+            if name in self._hints_pending:
+                return  # a lookup for this queue is under way; its hint wakes the queue
+            self._hints_pending.add(name)
+        self._hint_pool.submit(self._hint_in_background, name, make, retry)
+
+    def _hint_in_background(self, name: str, make: Callable[[], Any] | None, retry: bool) -> None:
+        try:
+            self._fire_hint(name, make, retry=retry)
+        finally:
+            with self._lock:
+                self._hints_pending.discard(name)
 
     def _fire_hint(self, name: str, make: Callable[[], Any] | None, retry: bool) -> None:
         h = None
@@ -141,7 +171,7 @@ class RayPort:
         except RayActorError:  # refused at once: the cached handle's actor is gone
             self._drop(name, h)
             if retry:
-                self._fire_hint(name, make, retry=False)
+                self._hint_later(name, make, retry=False)
             return
         except Exception as e:  # a hint is best effort: the queue's own tick re-reads anyway
             log.warning("hint %s: %s", name, e)
@@ -154,7 +184,7 @@ class RayPort:
             f.result()
         except RayActorError:  # the actor behind the cached handle is gone: find the live one
             self._drop(name, h)
-            self._relookup.submit(self._fire_hint, name, make, False)
+            self._hint_later(name, make, retry=False)  # not on Ray's callback thread
         except Exception as e:
             log.warning("hint %s: %s", name, e)
 

@@ -120,6 +120,39 @@ def register(main: click.Group) -> None:
         run = DemoRun(fleet, settings, db_url, namespace=settings.namespace, dashboard=True)
         sys.exit(_demo(run, tasks, from_stdin, timeout, hold, shutdown_timeout, as_json))
 
+    @main.command("chaos")
+    @click.option("--tasks", "n_tasks", default=200, show_default=True, type=click.IntRange(min=1), help="Tasks to play.")
+    @click.option("--minutes", default=2.0, show_default=True, type=click.FloatRange(min=0.05), help="Length of the play (submits spread over it).")
+    @click.option("--seed", default=1, show_default=True, type=int, help="Seeds the plan, the kills and the fleet's fault draws.")
+    @click.option("--db", "db_url", default=None, help="Database URL (default: a fresh SQLite file); on MariaDB/MySQL its connections are killed too.")
+    @click.option("--scale", default=0.3, show_default=True, type=click.FloatRange(min=0.01), help="Multiplies the injection periods (kill every 10s, tokens 60s, watches cut every 7s...).")
+    @click.option("--drain", "drain_s", default=None, type=float, help="Seconds to wait for quiescence after the play (default: max(90, half the play)).")
+    @click.option("--no-kills", is_flag=True, help="Inject no actor kills.")
+    @click.option("--no-faults", is_flag=True, help="Inject no API faults, watch cuts, 410s or token refusals.")
+    @click.option("--no-db-kills", is_flag=True, help="Kill no database connections (MariaDB/MySQL).")
+    @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
+    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, as_json):
+        """Soak the controller on the simulated fleet under faults and kills; report the invariants.
+
+        Exit code 1 when a task was lost or stuck, a Job created twice, a Falcon pool left
+        alive, an abort overwritten, a capacity refusal Falcon should have foreseen, or an
+        illegal lifecycle step; 0 when every invariant holds.
+        """
+        from falcon_ray.chaos import ChaosRun, summarize
+
+        def say(line: str) -> None:
+            click.echo(line, err=True)
+
+        soak = ChaosRun(
+            n_tasks, minutes, seed, db_url, scale=scale, drain_s=drain_s, kills=not no_kills, faults=not no_faults, db_kills=not no_db_kills, progress=say
+        )
+        report = soak.run_soak()
+        if as_json:
+            click.echo(json.dumps(report, indent=2, default=str))
+        else:
+            click.echo(summarize(report))
+        sys.exit(0 if report["ok"] else 1)
+
     @main.command("queues")
     @click.option("--ray-address", default=None, help="Ray to join (default: FALCON_RAY_ADDRESS, a running demo's, else auto).")
     @click.option("--namespace", default=None, help="Ray namespace (default: FALCON_NAMESPACE, a running demo's, else falcon).")

@@ -436,6 +436,8 @@ class KubeApi:
 class JobWatcher:
     """One list+watch of Falcon's Jobs in a namespace that survives drops, 410s and errors."""
 
+    DROP_AFTER_S = 1.0  # a stream cut after being open this long is a drop, not a failure
+
     def __init__(
         self,
         kube: KubeApi,
@@ -472,6 +474,10 @@ class JobWatcher:
         self._watches = 0
         self._failures = 0  # failed rounds in a row
         self._gone_in_a_row = 0  # 410s in a row
+        self._unauthorized_in_a_row = 0  # 401s in a row
+        self.drops = 0  # streams cut after they were up (resumed at once, not failures)
+        self._stream_opened_at: float | None = None
+        self._stream_events = 0
         self._listed_at = time.monotonic()
 
     def close(self) -> None:
@@ -513,12 +519,34 @@ class JobWatcher:
                 if done():
                     return 0.0
             self._watch_once(on_event, done)
-            self._failures = self._gone_in_a_row = 0
+            self._failures = self._gone_in_a_row = self._unauthorized_in_a_row = 0
             return 0.0
         except Exception as exc:  # the watcher must never die
             if done():  # close() cut the stream: not an error
                 return 0.0
-            return self._failed(classify(exc))
+            err = classify(exc)
+            if err.status_code != 401:
+                self._unauthorized_in_a_row = 0
+            if self._stream_was_up(err):
+                # a stream that was open and then cut (a load balancer, an API server
+                # restart) is a drop, not a failure: resume at once from the resourceVersion.
+                # Backing off here would, with streams cut every few seconds, push every
+                # reconnect out to backoff_max and leave the Jobs unwatched in between.
+                self.drops += 1
+                self._failures = 0
+                log.info("job watch %s: stream dropped after %.1fs (%s); resuming", self.namespace, self._stream_age(), err.message)
+                return 0.0
+            return self._failed(err)
+
+    def _stream_age(self) -> float:
+        return time.monotonic() - self._stream_opened_at if self._stream_opened_at is not None else 0.0
+
+    def _stream_was_up(self, err: CloudError) -> bool:
+        """True when the failed watch had been streaming (an event arrived, or it was open
+        for ``DROP_AFTER_S``) and the error is a cut connection, not a refusal."""
+        if self._stream_opened_at is None or err.status_code is not None:
+            return False
+        return self._stream_events > 0 or self._stream_age() >= self.DROP_AFTER_S
 
     def _failed(self, err: CloudError) -> float:
         if err.status_code == 410:  # our resourceVersion is too old: list again
@@ -532,6 +560,11 @@ class JobWatcher:
         log.warning("job watch %s: %s (attempt %d)", self.namespace, self.last_error, self._failures)
         if err.status_code == 401:
             self.kube.refresh_credentials()
+            self._unauthorized_in_a_row += 1
+            if self._unauthorized_in_a_row == 1:
+                # retry at once with the new token: after a backoff longer than the
+                # cluster's token lifetime the new token would be refused again, forever
+                return 0.0
         ceiling = min(self.backoff_max, self.backoff_initial * 2 ** min(self._failures, 30))
         return random.uniform(ceiling / 2, ceiling)
 
@@ -562,6 +595,7 @@ class JobWatcher:
         # that could refuse an object and make the same event fail on every reconnect.
         w = watch.Watch(return_type=object)
         self._watch = w
+        self._stream_opened_at, self._stream_events = None, 0
         try:
             stream = w.stream(
                 self.kube.batch.list_namespaced_job,
@@ -572,7 +606,9 @@ class JobWatcher:
                 timeout_seconds=self.timeout_seconds,
                 _request_timeout=self.timeout_seconds + 5,
             )
+            self._stream_opened_at = time.monotonic()
             for event in stream:
+                self._stream_events += 1
                 if stopping():
                     w.stop()
                     break
@@ -613,6 +649,7 @@ class JobWatcher:
             "lists": self.lists,
             "relists": self.relists,
             "reconnects": self.reconnects,
+            "drops": self.drops,
             "errors": self.errors,
             "callback_errors": self.callback_errors,
             "events": self.events,

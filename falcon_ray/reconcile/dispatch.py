@@ -61,7 +61,8 @@ def node_text(d: Decision, t: QueueTask, pool_name: str, pool: PoolView | None, 
 
 def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: PoolView, effects: list[Effect]) -> None:
     """The control plane of a pool that scales from zero is RUNNING: submit the Job now."""
-    effects.append(MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE))
+    # its create has finished (ready_at): the pool may be handed over once it goes Idle
+    effects.append(MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE, {} if lease.ready_at else {"ready_at": d.now}))
     if t.phase != lc.WAITING_FOR_NODE:
         text = node_text(d, t, lease.name, pool, None)
         effects.append(Transition(t.id, (t.phase,), lc.WAITING_FOR_NODE, text, {"node_pool_name": lease.name}))

@@ -58,6 +58,15 @@ class SimCluster:
         self.rng = random.Random(f"{seed}:{config.name}")  # names (operations, nodes, pods, events)
         # fault draws get their own generator: they depend only on the sequence of API calls
         self.fault_rng = random.Random(f"{seed}:{config.name}:faults")
+        # how many faults were actually injected, by kind (stats()["fault_counts"])
+        self.fault_counts: dict[str, int] = {
+            "api_503": 0,
+            "api_429": 0,
+            "incompatible_op": 0,
+            "watch_cut": 0,
+            "watch_410": 0,
+            "token_rejected": 0,
+        }
         self.store = ObjectStore(config.watch_history)
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
@@ -107,8 +116,10 @@ class SimCluster:
             return
         draw = self.fault_rng.random()
         if draw < f.api_error_rate:
+            self.fault_counts["api_503"] += 1
             raise GoogleError(503, "The service is currently unavailable.", "UNAVAILABLE")
         if draw < f.api_error_rate + f.too_many_requests_rate:
+            self.fault_counts["api_429"] += 1
             raise GoogleError(
                 429,
                 "Too many operations: the request rate for this cluster is limited. Try again later.",
@@ -282,5 +293,6 @@ class SimCluster:
                 "objects": {p: self.store.count(p) for p in ("jobs", "pods", "nodes", "services", "events")},
             },
             "faults": self.faults.model_dump(),
+            "fault_counts": dict(self.fault_counts),
             "timings": self.timings.model_dump(),
         }

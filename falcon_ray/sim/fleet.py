@@ -92,6 +92,13 @@ class Faults(_Strict):
     too_many_requests_rate: float = Field(
         0.0, ge=0, le=1, description="fraction of GKE/Compute calls answered 429"
     )
+    incompatible_op_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="fraction of node-pool create/delete calls refused with GKE's 400 'incompatible operation' "
+        "(as while GKE runs its own upgrade or repair on the cluster)",
+    )
     create_error: str | None = Field(
         None, description="when set, every node-pool create ends as a DONE operation with this error"
     )

@@ -50,6 +50,8 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
     def authenticate(request: web.Request, cluster: SimCluster | None) -> None:
         max_age = cluster.faults.token_ttl if cluster is not None else None
         if fleet.book.check(request.headers.get("Authorization"), max_age) is not None:
+            if cluster is not None:
+                cluster.fault_counts["token_rejected"] += 1
             raise GoogleError(401, UNAUTHENTICATED, "UNAUTHENTICATED")
 
     def known_project(project: str) -> None:

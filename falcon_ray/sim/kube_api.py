@@ -88,6 +88,7 @@ class KubeApi:
         if request.path not in PUBLIC_PATHS:
             problem = self.book.check(request.headers.get("Authorization"), self.cluster.faults.token_ttl)
             if problem is not None:
+                self.cluster.fault_counts["token_rejected"] += 1
                 raise KubeError(401, "Unauthorized", "Unauthorized")
         return await handler(request)
 
@@ -552,6 +553,7 @@ class KubeApi:
                     )
                 events = store.events_since(rk.plural, since)
                 if events is None:
+                    self.cluster.fault_counts["watch_410"] += 1
                     return await self._watch_error(
                         request,
                         410,
@@ -580,6 +582,7 @@ class KubeApi:
                 drop_every = self.cluster.faults.watch_drop_every
                 drop_at = opened + drop_every if drop_every else float("inf")
                 if now >= drop_at:
+                    self.cluster.fault_counts["watch_cut"] += 1
                     self._cut(request)
                     return resp
                 if now >= deadline:

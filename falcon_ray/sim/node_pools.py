@@ -648,6 +648,17 @@ class NodePools:
 
     # ---- operations ----------------------------------------------------------------------------
     def _claim_operation_slot(self) -> None:
+        rate = self.cluster.faults.incompatible_op_rate
+        if rate and self.cluster.fault_rng.random() < rate:
+            # GKE's own operation (an upgrade, a repair) holds the cluster: the same refusal as
+            # a concurrent Falcon operation, but not counted as one in max_concurrent_pool_ops
+            self.cluster.fault_counts["incompatible_op"] += 1
+            raise GoogleError(
+                400,
+                f"Cluster is running incompatible operation operation-{int(time.time() * 1000)}-upgrade. "
+                "Please wait and try again.",
+                "FAILED_PRECONDITION",
+            )
         if self.running_op is not None:
             self.max_concurrent_ops = max(self.max_concurrent_ops, 2)
             self.rejected_ops += 1

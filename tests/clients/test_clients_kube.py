@@ -324,3 +324,29 @@ def test_watcher_outlives_a_token_that_expires_mid_watch(sim, kube, pools):
         )
         kube.delete_job(NAMESPACE, ref.name)
     assert run.watcher.reconnects >= 1 and run.watcher.last_ok_at is not None
+
+
+def test_dropped_streams_resume_at_once_and_a_refused_token_is_retried_at_once(sim, kube, pools):
+    """Found by the chaos soak (seed 3): with streams cut every few seconds each cut counted
+    as a failure, so the backoff grew to its 30 s ceiling; past the cluster's token
+    lifetime the refreshed token was refused again after every backoff. Jobs that ended
+    went unseen for minutes. With production backoffs: a stream cut after it was up is a
+    drop (resume at once), and the first 401 retries at once with the new token."""
+    w = watcher_for(kube, timeout_seconds=2, backoff_initial=0.5, backoff_max=30)
+    sim.set_faults(CLUSTER, watch_drop_every=1.2)
+    delays = [w.step(lambda o: None) for _ in range(4)]
+    assert delays == [0.0] * 4 and w.drops == 4 and w.errors == 0
+    sim.set_faults(CLUSTER, watch_drop_every=None, token_ttl=0.3)
+    time.sleep(0.5)  # the watcher's token is now older than the cluster accepts
+    refreshes = kube.token_hook.refreshes
+    assert w.step(lambda o: None) == 0.0  # 401: refreshed, and retried at once
+    assert kube.token_hook.refreshes > refreshes
+    _, manifest = submit(kube, pools, FALCON_SIM_RUN_SECONDS="0.2")
+    ref = kube.create_job(manifest)
+    seen: list[str] = []
+    deadline = time.monotonic() + 10
+    while "Succeeded" not in seen and time.monotonic() < deadline:
+        assert w.step(lambda o: seen.append(o.phase) if o.name == ref.name else None) <= 0.5
+    assert "Succeeded" in seen
+    sim.set_faults(CLUSTER, token_ttl=None)
+    kube.delete_job(NAMESPACE, ref.name)

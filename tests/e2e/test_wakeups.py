@@ -34,6 +34,16 @@ def wait_steps_above(h, n: int, timeout: float) -> int:
     raise AssertionError(f"the queue did not step within {timeout}s (still {n} steps): the hint was lost")
 
 
+def wait_until(fn, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = fn()
+        if got is not None:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout}s")
+
+
 def test_a_retired_and_recreated_queue_gets_both_kinds_of_hint_at_once(ray_session, tmp_path):
     db = f"sqlite:///{tmp_path / 'wake.db'}"
     upgrade(db, with_jobs_table=True)  # no cluster registered: the queue steps without calling anyone
@@ -41,10 +51,11 @@ def test_a_retired_and_recreated_queue_gets_both_kinds_of_hint_at_once(ray_sessi
     poller_port, cluster_port = RayPort(s, db), RayPort(s, db)
     name = names.queue_name("edge-a", "2x2")
     try:
-        poller_port.hint("edge-a", "2x2")  # creates the queue
-        first = names.lookup(name, s.namespace)
+        poller_port.hint("edge-a", "2x2")  # creates the queue (from a hint thread: a hint never blocks)
+        first = wait_until(lambda: names.lookup(name, s.namespace), "the queue created by the hint")
         wait_steps_above(first, 0, timeout=60)
         cluster_port.hint("edge-a", "2x2", create=False)  # the ClusterActor's port caches it too
+        wait_until(lambda: cluster_port._handles.get(name), "the ClusterActor's port caching the handle")
         ray.kill(first, no_restart=True)  # the supervisor retires it
         deadline = time.monotonic() + 60
         while names.lookup(name, s.namespace) is not None and time.monotonic() < deadline:

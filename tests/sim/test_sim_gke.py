@@ -383,3 +383,23 @@ def test_control_endpoint_merges_faults_and_rejects_bad_ones(sim):
     assert status == 404
     status, reset = raw(sim, "POST", "/sim/clusters/sim-b/reset", {})
     assert reset["faults"]["api_error_rate"] == 0.0 and reset["timings"]["node_pool_create"] == 0.3
+
+
+def test_incompatible_op_fault_refuses_pool_operations_and_is_counted(sim):
+    gke = gke_client(sim)
+    before = sim.stats()["clusters"]["sim-b"]["fault_counts"]
+    sim.set_faults("sim-b", incompatible_op_rate=1.0)
+    with pytest.raises(gexc.BadRequest) as err:
+        gke.create_node_pool(parent=parent(B), node_pool=tpu_pool("falcon-upgrading"), retry=None)
+    assert "incompatible operation" in str(err.value) and "Please wait and try again" in str(err.value)
+    assert gke.get_cluster(name=parent(B)).name == "sim-b"  # only pool operations are refused
+    sim.set_faults("sim-b", incompatible_op_rate=0.0, api_error_rate=1.0)
+    with pytest.raises(gexc.ServiceUnavailable):
+        gke.get_cluster(name=parent(B), retry=None)
+    sim.set_faults("sim-b", api_error_rate=0.0)
+    stats = sim.stats()["clusters"]["sim-b"]
+    after = stats["fault_counts"]
+    assert after["incompatible_op"] == before["incompatible_op"] + 1
+    assert after["api_503"] == before["api_503"] + 1
+    # GKE's own operation is not the caller's concurrency
+    assert stats["max_concurrent_pool_ops"] <= 1 and stats["rejected_pool_ops"] == 0

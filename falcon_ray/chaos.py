@@ -1,0 +1,607 @@
+"""The chaos soak: mixed tasks on the simulated fleet while faults and kills rain down.
+
+Contract
+--------
+``make_plan(n, seed, play_s)`` draws ``n`` tasks (four v6e topologies, the supply modes,
+aborts at random moments of every phase, failing and timing-out tasks) with their submit
+and abort times. ``ChaosRun`` plays such a plan through ``DemoRun`` (the same controller,
+fleet and database as ``falcon-ray demo``) while it injects, on a schedule scaled by
+``scale``: GKE/Compute 503 and 429, incompatible-operation refusals, dropped watches and
+410 Expired (history compaction), tokens refused after ``60 * scale`` seconds, a random
+QueueActor or ClusterActor killed every ``10 * scale`` seconds (``ray.kill(no_restart=False)``:
+Ray restarts it), the poller killed, and, on MariaDB/MySQL, the controller's database
+connections killed (``KILL``). It then stops the kills, waits (bounded) for quiescence and
+returns one report.
+
+``check(...)`` is the report's judgement, a pure function of the database rows (tasks and
+their event logs), the Message changes the run observed and the fleet's own accounting:
+
+- ``lost``: tasks not terminal at the end;
+- ``stuck``: a task that stayed in one phase with no event and no Message change for longer
+  than that phase's limit (``Limits``);
+- ``second_job_creates``: Jobs the fleet saw created more than once;
+- ``pools_alive``: Falcon node pools alive in the fleet at the end;
+- ``aborts_overwritten``: a task whose abort landed (an Aborting event) and that the
+  controller then moved anywhere but Aborted (a task that finished before the abort
+  landed has no Aborting event: the upper layer's compare-and-set lost, which is fine);
+- ``capacity_overcommit``: NodePoolFailed whose message is a reservation/zone capacity
+  refusal (capacity Falcon promised that was not there);
+- ``illegal_transitions``: event-log steps not in the lifecycle table.
+
+``ok`` is true when every one of these is zero; ``falcon-ray chaos`` exits 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from falcon_ray import lifecycle as lc
+
+log = logging.getLogger("falcon.chaos")
+
+TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4")
+INVARIANTS = (
+    "lost",
+    "stuck",
+    "second_job_creates",
+    "pools_alive",
+    "aborts_overwritten",
+    "capacity_overcommit",
+    "illegal_transitions",
+)
+CAPACITY_REFUSAL = re.compile(
+    r"does not have enough resources|ZONE_RESOURCE_POOL_EXHAUSTED|stockout|GCE_STOCKOUT", re.IGNORECASE
+)
+CREATE_ERROR = "Internal error: the node pool could not be created (simulated burst of failed creates)."
+DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few seconds
+
+# The soak's fleet timings (seconds): the e2e harness's fast profile.
+TIMINGS = {
+    "node_pool_create": 0.6,
+    "node_register": 0.3,
+    "flex_visibility_lag": 0.5,
+    "node_pool_delete": 0.3,
+    "pod_start": 0.1,
+    "autoscaler_scale_up": 0.3,
+    "flex_capacity_wait": 0.3,
+}
+
+
+# ---- the plan -------------------------------------------------------------------------------
+
+
+def make_plan(n: int, seed: int, play_s: float) -> list[dict[str, Any]]:
+    """``n`` task items (``parse_task_line`` shape plus ``kind``) submitted over ``play_s`` seconds."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        topology = rng.choice(TOPOLOGIES)
+        draw = rng.random()
+        env = {"FALCON_SIM_RUN_SECONDS": f"{rng.uniform(0.2, 2.5):.2f}"}
+        timeout = DEFAULT_TASK_TIMEOUT
+        kind = "ok"
+        if draw < 0.06:
+            kind = "oom"
+            env["FALCON_SIM_OOM"] = "1"
+        elif draw < 0.10:
+            kind = "exit1"
+            env["FALCON_SIM_EXIT_CODE"] = "1"
+        elif draw < 0.14:
+            kind = "timeout"
+            env["FALCON_SIM_RUN_SECONDS"] = "60"
+            timeout = rng.choice((2, 3))
+        spec: dict[str, Any] = {
+            "tpu_type": "v6e",
+            "topology": topology,
+            "image": "us-docker.pkg.dev/p/r/img:1",
+            "command": ["python", "run.py"],
+            "env": env,
+            "timeout_seconds": timeout,
+        }
+        mode = rng.choice((None, None, "flex-start", "on-demand"))
+        if mode:
+            spec["supply_mode"] = mode
+        submit_at = round(rng.uniform(0, play_s), 2)
+        abort_at = None
+        if rng.random() < 0.15:
+            kind = f"{kind}+abort"
+            # from before the pick to long after the start: every phase gets some
+            abort_at = round(submit_at + rng.choice((0.0, rng.uniform(0, 1.5), rng.uniform(0.5, 6), rng.uniform(3, 15))), 2)
+        items.append(
+            {"name": f"chaos-{i}", "actor": rng.choice(("alice", "bob", "carol", "dan")), "submit_at": submit_at, "abort_at": abort_at, "spec": spec, "kind": kind}
+        )
+    return items
+
+
+def chaos_fleet(seed: int):
+    """Two v6e clusters: ``edge-a`` with a reservation (reservation by default), ``edge-b``
+    flex-start by default; both with on-demand chips."""
+    from falcon_ray.sim.fleet import FleetConfig
+
+    return FleetConfig(
+        seed=seed,
+        clusters=[
+            {
+                "name": "edge-a",
+                "project": "proj-a",
+                "location": "us-east5-b",
+                "tpu_type": "v6e",
+                "gcs_bucket": "logs-a",
+                "reservation": {"name": "res-a", "count": 8},
+                "chips": 64,
+                "timings": dict(TIMINGS),
+            },
+            {
+                "name": "edge-b",
+                "project": "proj-b",
+                "location": "us-central1-b",
+                "tpu_type": "v6e",
+                "gcs_bucket": "logs-b",
+                "chips": 64,
+                "timings": dict(TIMINGS),
+            },
+        ],
+    )
+
+
+# ---- the judgement (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a task may stay in one phase with no event and no Message change (seconds).
+    Running: the task's own timeout plus ``margin``; terminal phases: no limit."""
+
+    node_pool_timeout: float
+    margin: float = 30.0
+    waiting: float = 240.0  # Waiting / ClusterBusy / New: a queue ahead of them may be long
+
+    def of(self, phase: lc.Phase, timeout_seconds: float | None) -> float | None:
+        if phase.status in lc.TERMINAL:
+            return None
+        if phase in (lc.NEW, lc.WAITING, lc.CLUSTER_BUSY):
+            return self.waiting
+        if phase == lc.RUNNING:
+            return float(timeout_seconds or DEFAULT_TASK_TIMEOUT) + self.margin
+        if phase == lc.WAITING_FOR_NODE:  # its Message says how long it waited, once a minute
+            return max(self.node_pool_timeout, 60.0) + self.margin
+        if phase == lc.ABORTING:
+            return self.margin
+        return self.node_pool_timeout + self.margin  # Provisioning, Dispatching
+
+
+# A wait counter in a Message ("waiting 3m") is not progress: a task that only counts the
+# minutes of a wait that never ends is stuck all the same.
+_WAIT_COUNTER = re.compile(r"\((?:waiting|waited|已等待) [^)]*\)|\b(?:waiting|waited) (?:<1m|\d+h?\d*m)\b")
+
+
+def progress_text(message: str) -> str:
+    return _WAIT_COUNTER.sub("(waiting ...)", message or "")
+
+
+@dataclass
+class Observed:
+    """What the run saw of one task: (seconds, status, reason, message) at each change; a
+    Message that differs only in its wait counter is no change (``progress_text``)."""
+
+    changes: list[tuple[float, str, str, str]] = field(default_factory=list)
+
+    def see(self, at: float, status: str, reason: str, message: str) -> None:
+        key = (str(status), str(reason or ""), progress_text(message))
+        if not self.changes or self.changes[-1][1:] != key:
+            self.changes.append((at, *key))
+
+
+def _phase(status: Any, reason: Any) -> lc.Phase:
+    return lc.phase_of(str(status), str(reason or "") or None)
+
+
+def check(
+    tasks: list[Any],
+    events: dict[int, list[Any]],
+    observed: dict[int, Observed],
+    end_at: float,
+    fleet: dict[str, Any],
+    limits: Limits,
+) -> dict[str, Any]:
+    """The invariants of a soak; ``tasks`` are ``jobs`` rows (``model.Task``), ``events``
+    their event logs by task id (``model.TaskEvent``, in order), ``observed`` the Message
+    changes seen while it ran (times on the clock of ``end_at``), ``fleet`` the sim's stats."""
+    out: dict[str, list[Any]] = {k: [] for k in INVARIANTS}
+    for t in tasks:
+        phase = _phase(t.status, t.reason)
+        if phase.status not in lc.TERMINAL:
+            out["lost"].append({"id": t.id, "phase": str(phase), "message": t.message})
+        timeout = _timeout_of(t)
+        obs = observed.get(t.id)
+        if obs is not None:
+            worst = _longest_quiet(obs, end_at, limits, timeout)
+            if worst is not None:
+                out["stuck"].append({"id": t.id, **worst})
+        evs = events.get(t.id, [])
+        phases = [_phase(e.status, e.reason) for e in evs]
+        for a, b in zip(phases, phases[1:], strict=False):
+            if a != b and not lc.allowed(a, b):
+                out["illegal_transitions"].append({"id": t.id, "from": str(a), "to": str(b)})
+        over = _abort_overwritten(phases, phase)
+        if over:
+            out["aborts_overwritten"].append({"id": t.id, "events": [str(p) for p in phases], "final": str(phase)})
+        if phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and CAPACITY_REFUSAL.search(t.message or ""):
+            out["capacity_overcommit"].append({"id": t.id, "message": t.message})
+    for cname, c in fleet.get("clusters", {}).items():
+        for j in c.get("jobs", []):
+            if j.get("creates", 0) > 1:
+                out["second_job_creates"].append({"cluster": cname, "job": j["name"], "creates": j["creates"]})
+        for p in c.get("node_pools", []):
+            if p.get("deleted_at") is None and p["name"].startswith("falcon-"):
+                out["pools_alive"].append({"cluster": cname, "pool": p["name"], "status": p.get("status")})
+    counts = {k: len(v) for k, v in out.items()}
+    return {"ok": not any(counts.values()), "invariants": counts, "details": {k: v for k, v in out.items() if v}}
+
+
+def _timeout_of(t: Any) -> float | None:
+    if getattr(t, "timeout_seconds", None):
+        return float(t.timeout_seconds)
+    try:
+        return float(json.loads(t.spec).get("timeout_seconds") or DEFAULT_TASK_TIMEOUT)
+    except Exception:
+        return None
+
+
+def _longest_quiet(obs: Observed, end_at: float, limits: Limits, timeout: float | None) -> dict[str, Any] | None:
+    """The longest stretch over its phase's limit with nothing changing, if any."""
+    worst = None
+    ch = obs.changes
+    for i, (at, status, reason, message) in enumerate(ch):
+        phase = _phase(status, reason)
+        limit = limits.of(phase, timeout)
+        if limit is None:
+            continue
+        until = ch[i + 1][0] if i + 1 < len(ch) else end_at
+        quiet = until - at
+        if quiet > limit and (worst is None or quiet - limit > worst["quiet_s"] - worst["limit_s"]):
+            worst = {"phase": str(phase), "message": message, "quiet_s": round(quiet, 1), "limit_s": limit, "since_s": round(at, 1)}
+    return worst
+
+
+def _abort_overwritten(phases: list[lc.Phase], final: lc.Phase) -> bool:
+    """After the first Aborting step only Aborting and Aborted may follow, and it ends Aborted."""
+    if lc.ABORTING not in phases:
+        return False
+    after = phases[phases.index(lc.ABORTING) :]
+    if any(p not in (lc.ABORTING, lc.ABORTED) for p in after):
+        return True
+    return final not in (lc.ABORTING, lc.ABORTED)  # still Aborting: lost or stuck, not overwritten
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+
+class ChaosRun:
+    """One soak: ``run()`` returns the report (``check`` plus counts of the faults injected)."""
+
+    def __init__(
+        self,
+        tasks: int = 200,
+        minutes: float = 2.0,
+        seed: int = 1,
+        db_url: str | None = None,
+        scale: float = 0.3,
+        drain_s: float | None = None,
+        kills: bool = True,
+        faults: bool = True,
+        db_kills: bool = True,
+        settings_overrides: dict[str, Any] | None = None,
+        progress=None,
+    ) -> None:
+        self.n, self.play_s, self.seed, self.db_url, self.scale = tasks, minutes * 60.0, seed, db_url, scale
+        self.drain_s = drain_s if drain_s is not None else max(90.0, 0.5 * self.play_s)
+        self.kills, self.faults, self.db_kills = kills, faults, db_kills
+        self.overrides = settings_overrides or {}
+        self.progress = progress
+        self.rng = random.Random(seed * 7919 + 1)
+        self.counts: Counter[str] = Counter()
+        self.observed: dict[int, Observed] = {}
+        self.kill_log: list[tuple[float, str]] = []
+        self.run = None
+        self._t0 = 0.0
+
+    # ---- setup -----------------------------------------------------------------------------
+
+    def _settings(self):
+        from falcon_ray.demo import demo_settings
+
+        base = {"node_pool_timeout_s": 20, "registry_interval_s": 1}
+        base.update(self.overrides)
+        return demo_settings(**base)
+
+    def _set_faults(self) -> None:
+        s = self.scale
+        for c in ("edge-a", "edge-b"):
+            self.run.sim.set_faults(
+                c,
+                api_error_rate=0.10,
+                too_many_requests_rate=0.05,
+                incompatible_op_rate=0.05,
+                watch_drop_every=max(1.0, 7.0 * s),
+                token_ttl=max(5.0, 60.0 * s),
+            )
+
+    # ---- injections --------------------------------------------------------------------------
+
+    def _kill_actor(self, kinds: tuple[str, ...]) -> None:
+        import ray
+
+        from actors import names
+
+        ns = self.run.settings.namespace
+        try:
+            found = [n for n in names.list_falcon_actors(ns) if n.split("/")[0] in kinds]
+        except Exception as e:
+            log.warning("chaos: list actors: %s", e)
+            return
+        if not found:
+            return
+        name = self.rng.choice(sorted(found))
+        h = names.lookup(name, ns)
+        if h is None:
+            return
+        try:
+            ray.kill(h, no_restart=False)
+        except Exception as e:
+            log.warning("chaos: kill %s: %s", name, e)
+            return
+        kind = name.split("/")[0]
+        self.counts[f"killed_{kind}"] += 1
+        self.kill_log.append((round(self._now(), 1), name))
+
+    def _compact(self) -> None:
+        c = self.rng.choice(("edge-a", "edge-b"))
+        try:
+            self.run.sim.compact_history(c, keep=0)
+            self.counts["history_compactions"] += 1
+        except Exception as e:
+            log.warning("chaos: compact %s: %s", c, e)
+
+    def _kill_db_connections(self) -> None:
+        n = kill_db_connections(self.db_url, self.rng)
+        if n:
+            self.counts["db_connections_killed"] += n
+            self.counts["db_kill_rounds"] += 1
+
+    # ---- observation ---------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _observe(self) -> None:
+        try:
+            rows = self.run.tasks()
+        except Exception as e:  # a killed connection: the next look sees it
+            log.info("chaos: observe: %s", e)
+            return
+        now = self._now()
+        for t in rows:
+            self.observed.setdefault(t.id, Observed()).see(now, t.status, t.reason, t.message)
+
+    # ---- the play --------------------------------------------------------------------------------
+
+    def run_soak(self) -> dict[str, Any]:
+        from falcon_ray.demo import DemoRun, Schedule
+
+        plan = make_plan(self.n, self.seed, self.play_s)
+        self.run = DemoRun(chaos_fleet(self.seed), self._settings(), self.db_url)
+        started = time.monotonic()
+        self.run.start()
+        try:
+            if self.faults:
+                self._set_faults()
+            plain_abort = self.run.abort
+
+            def counted_abort(task_id: int) -> bool:
+                self.counts["aborts_requested"] += 1
+                landed = plain_abort(task_id)
+                self.counts["aborts_landed" if landed else "aborts_after_finish"] += 1
+                return landed
+
+            self.run.abort = counted_abort
+            sched = Schedule(self.run)
+            self._t0 = time.monotonic()
+            for item in plan:
+                sched.add(item, self._t0)
+            s = self.scale
+            every = {
+                "actor": 10.0 * s,
+                "poller": 45.0 * s,
+                "compact": 20.0 * s,
+                "db": 15.0 * s,
+                "create_error": 25.0 * s,
+            }
+            burst_end: dict[str, float] = {}
+            due = {k: self._t0 + v for k, v in every.items()}
+            last_print = 0.0
+            while not sched.empty() or self._now() < self.play_s:
+                now = time.monotonic()
+                try:
+                    sched.step(now)
+                except Exception as e:  # a killed DB connection under the upper layer's write
+                    log.info("chaos: schedule step: %s", e)
+                if self.kills:
+                    if now >= due["actor"]:
+                        self._kill_actor(("queue", "cluster"))
+                        due["actor"] = now + every["actor"]
+                    if now >= due["poller"]:
+                        self._kill_actor(("poller",))
+                        due["poller"] = now + every["poller"]
+                if self.faults and now >= due["compact"]:
+                    self._compact()
+                    due["compact"] = now + every["compact"]
+                if self.faults and now >= due["create_error"]:
+                    # a short burst of failed creates (pool in ERROR, 0 nodes) on one cluster
+                    c = self.rng.choice(("edge-a", "edge-b"))
+                    self.run.sim.set_faults(c, create_error=CREATE_ERROR)
+                    burst_end[c] = now + max(1.0, 3.0 * s)
+                    self.counts["create_error_bursts"] += 1
+                    due["create_error"] = now + every["create_error"]
+                for c, end in list(burst_end.items()):
+                    if now >= end:
+                        self.run.sim.set_faults(c, create_error=None)
+                        del burst_end[c]
+                if self.db_kills and now >= due["db"]:
+                    self._kill_db_connections()
+                    due["db"] = now + every["db"]
+                self._observe()
+                if self.progress and self._now() - last_print >= 10:
+                    last_print = self._now()
+                    self.progress(self._status_line())
+                time.sleep(0.25)
+            for c in burst_end:
+                self.run.sim.set_faults(c, create_error=None)
+            # quiescence: no more kills or create failures; API faults stay on until the end
+            deadline = time.monotonic() + self.drain_s
+            while time.monotonic() < deadline:
+                self._observe()
+                try:
+                    if self.run.all_terminal() and not self.run.falcon_pools_alive():
+                        break
+                except Exception as e:
+                    log.info("chaos: drain check: %s", e)
+                if self.progress and self._now() - last_print >= 10:
+                    last_print = self._now()
+                    self.progress(self._status_line() + " (draining)")
+                time.sleep(0.5)
+            self._observe()
+            end_at = self._now()
+            report = self._report(plan, end_at, time.monotonic() - started)
+            if not report["ok"]:
+                report["actors"] = self._actor_snapshots()
+                report["kill_log"] = self.kill_log  # (seconds into the play, actor): to line up with a stall
+            return report
+        finally:
+            self.run.stop()
+
+    def _actor_snapshots(self) -> dict[str, Any]:
+        """What the ClusterActors and QueueActors say at the end (for a broken invariant)."""
+        import ray
+
+        from actors import names
+
+        out: dict[str, Any] = {}
+        ns = self.run.settings.namespace
+        for name in names.list_falcon_actors(ns):
+            if not name.startswith(("cluster/", "queue/")):
+                continue
+            try:
+                snap = ray.get(names.lookup(name, ns).snapshot.remote(), timeout=10)
+            except Exception as e:
+                snap = {"error": f"{type(e).__name__}: {e}"[:300]}
+            if name.startswith("cluster/"):
+                snap = {k: snap.get(k) for k in ("connected", "connect_error", "jobs", "last_ok", "watch", "loops", "counters", "pool_ops", "error") if k in snap}
+                snap["now"] = time.time()
+            out[name] = snap
+        return out
+
+    def _status_line(self) -> str:
+        c = Counter()
+        for obs in self.observed.values():
+            if obs.changes:
+                c[str(_phase(obs.changes[-1][1], obs.changes[-1][2]))] += 1
+        kills = sum(v for k, v in self.counts.items() if k.startswith("killed_"))
+        return f"[{self._now():6.1f}s] " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) + f"; kills {kills}"
+
+    def _report(self, plan: list[dict[str, Any]], end_at: float, wall: float) -> dict[str, Any]:
+        store = self.run.store
+        tasks = _retry(lambda: self.run.tasks())
+        events = {t.id: _retry(lambda tid=t.id: store.events(tid)) for t in tasks}
+        fleet = self.run.sim.stats()
+        limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s))
+        verdict = check(tasks, events, self.observed, end_at, fleet, limits)
+        injected = Counter(self.counts)
+        for c in fleet["clusters"].values():
+            for k, v in (c.get("fault_counts") or {}).items():
+                injected[k] += v
+            injected["pool_ops_refused_as_concurrent"] += c.get("rejected_pool_ops", 0)
+        outcomes = Counter(str(_phase(t.status, t.reason)) for t in tasks)
+        return {
+            "ok": verdict["ok"],
+            "seed": self.seed,
+            "tasks": len(tasks),
+            "db": "mysql" if self.db_url and self.db_url.startswith("mysql") else "sqlite",
+            "scale": self.scale,
+            "play_s": self.play_s,
+            "wall_s": round(wall, 1),
+            "quiet_at_s": round(end_at, 1),
+            "invariants": verdict["invariants"],
+            "details": verdict["details"],
+            "faults_injected": dict(sorted(injected.items())),
+            "outcomes": dict(sorted(outcomes.items())),
+            "kinds": dict(sorted(Counter(i["kind"] for i in plan).items())),
+            "job_creates": sum(j["creates"] for c in fleet["clusters"].values() for j in c["jobs"]),
+            "pools_created": sum(1 for c in fleet["clusters"].values() for p in c["node_pools"] if p["name"].startswith("falcon-")),
+        }
+
+
+def _retry(fn, attempts: int = 5):
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def kill_db_connections(db_url: str | None, rng: random.Random, fraction: float = 0.5) -> int:
+    """MariaDB/MySQL: ``KILL`` about ``fraction`` of the other connections to the run's
+    database (the controller's pools; pre-ping and retries must absorb it). Returns how many."""
+    if not db_url or not db_url.startswith("mysql"):
+        return 0
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    u = make_url(db_url)
+    try:
+        conn = pymysql.connect(host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root", password=u.password or "", connect_timeout=3)
+    except Exception as e:
+        log.warning("chaos: connect to kill: %s", e)
+        return 0
+    killed = 0
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND ID <> CONNECTION_ID()",
+                (u.database,),
+            )
+            ids = [r[0] for r in cur.fetchall()]
+            for cid in ids:
+                if rng.random() < fraction:
+                    try:
+                        cur.execute(f"KILL {int(cid)}")
+                        killed += 1
+                    except Exception:
+                        pass  # gone already
+    finally:
+        conn.close()
+    return killed
+
+
+def summarize(report: dict[str, Any]) -> str:
+    lines = [
+        f"falcon-ray chaos: seed {report['seed']}, {report['tasks']} tasks on {report['db']}, "
+        f"quiet after {report['quiet_at_s']}s (wall {report['wall_s']}s): {'OK' if report['ok'] else 'INVARIANT BROKEN'}",
+        "invariants: " + ", ".join(f"{k}={v}" for k, v in report["invariants"].items()),
+        "faults injected: " + ", ".join(f"{k}={v}" for k, v in report["faults_injected"].items()),
+        "outcomes: " + ", ".join(f"{k}={v}" for k, v in report["outcomes"].items()),
+    ]
+    for k, v in report["details"].items():
+        for d in v[:10]:
+            lines.append(f"  {k}: {json.dumps(d, default=str)[:300]}")
+    return "\n".join(lines)

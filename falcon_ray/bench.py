@@ -42,7 +42,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.model import ClusterView, JobPhase, JobView, OpKind, OpState, OpView, PoolStatus, PoolView, ReservationView
+from falcon_ray.model import (
+    ClusterView,
+    JobPhase,
+    JobView,
+    OpKind,
+    OpState,
+    OpView,
+    PoolStatus,
+    PoolView,
+    ReservationView,
+)
 from falcon_ray.render import LABEL_TASK_ID
 from falcon_ray.store import Store
 from falcon_ray.store import tables as t

@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python -m tests.bench
+	$(BIN)/falcon-ray bench --db $${FALCON_BENCH_DB:-mysql+pymysql://root@127.0.0.1:3306} $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache falcon-demo.db

@@ -125,8 +125,9 @@ class FleetPort:
     """``actors.port.Port`` without Ray or HTTP: a pool asked for is RUNNING with its nodes
     Ready at the next look, a Job submitted has every pod ready, deletes are immediate."""
 
-    def __init__(self, hosts: int = 1) -> None:
+    def __init__(self, hosts: int = 1, reservation_hosts: int = 1) -> None:
         self.hosts = hosts
+        self.reservation_hosts = reservation_hosts  # one slice: one task runs, the rest wait
         self.pools: dict[str, PoolView] = {}
         self.ops: dict[str, OpView] = {}
         self.jobs: dict[int, JobView] = {}
@@ -138,7 +139,9 @@ class FleetPort:
             pools={n: self.pools[n] for n in pool_names if n in self.pools},
             ops={n: self.ops[n] for n in pool_names if n in self.ops},
             jobs=dict(self.jobs),
-            reservation=ReservationView(count=100_000, in_use=0) if want_reservation else None,
+            reservation=ReservationView(self.reservation_hosts, min(self.reservation_hosts, len(self.pools) * self.hosts))
+            if want_reservation
+            else None,
         )
 
     def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str:
@@ -285,7 +288,7 @@ def bench_handover(db: str | None, waiting: int, reps: int) -> dict[str, Any]:
         times, steps, stmts = [], [], []
         for _ in range(reps):
             store.request_abort(running)
-            s0, m0 = store.statements, (msgs.rows, msgs.calls)
+            s0 = store.statements
             elapsed, n = 0.0, 0
             nxt = None
             while n < 50:

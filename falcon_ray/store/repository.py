@@ -327,7 +327,8 @@ class Store:
             granted = c.execute(
                 sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
             ).first()
-        tasks = [Task(spec=specs.get(r.id, ""), **{k: r._mapping[k] for k in Task.__dataclass_fields__ if k != "spec"}) for r in rows]
+        names = [c.name for c in cols]
+        tasks = [Task(spec=specs.get(r[0], ""), **dict(zip(names, r, strict=True))) for r in rows]
         return clusters, tasks, [_row(Lease, r) for r in leases], granted[0] if granted else ""
 
     def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
@@ -473,10 +474,20 @@ class Store:
             for ph, items in by_phase.items():
                 for i in range(0, len(items), self.MESSAGE_CHUNK):
                     chunk = items[i : i + self.MESSAGE_CHUNK]
-                    whens = [(j.c.id == tid, msg) for tid, msg in chunk]
-                    guard = sa.and_(j.c.id.in_([tid for tid, _ in chunk]), self._phase_predicate([ph]))
-                    res = c.execute(j.update().where(guard).values(message=sa.case(*whens, else_=j.c.message), updated_at=now))
-                    changed += res.rowcount
+                    # plain SQL text: building 500 CASE branches as expressions costs more
+                    # than the statement itself
+                    params: dict[str, Any] = {"now": now, "st": ph.status.value, "rs": ph.reason.value}
+                    branches, ids = [], []
+                    for n, (tid, msg) in enumerate(chunk):
+                        params[f"i{n}"], params[f"m{n}"] = tid, msg
+                        branches.append(f"WHEN :i{n} THEN :m{n}")
+                        ids.append(f":i{n}")
+                    guard = "status = :st" + (" AND reason = :rs" if ph.status in (Status.PENDING, Status.FAILED) else "")
+                    sql = (
+                        f"UPDATE jobs SET message = CASE id {' '.join(branches)} ELSE message END, updated_at = :now "
+                        f"WHERE id IN ({', '.join(ids)}) AND {guard}"
+                    )
+                    changed += c.execute(sa.text(sql), params).rowcount
         return changed
 
     MESSAGE_CHUNK = 500  # rows per UPDATE: the CASE is evaluated per row, so it stays short

@@ -3,12 +3,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_bench_quick_has_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "falcon_ray.cli", "bench", "--quick", "--json", "--out", str(out)],
+        [str(Path(sys.executable).parent / "falcon-ray"), "bench", "--quick", "--json", "--out", str(out)],
         capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

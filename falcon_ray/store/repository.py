@@ -464,7 +464,6 @@ class Store:
         Rows whose phase moved meanwhile keep their message. Returns rows changed."""
         if not updates:
             return 0
-        j = t.jobs
         now = self.clock()
         by_phase: dict[Phase, list[tuple[int, str]]] = {}
         for tid, ph, msg in updates:

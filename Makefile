@@ -36,7 +36,7 @@ soak: $(STAMP)
 	  $(BIN)/python -c "import json; r = json.load(open('soak-report.json')); print(json.dumps({k: r[k] for k in ('ok', 'invariants', 'faults_injected', 'outcomes', 'quiet_at_s')}, indent=1))"; exit $$rc
 
 bench: $(STAMP)
-	$(BIN)/python -m tests.bench
+	$(BIN)/falcon-ray bench --db $${FALCON_BENCH_DB:-mysql+pymysql://root@127.0.0.1:3306} $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache falcon-demo.db soak-report.json

@@ -42,6 +42,7 @@ class IntakePoller:
         self.store = store
         self.port = port
         self.rows_read = 0
+        self._assign: list[tuple[Any, Any, str]] = []  # this poll's Pending -> Waiting moves
 
     def interval(self) -> float:
         return self.s.poll_interval_s
@@ -58,6 +59,7 @@ class IntakePoller:
         if new:
             clusters = self.store.list_clusters()
             load = self._fleet_load(clusters)
+            self._assign: list[tuple[Any, Any, str]] = []
             for task in new:
                 try:
                     outcome = self._intake(task, clusters, load, wake)
@@ -66,6 +68,7 @@ class IntakePoller:
                     raise  # a newer controller leads: stop the poll
                 except Exception as e:  # one bad row never stops the poll
                     log.exception("task %s: intake failed: %s", task.id, e)
+            self._flush_assignments(counts, wake)
         if aborting:
             clusters_by_id = {c.id: c for c in self.store.list_clusters()}
             for task in aborting:
@@ -80,11 +83,26 @@ class IntakePoller:
         metrics.poll(time.monotonic() - t0, len(new) + len(aborting))
         return counts
 
+    def _flush_assignments(self, counts: dict[str, int], wake: set[tuple[str, str]]) -> None:
+        """The poll's Pending -> Waiting moves, in one transaction (one CAS per task, the
+        events in one insert); a lost one (aborted meanwhile) is re-read next poll."""
+        pending, self._assign = self._assign, []
+        if not pending:
+            return
+        moves = [
+            (task.id, lc.NEW, lc.WAITING, self.msg("waiting_first", cluster=target.name, topology=topology), {"cluster_id": target.id})
+            for task, target, topology in pending
+        ]
+        for (task, target, topology), won in zip(pending, self.store.transition_many(moves), strict=True):
+            if not won:
+                counts["assigned"] -= 1
+                counts["lost"] = counts.get("lost", 0) + 1
+                continue
+            self._logged(task, lc.WAITING, f"assigned to {target.name}/{topology}", target.name, topology)
+            wake.add((target.name, topology))
+
     def _fleet_load(self, clusters) -> scheduling.FleetLoad:
-        depth: dict[str, int] = {}
-        for t in self.store.live_tasks():
-            if t.cluster_id and t.status == lc.Status.PENDING:
-                depth[t.cluster_id] = depth.get(t.cluster_id, 0) + 1
+        depth = self.store.pending_depth()
         idle: dict[str, set[str]] = {}
         for lease in self.store.leases():
             if lease.state == LeaseState.IDLE:
@@ -109,18 +127,9 @@ class IntakePoller:
                 self.store.update_task(task.id, lc.NEW, text)
             return "held"
         target = placement.clusters[0]
-        won = self.store.transition(
-            task.id,
-            lc.NEW,
-            lc.WAITING,
-            self.msg("waiting_first", cluster=target.name, topology=spec.topology),
-            cluster_id=target.id,
-        )
-        if not won:
-            return "lost"
+        # written with the poll's other assignments in one transaction (_flush_assignments)
+        self._assign.append((task, target, spec.topology))
         load.queue_depth[target.id] = load.queue_depth.get(target.id, 0) + 1
-        self._logged(task, lc.WAITING, f"assigned to {target.name}/{spec.topology}", target.name, spec.topology)
-        wake.add((target.name, spec.topology))
         return "assigned"
 
     def _fail(self, task, reason: Reason, message: str) -> str:

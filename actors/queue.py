@@ -112,9 +112,14 @@ class QueueReconciler:
         return applied
 
     def reconcile_once(self) -> int:
+        """Rounds of observe-decide-act while decisions change state. The queue positions'
+        Message refresh (rule 8, only Message text) is written once, after the last round,
+        as that round decided it: a round that moves a task would make the earlier refresh
+        stale at once, and with a long queue it is the largest write of the step."""
         if self.store.fenced:  # a newer controller leads: observe nothing, call nobody
             raise Fenced(self.store.fenced)
         applied = 0
+        messages: list[reconcile.EffectGroup] = []
         for _ in range(MAX_ROUNDS):
             observed = self.observe()
             if observed is None:
@@ -123,6 +128,8 @@ class QueueReconciler:
             with self.lock:
                 self.last_state, self.last_view = state, view
             groups = reconcile.decide(state, view, self.clock(), self.s)
+            messages = [g for g in groups if all(isinstance(e, RefreshMessages) for e in g.effects)]
+            groups = [g for g in groups if not all(isinstance(e, RefreshMessages) for e in g.effects)]
             if not groups:
                 break
             progressed = self.act(groups)
@@ -130,13 +137,15 @@ class QueueReconciler:
             self.rounds += 1
             if not progressed:
                 break
+        if messages:
+            self.act(messages)
         return applied
 
     # ---- observe ---------------------------------------------------------------------------
 
     def _spec(self, task: Task) -> TaskSpec | None:
         spec = self.specs.get(task.id)
-        if spec is None:
+        if spec is None:  # the snapshot carries the spec text of tasks not parsed yet
             try:
                 spec = parse_spec(task.spec)
             except SpecError:
@@ -155,12 +164,11 @@ class QueueReconciler:
         return {t.id: self.phase_since[t.id][1] for t, _ in tasks if t.id in self.phase_since}
 
     def observe(self) -> tuple[QueueState, ClusterView] | None:
-        clusters = self.store.list_clusters()
+        clusters, live, queue_leases, last_granted = self.store.queue_snapshot(self.cluster_name, self.topology, self.specs)
         cluster = next((c for c in clusters if c.name == self.cluster_name), None)
         if cluster is None:
             return None
-        live = self.store.live_tasks(cluster.id)
-        leases = tuple(l for l in self.store.leases(cluster.id) if l.topology == self.topology)
+        leases = tuple(queue_leases)
         mine: list[tuple[Task, TaskSpec]] = []
         other_waiting = False
         for t in live:
@@ -195,7 +203,7 @@ class QueueReconciler:
             topology=self.topology,
             tasks=tasks,
             leases=leases,
-            last_granted=self.store.last_granted(cluster.id, self.topology),
+            last_granted=last_granted,
             other_topology_waiting=other_waiting,
             alternatives_exist=any(c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters),
             submit_errors=dict(self.submit_errors),

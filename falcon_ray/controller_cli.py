@@ -1,4 +1,4 @@
-"""`falcon-ray run | demo | queues | health`: the commands that need Ray.
+"""`falcon-ray run | demo | bench | queues | health`: the commands that need Ray.
 
 Contract
 --------
@@ -83,6 +83,30 @@ def register(main: click.Group) -> None:
         sup.run(stop)
         click.echo("falcon-ray: stopping; letting in-flight steps finish", err=True)
         sup.shutdown(drain=True, kill=True)
+
+    @main.command("bench")
+    @click.option("--db", "db_url", default=None, help="SQLite (default) or a MySQL server URL: fresh databases are created there and dropped.")
+    @click.option("--quick", is_flag=True, help="100/1,000 tasks instead of up to 10,000 (under two minutes).")
+    @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document.")
+    @click.option("--part", "parts", multiple=True, type=click.Choice(["intake", "handover", "idle", "scale", "e2e"]), help="Run only these parts (repeatable).")
+    @click.option("--out", "out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON document to this file.")
+    def bench_cmd(db_url, quick, as_json, parts, out):
+        """Measure the controller's costs (issue 11): statements per task, idle, hand-over, intake, scale."""
+        import logging
+
+        from falcon_ray import bench
+
+        logging.getLogger("falcon").setLevel(logging.WARNING)
+        doc = bench.run_bench(db_url, quick=quick, parts=tuple(parts))
+        text = json.dumps(doc, indent=2, sort_keys=True, default=str)
+        if out:
+            with open(out, "w") as f:
+                f.write(text + "\n")
+        if as_json:
+            click.echo(text)
+        else:
+            click.echo(text)
+            click.echo(bench.render(doc))
 
     @main.command("demo")
     @click.option("--fleet", type=click.Path(exists=True, dir_okay=False), default=None, help="Fleet YAML (default: built-in).")

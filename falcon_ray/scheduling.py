@@ -26,6 +26,7 @@ Reservation headroom is counted in slices: ``(count - inUseCount) // hosts``.
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -47,14 +48,22 @@ def _age_key(t: Pickable) -> tuple[dt.datetime, int]:
     return (t.created_at, t.id)
 
 
+def _heads(waiting: Sequence[T]) -> dict[str, T]:
+    """Each actor's oldest waiting task: one pass, no sort."""
+    heads: dict[str, T] = {}
+    for t in waiting:
+        h = heads.get(t.actor)
+        if h is None or _age_key(t) < _age_key(h):
+            heads[t.actor] = t
+    return heads
+
+
 def pick_next(waiting: Sequence[T], last_granted_actor: str) -> T | None:
     """The task that gets the slot next, or None when nothing waits."""
     if not waiting:
         return None
     top = max(t.priority for t in waiting)
-    heads: dict[str, T] = {}
-    for t in sorted((t for t in waiting if t.priority == top), key=_age_key):
-        heads.setdefault(t.actor, t)
+    heads = _heads([t for t in waiting if t.priority == top])
     if not heads:
         return None
     candidates = list(heads.values())
@@ -64,16 +73,46 @@ def pick_next(waiting: Sequence[T], last_granted_actor: str) -> T | None:
 
 
 def pick_order(waiting: Sequence[T], last_granted_actor: str) -> list[T]:
-    """Every waiting task in the order the pick rule would grant the slot."""
-    left = list(waiting)
+    """Every waiting task in the order the pick rule would grant the slot.
+
+    The same order as applying ``pick_next`` again and again (each pick becoming the
+    last granted actor), in O(N log N): the priorities from the highest down, and within
+    one priority each actor's tasks oldest first and a heap of the actors' heads; the
+    oldest head wins unless its actor was granted last and another actor has a head,
+    then the second oldest wins."""
+    by_priority: dict[int, list[T]] = {}
+    for t in waiting:
+        by_priority.setdefault(t.priority, []).append(t)
     order: list[T] = []
     last = last_granted_actor
-    while left:
-        nxt = pick_next(left, last)
-        assert nxt is not None
-        order.append(nxt)
-        left.remove(nxt)
-        last = nxt.actor
+    for priority in sorted(by_priority, reverse=True):
+        order += _round_robin(by_priority[priority], last)
+        last = order[-1].actor
+    return order
+
+
+def _round_robin(waiting: Sequence[T], last_granted_actor: str) -> list[T]:
+    """``pick_order`` within one priority."""
+    by_actor: dict[str, list[T]] = {}
+    for t in sorted(waiting, key=_age_key, reverse=True):  # each list: youngest first, pop() the oldest
+        by_actor.setdefault(t.actor, []).append(t)
+    heap = [(_age_key(ts[-1]), actor) for actor, ts in by_actor.items()]
+    heapq.heapify(heap)
+    order: list[T] = []
+    last = last_granted_actor
+    while heap:
+        first = heapq.heappop(heap)
+        if first[1] == last and heap:
+            chosen = heapq.heappop(heap)
+            heapq.heappush(heap, first)
+        else:
+            chosen = first
+        actor = chosen[1]
+        ts = by_actor[actor]
+        order.append(ts.pop())
+        if ts:
+            heapq.heappush(heap, (_age_key(ts[-1]), actor))
+        last = actor
     return order
 
 

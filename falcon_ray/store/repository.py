@@ -55,6 +55,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -98,10 +99,13 @@ def _row(cls, row) -> Any:
 
 
 def make_engine(url: str) -> Engine:
-    kwargs: dict[str, Any] = {"future": True}
+    kwargs: dict[str, Any] = {"future": True, "pool_reset_on_return": None}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
+        # No reset-on-return ROLLBACK: every Store method ends its own transaction (begin()
+        # commits, connect() rolls back its read on close), so the pool's extra ROLLBACK on
+        # each return was one wasted statement per call. The ping is COM_PING, not a statement.
         kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4)
     engine = sa.create_engine(url, **kwargs)
     if url.startswith("sqlite"):
@@ -152,9 +156,38 @@ class Store:
         self.fenced = ""  # why this Store may not write any more, once known
         self._fence_checked_at = 0.0
 
+        # The benchmark (falcon_ray.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
+        # Store then keeps its running count in a file there, so the count of an actor that
+        # is killed (a retired queue) is not lost.
+        self._count_fd: int | None = None
+        counts_dir = os.environ.get("FALCON_STATEMENT_COUNTS")
+        if counts_dir:
+            path = os.path.join(counts_dir, f"{os.getpid()}-{id(self)}.cnt")
+            self._count_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+        def _bump() -> None:
+            self.statements += 1
+            if self._count_fd is not None:
+                os.pwrite(self._count_fd, b"%20d\n" % self.statements, 0)
+
         @event.listens_for(self.engine, "before_cursor_execute")
         def _count(*_a, **_k):
-            self.statements += 1
+            _bump()
+
+        # COMMIT and ROLLBACK are statements too (MySQL's ``Questions`` counts them); a
+        # ping is not. The dialect instance belongs to this engine alone.
+        dialect = self.engine.dialect
+        commit, rollback = dialect.do_commit, dialect.do_rollback
+
+        def _commit(dbapi_conn):
+            _bump()
+            commit(dbapi_conn)
+
+        def _rollback(dbapi_conn):
+            _bump()
+            rollback(dbapi_conn)
+
+        dialect.do_commit, dialect.do_rollback = _commit, _rollback  # type: ignore[method-assign]
 
     def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
         return {"url": self.url, "clock": self.clock, "epoch": self.epoch}
@@ -353,17 +386,64 @@ class Store:
         Both predicates lead with ``status`` on ``ix_jobs_status_cluster``, so the cost
         follows the number of live rows, not the size of the table."""
         j = t.jobs
+        new_q = (
+            j.select()
+            .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_(None))
+            .order_by(j.c.id)
+            .limit(limit)
+            .subquery()
+        )
+        abort_q = j.select().where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit).subquery()
+        both = sa.union_all(sa.select(new_q), sa.select(abort_q))  # one round trip for both reads
         with self.engine.connect() as c:
-            new = c.execute(
-                j.select()
-                .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_(None))
-                .order_by(j.c.id)
-                .limit(limit)
+            rows = c.execute(both).all()
+        tasks = sorted((_row(Task, r) for r in rows), key=lambda x: x.id)
+        return [x for x in tasks if x.status == Status.PENDING], [x for x in tasks if x.status == Status.ABORTING]
+
+    def pending_depth(self) -> dict[str, int]:
+        """Assigned Pending tasks per cluster id (the poller's queue-depth ranking input)."""
+        j = t.jobs
+        q = (
+            sa.select(j.c.cluster_id, sa.func.count())
+            .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_not(None))
+            .group_by(j.c.cluster_id)
+        )
+        with self.engine.connect() as c:
+            return {cid: int(n) for cid, n in c.execute(q).all()}
+
+    def queue_snapshot(
+        self, cluster_name: str, topology: str, known_specs: Iterable[int] = ()
+    ) -> tuple[list[Cluster], list[Task], list[Lease], str]:
+        """What a QueueActor reads each round, in one connection: the registry, the live
+        tasks of its cluster (``spec`` is read only for ids not in ``known_specs``; the
+        others carry an empty spec), the queue's live leases and its last granted actor."""
+        j, L, q = t.jobs, t.node_pool_leases, t.queue_state
+        known = set(known_specs)
+        live = [s.value for s in lc.NON_TERMINAL]
+        cols = [c for c in j.c if c.name != "spec"]
+        with self.engine.connect() as c:
+            clusters = [_row(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
+            cluster = next((x for x in clusters if x.name == cluster_name), None)
+            if cluster is None:
+                return clusters, [], [], ""
+            rows = c.execute(
+                sa.select(*cols).where(j.c.cluster_id == cluster.id, j.c.status.in_(live)).order_by(j.c.id)
             ).all()
-            aborting = c.execute(
-                j.select().where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit)
+            unknown = [r.id for r in rows if r.id not in known]
+            specs: dict[int, str] = {}
+            for i in range(0, len(unknown), 1000):
+                specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
+            leases = c.execute(
+                L.select()
+                .where(L.c.cluster_id == cluster.id, L.c.topology == topology, L.c.state != LeaseState.DELETED.value)
+                .order_by(L.c.id)
             ).all()
-        return [_row(Task, r) for r in new], [_row(Task, r) for r in aborting]
+            granted = c.execute(
+                sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
+            ).first()
+        names = [c.name for c in cols]
+        tasks = [Task(spec=specs.get(r[0], ""), **dict(zip(names, r, strict=True))) for r in rows]
+        return clusters, tasks, [_row(Lease, r) for r in leases], granted[0] if granted else ""
 
     def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
         """Non-terminal tasks, of one cluster or of all, oldest first."""
@@ -443,6 +523,32 @@ class Store:
                 won = res.rowcount == 1
         return won
 
+    def transition_many(self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]]) -> list[bool]:
+        """Several ``transition``s (each one expected phase, never a self-loop, never to
+        Aborted) in one transaction: one compare-and-set UPDATE per task, then the won
+        moves' event rows in one multi-row INSERT. Returns, per move, whether it won."""
+        for _, src, to, _, _ in moves:
+            if src == to or to == lc.ABORTED or not lc.allowed(src, to):
+                raise IllegalTransition(f"{src} -> {to} is not a batchable lifecycle move")
+        if not moves:
+            return []
+        now = self.clock()
+        won: list[bool] = []
+        events = []
+        with self.engine.begin() as c:
+            for task_id, src, to, message, fields in moves:
+                values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=_clip(message), updated_at=now)
+                if to.status in lc.TERMINAL:
+                    values.setdefault("finished_at", now)
+                values.update(fields)
+                res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([src])).values(**values))
+                won.append(res.rowcount == 1)
+                if won[-1]:
+                    events.append(dict(task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message)))
+            if events:
+                c.execute(t.task_events.insert(), events)
+        return won
+
     @staticmethod
     def _record_abort_request(c, task_id: int, now) -> None:
         """The upper layer may set Aborting with its own SQL, writing no event; the audit
@@ -466,20 +572,45 @@ class Store:
         return res.rowcount == 1
 
     def refresh_messages(self, updates: Sequence[tuple[int, Phase, str]]) -> int:
-        """Batched message refresh: one statement for all rows, each guarded by its phase.
+        """Batched message refresh: one transaction, one UPDATE per phase and 500 rows, each
+        row guarded by its phase (``id IN (...) AND`` the phase).
 
         Rows whose phase moved meanwhile keep their message. Returns rows changed."""
         if not updates:
             return 0
-        j = t.jobs
         now = self.clock()
-        whens = [(j.c.id == tid, _clip(msg)) for tid, _, msg in updates]
-        guard = sa.or_(*[sa.and_(j.c.id == tid, self._phase_predicate([ph])) for tid, ph, _ in updates])
+        by_phase: dict[Phase, list[tuple[int, str]]] = {}
+        for tid, ph, msg in updates:
+            by_phase.setdefault(ph, []).append((tid, _clip(msg)))
+        changed = 0
         with self.engine.begin() as c:
-            res = self._write(
-                c, j.update().where(guard).values(message=sa.case(*whens, else_=j.c.message), updated_at=now)
-            )
-        return res.rowcount
+            for ph, items in by_phase.items():
+                for i in range(0, len(items), self.MESSAGE_CHUNK):
+                    chunk = items[i : i + self.MESSAGE_CHUNK]
+                    # plain SQL text: building 500 CASE branches as expressions costs more
+                    # than the statement itself
+                    params: dict[str, Any] = {"now": now, "st": ph.status.value, "rs": ph.reason.value}
+                    branches, ids = [], []
+                    for n, (tid, msg) in enumerate(chunk):
+                        params[f"i{n}"], params[f"m{n}"] = tid, msg
+                        branches.append(f"WHEN :i{n} THEN :m{n}")
+                        ids.append(f":i{n}")
+                    guard = "status = :st" + (" AND reason = :rs" if ph.status in (Status.PENDING, Status.FAILED) else "")
+                    if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
+                        if self.fenced:
+                            raise Fenced(self.fenced)
+                        guard += " AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = :leader AND epoch = :epoch)"
+                        params.update(leader=LEADER, epoch=self.epoch)
+                    sql = (
+                        f"UPDATE jobs SET message = CASE id {' '.join(branches)} ELSE message END, updated_at = :now "
+                        f"WHERE id IN ({', '.join(ids)}) AND {guard}"
+                    )
+                    changed += c.execute(sa.text(sql), params).rowcount
+            if self.epoch is not None and changed == 0:
+                self._verify_epoch(c)
+        return changed
+
+    MESSAGE_CHUNK = 500  # rows per UPDATE: the CASE is evaluated per row, so it stays short
 
     def unassign(self, task_id: int, message: str) -> bool:
         """Waiting -> Pending with no cluster (the cluster left service): the poller ranks it again."""

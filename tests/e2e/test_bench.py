@@ -1,0 +1,23 @@
+"""`falcon-ray bench --quick --json` runs and its JSON has every figure of issue 11."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_quick_has_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "falcon-ray"), "bench", "--quick", "--json", "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["lifecycle"]["statements_per_task"] is not None
+    assert "nothing_live" in doc["idle"] and "poller_per_s" in doc["idle_queues"]
+    assert doc["handover"]["runs"] and "ratio_largest_to_100" in doc["handover"]
+    assert "rows_per_dispatch" in doc["messages"]
+    assert doc["intake"]["seconds"] > 0
+    assert doc["scale"]["queues"] == 104 and "step_p99_ms" in doc["scale"]
+    assert doc["actors_rss_mb"]

@@ -144,6 +144,10 @@ class FleetPort:
             else None,
         )
 
+    def claim_reservation(self, cluster: str, name: str, hosts: int) -> bool:
+        """The ledger of a fleet whose pools have their nodes at once: what its pools hold."""
+        return name in self.pools or len(self.pools) * self.hosts + hosts <= self.reservation_hosts
+
     def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str:
         self.pools[name] = PoolView(name, PoolStatus.RUNNING, self.hosts, self.hosts)
         self.ops[name] = OpView(OpKind.CREATE, OpState.DONE, operation=operation or f"op-{name}")

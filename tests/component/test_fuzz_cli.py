@@ -66,10 +66,10 @@ def _args(rng: random.Random, cmd: click.Command) -> list[str]:
 
 @pytest.fixture
 def guarded(monkeypatch):
-    """Stop anything that would leave this process: Ray, the demo, the simulated fleet."""
+    """Stop anything that would leave this process: Ray, the demo, the simulated fleet, the benchmark."""
     import ray
 
-    from falcon_ray import demo
+    from falcon_ray import bench, demo
     from falcon_ray.sim import server
 
     def started(*_a, **_k):
@@ -78,6 +78,7 @@ def guarded(monkeypatch):
     monkeypatch.setattr(ray, "init", started)
     monkeypatch.setattr(demo.DemoRun, "__init__", started)
     monkeypatch.setattr(server.SimFleet, "start", started)
+    monkeypatch.setattr(bench, "run_bench", started)
 
 
 @pytest.mark.timeout(120)

@@ -6,7 +6,7 @@ DEMO_ARGS ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint bench soak clean
+.PHONY: install test demo lint bench soak soak-ci clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ lint: $(STAMP)
 # database falcon_soak is created in it.
 SOAK_DB    ?= mysql+pymysql://root@127.0.0.1:3306
 SOAK_ARGS  ?= --tasks 1000 --minutes 8 --seed 1
+# The 200-task soak on SQLite (tests/e2e/test_chaos_soak.py), every invariant zero.
+soak-ci: $(STAMP)
+	FALCON_SOAK=1 $(BIN)/python -m pytest -q tests/e2e/test_chaos_soak.py
+
 soak: $(STAMP)
 	$(BIN)/python -c "import sqlalchemy as sa; e = sa.create_engine('$(SOAK_DB)'); c = e.connect(); c.exec_driver_sql('DROP DATABASE IF EXISTS falcon_soak'); c.exec_driver_sql('CREATE DATABASE falcon_soak')"
 	$(BIN)/falcon-ray chaos $(SOAK_ARGS) --db $(SOAK_DB)/falcon_soak --json > soak-report.json; rc=$$?; \

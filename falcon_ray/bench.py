@@ -408,17 +408,9 @@ def bench_scale(db: str | None, n: int, steps: int, clusters: int = 13) -> dict[
 
 
 def _fleet():
-    from falcon_ray.sim.fleet import FleetConfig
+    from falcon_ray.sim.fleet import FAST_TIMINGS, FleetConfig
 
-    timings = {
-        "node_pool_create": 0.6,
-        "node_register": 0.3,
-        "flex_visibility_lag": 0.5,
-        "node_pool_delete": 0.3,
-        "pod_start": 0.1,
-        "autoscaler_scale_up": 0.3,
-        "flex_capacity_wait": 0.3,
-    }
+    timings = dict(FAST_TIMINGS)
     edge = {
         "name": "edge-a",
         "project": "proj-a",

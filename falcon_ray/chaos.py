@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from falcon_ray import lifecycle as lc
+from falcon_ray.sim.fleet import FAST_TIMINGS
 
 log = logging.getLogger("falcon.chaos")
 
@@ -63,15 +64,7 @@ CREATE_ERROR = "Internal error: the node pool could not be created (simulated bu
 DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few seconds
 
 # The soak's fleet timings (seconds): the e2e harness's fast profile.
-TIMINGS = {
-    "node_pool_create": 0.6,
-    "node_register": 0.3,
-    "flex_visibility_lag": 0.5,
-    "node_pool_delete": 0.3,
-    "pod_start": 0.1,
-    "autoscaler_scale_up": 0.3,
-    "flex_capacity_wait": 0.3,
-}
+TIMINGS = FAST_TIMINGS
 
 
 # ---- the plan -------------------------------------------------------------------------------

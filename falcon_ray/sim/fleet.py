@@ -41,6 +41,19 @@ KNOWN_TPU_TYPES = ("v5e", "v5p", "v6e", "v7x")
 _ZONE = re.compile(r"^[a-z]+(-[a-z]+)*\d+-[a-z]$")
 
 
+# The fast profile of the tests, the soak and the benchmark (seconds): minutes of GKE scaled
+# down so a scenario runs in seconds. Copy it (``dict(FAST_TIMINGS)``) before changing a key.
+FAST_TIMINGS = {
+    "node_pool_create": 0.6,
+    "node_register": 0.3,
+    "flex_visibility_lag": 0.5,
+    "node_pool_delete": 0.3,
+    "pod_start": 0.1,
+    "autoscaler_scale_up": 0.3,
+    "flex_capacity_wait": 0.3,
+}
+
+
 def is_zone(location: str) -> bool:
     """True for a zone name (``us-central1-a``), False for a region (``us-central1``)."""
     return bool(_ZONE.match(location))

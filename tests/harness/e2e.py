@@ -17,18 +17,10 @@ import pytest
 from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun, demo_settings
 from falcon_ray.render import job_name
-from falcon_ray.sim.fleet import FleetConfig
+from falcon_ray.sim.fleet import FAST_TIMINGS, FleetConfig
 from tests.harness.db import fresh_mysql_database
 
-FAST = {
-    "node_pool_create": 0.6,
-    "node_register": 0.3,
-    "flex_visibility_lag": 0.5,
-    "node_pool_delete": 0.3,
-    "pod_start": 0.1,
-    "autoscaler_scale_up": 0.3,
-    "flex_capacity_wait": 0.3,
-}
+FAST = FAST_TIMINGS
 
 
 def make_fleet(a: dict | None = None, b: dict | None = None, with_b: bool = True, seed: int = 3) -> FleetConfig:

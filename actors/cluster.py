@@ -85,6 +85,7 @@ GRANT_TTL_S = 120.0  # a granted claim whose lease row never appeared is dropped
 CLAIMING = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE, LeaseState.IDLE)
 OP_IDLE_WAIT_S = 0.2
 CONNECT_BACKOFF_MAX_S = 60.0
+SLOW_CONNECT_S = 10.0  # a connect slower than this is logged as a warning, with its stages
 
 
 @dataclass
@@ -122,6 +123,9 @@ class ClusterGateway:
         self.watcher = None
         self.connect_error = ""
         self.connect_failures = 0
+        self.connect_stage = "not started"  # what the connect in progress is doing, and since when
+        self.connect_stage_at = time.time()
+        self.connect_timings: dict[str, float] = {}  # the last connect's seconds per stage
         self.watch_delay = 0.0
         self.pools: dict[str, PoolView] = {}
         self.pool_labels: dict[str, dict[str, str]] = {}
@@ -167,21 +171,45 @@ class ClusterGateway:
 
     # ---- clients ------------------------------------------------------------------
 
+    def _stage(self, stage: str) -> None:
+        now = time.time()
+        if self.connect_stage != "not started":
+            self.connect_timings[self.connect_stage] = round(now - self.connect_stage_at, 3)
+        self.connect_stage, self.connect_stage_at = stage, now
+
+    def not_connected(self) -> str:
+        """Why there is no client yet, and since when: the last connect error, or the stage the
+        first connect is in (a stage that lasts is the clue; the absolute time keeps the
+        text steady while it lasts)."""
+        if self.connect_error:
+            return f"cannot connect to cluster {self.name} (attempt {self.connect_failures}): {self.connect_error}"
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.connect_stage_at))
+        return f"cluster {self.name} not connected yet: {self.connect_stage} since {since}"
+
     def _connect(self) -> None:
+        t0 = time.time()
+        self.connect_timings = {}
+        self._stage("loading the GCP clients")
         import google.auth
 
         from falcon_ray.gcp import ComputeApi, GkeApi
         from falcon_ray.kube import KubeApi, api_client
 
         c = self.cluster
+        self._stage("getting credentials (application default credentials)")
         creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        self._stage("reading the cluster from the GKE API")
         gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
         ep = gke.get_cluster(c.project, c.location, c.name)
         self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = time.time()
+        self._stage("building the Kubernetes and Compute clients")
         self.kube = KubeApi(api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme))
         self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
         self.gke = gke
+        self._stage("connected")
+        took = time.time() - t0
+        (log.warning if took > SLOW_CONNECT_S else log.info)("cluster %s: connected in %.1fs %s", self.name, took, self.connect_timings)
 
     def _watch_step(self) -> None:
         """Connect (with backoff) until connected, then one round of the Job watch."""
@@ -192,9 +220,10 @@ class ClusterGateway:
             try:
                 self._connect()
             except Exception as e:  # keep trying: an unreachable cluster must not kill the actor
-                self.connect_error = f"{type(e).__name__}: {e}"[:500]
+                self.connect_error = f"{self.connect_stage}: {type(e).__name__}: {e}"[:500]
                 self.connect_failures += 1
-                log.warning("cluster %s: connect failed: %s", self.name, self.connect_error)
+                self._stage(f"waiting to connect again (attempt {self.connect_failures} failed)")
+                log.warning("cluster %s: connect failed: %s %s", self.name, self.connect_error, self.connect_timings)
                 self.watch_delay = min(2.0 ** (self.connect_failures - 1), CONNECT_BACKOFF_MAX_S) + random.random()
                 return
             self.connect_error = ""
@@ -432,7 +461,7 @@ class ClusterGateway:
                 reservation=reservation,
                 reservation_error=self.reservation_error,
                 synced=self.pools_synced and self.jobs_synced,
-                error=self.connect_error or ("" if self.gke is not None else "still connecting"),
+                error="" if self.gke is not None else self.not_connected(),
                 zones=self.zones,
                 reservation_zone=self.reservation_zone,
             )
@@ -576,7 +605,7 @@ class ClusterGateway:
         """Create the Job (and its headless Service); 409 adopts. Returns {uid} or {error_kind, error}."""
         self._fence()
         if self.kube is None:
-            return {"error_kind": ErrorKind.TRANSIENT.value, "error": self.connect_error or "cluster not connected"}
+            return {"error_kind": ErrorKind.TRANSIENT.value, "error": self.not_connected()}
         try:
             if service is not None:
                 self.kube.create_service(service)
@@ -589,7 +618,7 @@ class ClusterGateway:
     def delete_job(self, namespace: str, name: str) -> bool:
         self._fence()
         if self.kube is None:
-            raise CloudError(ErrorKind.TRANSIENT, self.connect_error or "cluster not connected")
+            raise CloudError(ErrorKind.TRANSIENT, self.not_connected())
         gone = self.kube.delete_job(namespace, name)
         try:
             self.kube.delete_service(namespace, name)
@@ -682,6 +711,9 @@ class ClusterGateway:
                 "status": self.cluster.status if self.cluster else "unknown",
                 "connected": self.gke is not None,
                 "connect_error": self.connect_error,
+                "connect_stage": self.connect_stage,
+                "connect_stage_since": self.connect_stage_at,
+                "connect_timings": dict(self.connect_timings),
                 "pools": {n: vars(p) for n, p in self.pools.items()},
                 "pool_ops": {
                     n: {"kind": o.kind, "state": o.state, "attempts": o.attempts, "error": o.error, "operation": o.operation}

@@ -107,33 +107,42 @@ class Supervisor:
 
     def start(self) -> None:
         """Create or adopt every actor the registry calls for (requires the lease)."""
-        self.known[names.POLLER] = self._adopt(names.POLLER, lambda: remote.ensure_poller(self.s, self.db_url, self.epoch))
         self.reconcile_registry()
 
-    def _adopt(self, name: str, make):
-        """Create or adopt ``name`` under the current epoch; replace one from an older epoch."""
-        h = make()
-        if name in self.known and self.actor_epochs.get(name) == self.epoch:
-            return h
-        try:
-            theirs = ray.get(h.epoch.remote(), timeout=self.s.actor_call_timeout_s)
-        except Exception as e:  # still starting, or dying: look again at the next reconcile
-            log.warning("epoch of %s: %s", name, e)
-            self.actor_epochs.pop(name, None)
-            return h
-        if theirs != self.epoch:
-            log.warning("replacing %s: started under epoch %s, the lease is at %s", name, theirs, self.epoch)
+    def _adopt_all(self, makers: dict[str, Any]) -> dict[str, Any]:
+        """Create or adopt every actor of ``makers`` (name -> make) under the current epoch;
+        replace one that runs under an older epoch. The creations go out together and the
+        epochs are asked for together: actors start side by side, not one after another."""
+        handles = {name: make() for name, make in makers.items()}
+        asked = {
+            name: h.epoch.remote()
+            for name, h in handles.items()
+            if not (name in self.known and self.actor_epochs.get(name) == self.epoch)
+        }
+        deadline = time.monotonic() + self.s.actor_call_timeout_s
+        for name, ref in asked.items():
             try:
-                ray.kill(h, no_restart=True)
-            except Exception as e:
-                log.warning("replace %s: %s", name, e)
-            deadline = time.monotonic() + max(10.0, self.s.actor_call_timeout_s)
-            while names.lookup(name, self.s.namespace) is not None and time.monotonic() < deadline:
-                time.sleep(0.1)  # the name is free once Ray has recorded the kill
-            h = make()
-            self.replaced.append(name)
-        self.actor_epochs[name] = self.epoch
-        return h
+                theirs = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as e:  # still starting, or dying: look again at the next reconcile
+                log.warning("epoch of %s: %s", name, e)
+                self.actor_epochs.pop(name, None)
+                continue
+            if theirs != self.epoch:
+                handles[name] = self._replace(name, theirs, handles[name], makers[name])
+            self.actor_epochs[name] = self.epoch
+        return handles
+
+    def _replace(self, name: str, theirs: int | None, h, make):
+        log.warning("replacing %s: started under epoch %s, the lease is at %s", name, theirs, self.epoch)
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception as e:
+            log.warning("replace %s: %s", name, e)
+        deadline = time.monotonic() + max(10.0, self.s.actor_call_timeout_s)
+        while names.lookup(name, self.s.namespace) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the name is free once Ray has recorded the kill
+        self.replaced.append(name)
+        return make()
 
     def reconcile_registry(self) -> dict[str, list[str]]:
         clusters = self.store.list_clusters()
@@ -154,15 +163,19 @@ class Supervisor:
             c = by_id.get(lease.cluster_id)
             if c is not None:
                 wanted[names.queue_name(c.name, lease.topology)] = ("queue", c.name, lease.topology)
-        created = []
+        makers: dict[str, Any] = {names.POLLER: lambda: remote.ensure_poller(self.s, self.db_url, self.epoch)}
         for name, what in sorted(wanted.items()):
             if what[0] == "cluster":
-                h = self._adopt(name, lambda w=what: remote.ensure_cluster(w[1], self.s, self.db_url, self.epoch))
-                h.refresh_cluster.remote()
+                makers[name] = lambda w=what: remote.ensure_cluster(w[1], self.s, self.db_url, self.epoch)
             else:
-                h = self._adopt(name, lambda w=what: remote.ensure_queue(w[1], w[2], self.s, self.db_url, self.epoch))
+                makers[name] = lambda w=what: remote.ensure_queue(w[1], w[2], self.s, self.db_url, self.epoch)
+        created = []
+        for name, h in self._adopt_all(makers).items():
+            if name.startswith("cluster/"):
+                h.refresh_cluster.remote()
+            elif name != names.POLLER:
                 h.hint.remote()
-            if name not in self.known:
+            if name not in self.known and name != names.POLLER:
                 created.append(name)
             self.known[name] = h
         retired = []

@@ -117,7 +117,7 @@ def retry_text(d: Decision, t: QueueTask, pool: str, supply: str) -> str | None:
 
 
 def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: str) -> Transition:
-    text = d.msg(
-        "capacity_budget_spent", limit=fmt_limit(d.s.capacity_budget_s), waited=fmt_duration(waited_s), refusals=refusals, detail=detail
-    )
+    budget = d.s.capacity_budget_s
+    limit = fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
+    text = d.msg("capacity_budget_spent", limit=limit, waited=fmt_duration(waited_s), refusals=refusals, detail=detail)
     return Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=text))

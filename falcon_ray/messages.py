@@ -54,8 +54,8 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed},等待 reservation {reservation} 容量释放...",
     ),
     "capacity_wait": (
-        "No capacity for the node pool right now (supply: {supply}, refusal {refusals}): {detail}; asking GKE again in {retry}",
-        "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒): {detail};{retry} 后再次向 GKE 请求",
+        "No capacity for the node pool right now (supply: {supply}, refusal {refusals}), asking GKE again in {retry}: {detail}",
+        "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒),{retry} 后再次向 GKE 请求: {detail}",
     ),
     "capacity_retrying": (
         "Creating node pool {pool} again (supply: {supply}) after {refusals} capacity refusal(s); last: {detail}",

@@ -9,7 +9,7 @@ Dispatching. ``acquire(d, t)`` moves it one step:
   to keep-or-delete) -- ``switch_to_idle``;
 - no lease yet: the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
-  made; a task that GKE refused for capacity waits out its backoff
+  made; before all that, a task that GKE refused for capacity waits out its backoff
   (``capacity.backing_off``); otherwise the supply decision is made (reservation
   headroom, or ClusterBusy; never a silent fallback), then the lease row with the
   pool's name (of the next attempt after refusals) is written before the create is
@@ -117,6 +117,8 @@ def pool_ready(d: Decision, t: QueueTask, lease: Lease) -> None:
 
 
 def no_pool_yet(d: Decision, t: QueueTask) -> None:
+    if capacity.backing_off(d, t):  # first: a backoff needs nothing from GKE
+        return
     if d.v.error:
         unreachable(d, t)
         return
@@ -124,8 +126,6 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
     if pending is not None:  # a pool an aborted task started: wait for its create, not a second pool
         d.claimed.add(pending.id)
         d.say(t, d.msg("waiting_for_abandoned_pool", pool=pending.name), "waiting for an abandoned pool")
-        return
-    if capacity.backing_off(d, t):
         return
     mode = scheduling.supply_mode_for(t.spec, d.q.cluster.default_reservation)
     if mode == SupplyMode.RESERVATION and not reservation_allows(d, t):

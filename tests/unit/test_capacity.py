@@ -6,7 +6,7 @@ refused lease rows (``QueueState.refused``), so a restarted queue decides the sa
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -235,3 +235,10 @@ def test_same_rows_same_decision():
     first = run(task(lc.CLUSTER_BUSY, pool=None), refused=rows)
     again = run(task(lc.CLUSTER_BUSY, pool=None), refused=tuple(reversed(rows)))
     assert first == again and not moves(first)
+
+
+def test_an_unreachable_gke_during_the_backoff_does_not_end_the_wait():
+    """A backoff needs nothing from GKE: a long capacity wait survives a connection flap."""
+    t = replace(task(lc.CLUSTER_BUSY, pool=None), phase_since=ago(1200))  # past node_pool_timeout_s
+    out = run(t, refused=refused_rows(1300, 1000, 100), view=ClusterView(error="connect timeout", synced=True))
+    assert not moves(out) and any("asking GKE again" in m for m in texts(out))

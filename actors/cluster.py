@@ -15,7 +15,8 @@ idempotent and may be retried.
 - Node-pool operations on this cluster run strictly one at a time from a FIFO
   (GKE refuses concurrent ones). Incompatible-operation, 429 and transient errors
   are retried with exponential backoff and jitter; a create refused for quota or
-  stockout fails; a delete is retried until it succeeds, each failure counted so
+  stockout fails here (a stockout is waited out by its QueueActor, which asks again
+  under a new name); a delete is retried until it succeeds, each failure counted so
   the QueueActor can report it.
 - One Job watch (list, then watch from the list's resourceVersion, re-list on 410)
   keeps the Job cache and wakes the QueueActor of the Job's queue through the port.
@@ -57,7 +58,7 @@ from actors.port import Port
 from actors.ticker import Ticker
 from falcon_ray import metrics, render, tpu
 from falcon_ray.config import Settings
-from falcon_ray.errors import CloudError
+from falcon_ray.errors import CloudError, capacity_kind
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import (
     OP_IN_FLIGHT,
@@ -332,7 +333,10 @@ class ClusterGateway:
             labels = {}
             now = time.monotonic()
             for p in infos:
-                pools[p.name] = PoolView(p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), p.status_message or "")
+                message = p.status_message or ""
+                pools[p.name] = PoolView(
+                    p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), message, capacity_kind(message) if message else None
+                )
                 labels[p.name] = dict(p.resource_labels or {})
                 self.pool_first_seen.setdefault(p.name, now)
             with self.lock:

@@ -168,7 +168,8 @@ class QueueReconciler:
         cluster = next((c for c in clusters if c.name == self.cluster_name), None)
         if cluster is None:
             return None
-        leases = tuple(queue_leases)
+        leases = tuple(l for l in queue_leases if l.state != LeaseState.DELETED)
+        refused = tuple(l for l in queue_leases if l.refused_at is not None)
         mine: list[tuple[Task, TaskSpec]] = []
         other_waiting = False
         for t in live:
@@ -208,6 +209,7 @@ class QueueReconciler:
             alternatives_exist=any(c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters),
             submit_errors=dict(self.submit_errors),
             terminal_messages=self._terminal_messages(leases, {t.id for t in tasks}),
+            refused=refused,
         )
         want_reservation = bool(cluster.default_reservation) and any(
             t.phase in lc.ACQUIRING_PHASES or t.phase == lc.WAITING for t in tasks

@@ -49,6 +49,17 @@ class Settings(BaseModel):
     v7x_workload_policy: str = Field(
         "falcon-{topology}", description="name of the TPU7x workload policy per topology (UNVERIFIED field mapping)"
     )
+    capacity_retry_first_s: float = Field(
+        60.0, gt=0, description="a create GKE refused for capacity (stockout) is asked again after this many seconds"
+    )
+    capacity_retry_factor: float = Field(2.0, ge=1, description="each further capacity refusal multiplies the wait by this")
+    capacity_retry_max_s: float = Field(1800.0, gt=0, description="longest wait between two creates refused for capacity")
+    capacity_budget_s: float = Field(
+        21600.0,
+        gt=0,
+        description="a capacity wait (stockout) ends Failed/NodePoolFailed this long after the first refusal; "
+        "waits for reservation headroom have no limit",
+    )
     submit_budget_s: float = Field(
         600.0, gt=0, description="a Job submission refused for now (5xx, timeouts) is retried this long, then JobSubmitFailed"
     )
@@ -100,6 +111,11 @@ class Settings(BaseModel):
             SupplyMode.ON_DEMAND: self.on_demand_idle_s,
             SupplyMode.FLEX_START: self.flex_start_idle_s,
         }[SupplyMode(mode)]
+
+    def capacity_retry_after_s(self, refusals: int) -> float:
+        """The wait after the ``refusals``-th capacity refusal: first, x factor each time, capped."""
+        exponent = max(0, refusals - 1)
+        return min(self.capacity_retry_first_s * self.capacity_retry_factor**exponent, self.capacity_retry_max_s)
 
     def workload_policy(self, topology: str) -> str:
         """The TPU7x workload policy's name for a topology."""

@@ -24,10 +24,16 @@ INCOMPATIBLE_OPERATION
     so the text decides. Retry later; nothing was done.
 TOO_MANY_OPERATIONS
     429 and rate-limit texts. Retry later; nothing was done.
-QUOTA_OR_STOCKOUT
-    Quota exceeded, ZONE_RESOURCE_POOL_EXHAUSTED, stockout, reservation exhausted, and a
-    DONE operation with code 8 RESOURCE_EXHAUSTED. Final for this attempt (the task fails
-    with this message); not retried by the clients.
+STOCKOUT
+    No capacity right now: ZONE_RESOURCE_POOL_EXHAUSTED (and ``..._WITH_DETAILS``),
+    GCE_STOCKOUT, "resource pool exhausted", "does not have enough resources available",
+    a reservation that is short, and a DONE operation with code 8 RESOURCE_EXHAUSTED
+    that names no quota. Capacity comes back: the create is not retried by the clients,
+    the QueueActor waits (ClusterBusy) and asks again with backoff.
+QUOTA_EXCEEDED
+    A quota is used up (QUOTA_EXCEEDED, "Quota '...' exceeded", "Insufficient ... quota",
+    a Kubernetes ResourceQuota). Waiting does not lift a quota: the task fails
+    (NodePoolFailed, the original's failure table); not retried by the clients.
 TRANSIENT
     5xx, timeouts, connection errors, token refresh that failed in transport, 410 Gone,
     optimistic-concurrency 409s, and 401: the Kubernetes adapter forces a token refresh on
@@ -100,9 +106,13 @@ _RATE_LIMIT = re.compile(
     r"|per (second|minute|100 seconds|hour)\b|requests per",
     re.IGNORECASE,
 )
-_QUOTA_OR_STOCKOUT = re.compile(
-    r"ZONE_RESOURCE_POOL_EXHAUSTED|RESOURCE_POOL_EXHAUSTED|stock-?out|QUOTA_EXCEEDED"
-    r"|quota\b.*\bexceeded|exceeded\b.*\bquota|insufficient\b.*\bquota"
+# Checked first: a text that names a quota is about the quota, whatever else it says.
+_QUOTA = re.compile(
+    r"QUOTA_EXCEEDED|quota\b.*\bexceeded|exceeded\b.*\bquota|insufficient\b.*\bquota",
+    re.IGNORECASE | re.DOTALL,
+)
+_STOCKOUT = re.compile(
+    r"ZONE_RESOURCE_POOL_EXHAUSTED|RESOURCE_POOL_EXHAUSTED|resource pool exhausted|GCE_STOCKOUT|stock-?out"
     r"|does not have enough resources|not enough resources available|insufficient capacity"
     r"|reservation\b.*\b(exhausted|insufficient|not enough|no (remaining|available) capacity)",
     re.IGNORECASE | re.DOTALL,
@@ -146,14 +156,25 @@ _RPC_TRANSIENT = {
 }
 
 
+def capacity_kind(text: str) -> ErrorKind | None:
+    """QUOTA_EXCEEDED or STOCKOUT when the API's text says so, else None (also for a
+    pool's ``statusMessage``, which carries the reason a pool is in ERROR)."""
+    if _QUOTA.search(text):
+        return ErrorKind.QUOTA_EXCEEDED
+    if _STOCKOUT.search(text):
+        return ErrorKind.STOCKOUT
+    return None
+
+
 def _kind_from_text_and_status(status_code: int | None, text: str, status_name: str = "") -> ErrorKind:
     """The shared decision for an HTTP-ish failure: status code plus the API's text."""
     if status_code == 404:
         return ErrorKind.NOT_FOUND
     if _RATE_LIMIT.search(text):
         return ErrorKind.TOO_MANY_OPERATIONS
-    if _QUOTA_OR_STOCKOUT.search(text):
-        return ErrorKind.QUOTA_OR_STOCKOUT
+    capacity = capacity_kind(text)
+    if capacity is not None:
+        return capacity
     if status_code == 429:
         return ErrorKind.TOO_MANY_OPERATIONS
     if status_code is not None and 400 <= status_code < 500 and _INCOMPATIBLE_OPERATION.search(text):
@@ -168,8 +189,11 @@ def _kind_from_text_and_status(status_code: int | None, text: str, status_name: 
 def from_rpc_status(code: int, message: str) -> CloudError:
     """A failed long-running operation (``Operation.error``: a google.rpc.Status)."""
     name, http = _RPC_CODES.get(code, ("UNKNOWN", 500))
-    if _QUOTA_OR_STOCKOUT.search(message) or name == "RESOURCE_EXHAUSTED":
-        kind = ErrorKind.QUOTA_OR_STOCKOUT
+    capacity = capacity_kind(message)
+    if capacity is not None:
+        kind = capacity
+    elif name == "RESOURCE_EXHAUSTED":  # a failed operation's code 8 naming no quota: no capacity now
+        kind = ErrorKind.STOCKOUT
     elif name == "NOT_FOUND":
         kind = ErrorKind.NOT_FOUND
     elif name == "ALREADY_EXISTS":

@@ -28,7 +28,8 @@ Retries (google.api_core.retry.Retry, exponential with jitter, configurable)
   is raised at once from create and delete: the caller serializes the cluster's pool
   operations and knows when to try again; retrying blindly here would only block its
   thread and hammer the API.
-- QUOTA_OR_STOCKOUT and PERMANENT are never retried here.
+- STOCKOUT, QUOTA_EXCEEDED and PERMANENT are never retried here (a stockout is waited
+  out by the QueueActor, with its own backoff).
 """
 
 from __future__ import annotations

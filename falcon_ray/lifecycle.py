@@ -120,8 +120,9 @@ def _edges() -> dict[tuple[Phase, Phase], str]:
     add(WAITING, NEW, f"{QUEUE}: its cluster left service; the poller ranks the task again")
     # acquisition (one task per queue at a time)
     add(WAITING, PROVISIONING, f"{QUEUE}: picked for the slot")
-    add((PROVISIONING, CLUSTER_BUSY), CLUSTER_BUSY, f"{QUEUE}: reservation headroom short; wait, no fallback")
-    add(CLUSTER_BUSY, PROVISIONING, f"{QUEUE}: reservation headroom back; creating")
+    add((PROVISIONING, CLUSTER_BUSY), CLUSTER_BUSY, f"{QUEUE}: reservation headroom short, or GKE refused the create for capacity (stockout); wait, no fallback")
+    add(WAITING_FOR_NODE, CLUSTER_BUSY, f"{QUEUE}: the pool failed for capacity before its nodes came (stockout); its Job and pool deleted, wait")
+    add(CLUSTER_BUSY, PROVISIONING, f"{QUEUE}: reservation headroom back, or the capacity backoff passed; creating")
     add((PROVISIONING, CLUSTER_BUSY), WAITING_FOR_NODE, f"{QUEUE}: pool control plane RUNNING, nodes registering")
     add((PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE), DISPATCHING, f"{QUEUE}: pool ready (or an idle one reused)")
     add(WAITING, DISPATCHING, f"{QUEUE}: picked and an idle same-topology pool is ready")
@@ -133,7 +134,7 @@ def _edges() -> dict[tuple[Phase, Phase], str]:
     # acquisition failures
     for src in (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE):
         add(src, failed(Reason.NODE_POOL_TIMEOUT), f"{QUEUE}: control plane not RUNNING within node_pool_timeout")
-        add(src, failed(Reason.NODE_POOL_FAILED), f"{QUEUE}: GKE refused or failed the create (quota, stockout)")
+        add(src, failed(Reason.NODE_POOL_FAILED), f"{QUEUE}: GKE refused the create (quota, bad request), or capacity_budget_s ran out")
     add((DISPATCHING, WAITING_FOR_NODE), failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the Job")
     # execution
     add((DISPATCHING, WAITING_FOR_NODE, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed")

@@ -53,6 +53,18 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed}, waiting for reservation {reservation} capacity to free up...",
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed},等待 reservation {reservation} 容量释放...",
     ),
+    "capacity_wait": (
+        "No capacity for the node pool right now (supply: {supply}, refusal {refusals}), asking GKE again in {retry}: {detail}",
+        "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒),{retry} 后再次向 GKE 请求: {detail}",
+    ),
+    "capacity_retrying": (
+        "Creating node pool {pool} again (supply: {supply}) after {refusals} capacity refusal(s); last: {detail}",
+        "再次创建 node pool {pool} (supply: {supply}),此前因容量不足被拒 {refusals} 次;最近一次: {detail}",
+    ),
+    "capacity_budget_spent": (
+        "no capacity within capacity_budget_s={limit}: waited {waited} over {refusals} refusal(s); last answer from GKE: {detail}",
+        "在 capacity_budget_s={limit} 内没有等到容量: 已等待 {waited},共被拒 {refusals} 次;GKE 最近一次答复: {detail}",
+    ),
     "cluster_unreachable": (
         "Cannot reach cluster {cluster} yet ({detail}); retrying...",
         "暂时无法连接集群 {cluster} ({detail}),重试中...",

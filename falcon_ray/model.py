@@ -42,7 +42,8 @@ class ErrorKind(StrEnum):
     ALREADY_EXISTS = auto()
     INCOMPATIBLE_OPERATION = auto()
     TOO_MANY_OPERATIONS = auto()
-    QUOTA_OR_STOCKOUT = auto()
+    STOCKOUT = auto()  # no capacity right now (zone exhausted, reservation short): it comes back
+    QUOTA_EXCEEDED = auto()  # a quota is used up: it needs a quota change, not waiting
     TRANSIENT = auto()
     PERMANENT = auto()
 
@@ -50,10 +51,12 @@ class ErrorKind(StrEnum):
 # GKE refused for now, nothing was done: the same call later may succeed.
 BUSY_KINDS = frozenset({ErrorKind.INCOMPATIBLE_OPERATION, ErrorKind.TOO_MANY_OPERATIONS})
 RETRYABLE_KINDS = frozenset({ErrorKind.TRANSIENT, *BUSY_KINDS})
+# A create refused like this is a wait (ClusterBusy, with backoff and a budget), not a failure.
+CAPACITY_KINDS = frozenset({ErrorKind.STOCKOUT})
 # A refused Job does not become acceptable by retrying: a 404 is a missing namespace, a 409
 # on a name Falcon cannot adopt is someone else's object.
 PERMANENT_SUBMIT_KINDS = frozenset(
-    {ErrorKind.PERMANENT, ErrorKind.QUOTA_OR_STOCKOUT, ErrorKind.ALREADY_EXISTS, ErrorKind.NOT_FOUND}
+    {ErrorKind.PERMANENT, ErrorKind.QUOTA_EXCEEDED, ErrorKind.STOCKOUT, ErrorKind.ALREADY_EXISTS, ErrorKind.NOT_FOUND}
 )
 # A reservation read that failed like this will not heal by reading again.
 FINAL_READ_KINDS = frozenset({ErrorKind.NOT_FOUND, ErrorKind.PERMANENT})
@@ -68,7 +71,7 @@ class OpState(StrEnum):
     QUEUED = "queued"  # waiting its turn (or its backoff) in the cluster's FIFO
     RUNNING = "running"  # the GKE call was made; its operation is being followed
     DONE = "done"
-    FAILED = "failed"  # a create GKE refused for good (quota, stockout, bad request)
+    FAILED = "failed"  # a create GKE refused (quota, stockout, bad request); not retried by the ClusterActor
     CANCELLED = "cancelled"  # a queued create overtaken by a delete
 
 
@@ -202,6 +205,8 @@ class Lease:
     ready_at: dt.datetime | None
     idle_since: dt.datetime | None
     deleted_at: dt.datetime | None
+    refused_at: dt.datetime | None = None  # GKE refused this pool for capacity (a stockout), then
+    refusal: str = ""  # ... with these words; the task's capacity wait is read from such rows
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))
@@ -233,9 +238,11 @@ class PoolView:
     registered: int  # nodes of the pool that exist as Kubernetes Nodes
     ready: int  # ... of which Ready
     status_message: str = ""  # GKE's statusMessage (why a pool is in ERROR)
+    error_kind: ErrorKind | None = None  # what ``status_message`` says, classified by the ClusterActor
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", PoolStatus.of(self.status))
+        object.__setattr__(self, "error_kind", ErrorKind(self.error_kind) if self.error_kind else None)
 
 
 @dataclass(frozen=True)
@@ -256,6 +263,11 @@ class OpView:
     def busy(self) -> bool:
         """Refused because the cluster runs another operation, and still waiting to retry."""
         return self.error_kind in BUSY_KINDS and self.state != OpState.DONE
+
+    @property
+    def no_capacity(self) -> bool:
+        """A create that GKE refused because there is no capacity right now."""
+        return self.kind == OpKind.CREATE and self.state == OpState.FAILED and self.error_kind in CAPACITY_KINDS
 
 
 @dataclass(frozen=True)
@@ -372,6 +384,9 @@ class QueueState:
     submit_errors: dict[int, SubmitError] = field(default_factory=dict)
     # last holders of pools whose delete keeps failing: task -> (its terminal phase, its message)
     terminal_messages: dict[int, tuple[Phase, str]] = field(default_factory=dict)
+    # pools GKE refused for capacity, of the queue's acquiring tasks, Deleted ones included:
+    # the durable record of each task's capacity wait (how many refusals, since when)
+    refused: tuple[Lease, ...] = ()
 
     @property
     def cluster_active(self) -> bool:

@@ -5,8 +5,8 @@ Contract
 Pure functions, no I/O: the same (task id, spec, cluster, pool) always renders the same
 objects, so every create is idempotent by name and a repeated create meets 409 and adopts.
 
-- Names: ``node_pool_name(task_id, topology)`` (``falcon-t42-2x4``; a valid GKE name,
-  at most 40 characters) and ``job_name(task_id)`` (``falcon-task-42``; DNS-1123). The
+- Names: ``node_pool_name(task_id, topology, attempt)`` (``falcon-t42-2x4``, then
+  ``falcon-t42-2x4-r1`` ... after capacity refusals; a valid GKE name, at most 40 characters) and ``job_name(task_id)`` (``falcon-task-42``; DNS-1123). The
   headless Service of a multi-host Job has the Job's name.
 - Marks: node pools carry the ``falcon-`` prefix and the resource label
   ``managed-by=falcon``; Jobs, their pods and Services carry ``managed-by=falcon``,
@@ -154,15 +154,18 @@ def queue_label(cluster_name: str, topology: str) -> str:
     return label_value(f"{cluster_name}.{topology}")
 
 
-def node_pool_name(task_id: int, topology: str) -> str:
-    """``falcon-t<task>-<topology>``: lowercase letters, digits, hyphens; <= 40 characters."""
-    if task_id < 0:
-        raise ValueError(f"task id must not be negative, got {task_id}")
+def node_pool_name(task_id: int, topology: str, attempt: int = 0) -> str:
+    """``falcon-t<task>-<topology>``, and ``...-r<attempt>`` for the create asked again after
+    ``attempt`` capacity refusals (the refused pool may still be being deleted under its
+    own name): lowercase letters, digits, hyphens; <= 40 characters, the suffix kept."""
+    if task_id < 0 or attempt < 0:
+        raise ValueError(f"task id and attempt must not be negative, got {task_id}, {attempt}")
     topo = re.sub(r"[^a-z0-9]+", "-", topology.lower()).strip("-") or "x"
+    suffix = f"-r{attempt}" if attempt else ""
     name = f"{POOL_NAME_PREFIX}t{task_id}-{topo}"
-    if len(name) > MAX_POOL_NAME:
-        name = f"{POOL_NAME_PREFIX}t{task_id}-{_short_hash(topology)}"[:MAX_POOL_NAME].rstrip("-")
-    return name
+    if len(name) + len(suffix) > MAX_POOL_NAME:
+        name = f"{POOL_NAME_PREFIX}t{task_id}-{_short_hash(topology)}"[: MAX_POOL_NAME - len(suffix)].rstrip("-")
+    return name + suffix
 
 
 def job_name(task_id: int) -> str:

@@ -9,19 +9,24 @@ Dispatching. ``acquire(d, t)`` moves it one step:
   to keep-or-delete) -- ``switch_to_idle``;
 - no lease yet: the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
-  made; otherwise the supply decision is made (reservation
+  made; before all that, a task that GKE refused for capacity waits out its backoff
+  (``capacity.backing_off``); otherwise the supply decision is made (reservation
   headroom, or ClusterBusy; never a silent fallback), then the lease row with the
-  pool's name is written before the create is asked for -- ``no_pool_yet``;
-- Requested / Creating: a refused create or a pool in ERROR fails it
-  (NodePoolFailed); the control plane RUNNING with every node Ready makes it
+  pool's name (of the next attempt after refusals) is written before the create is
+  asked for -- ``no_pool_yet``;
+- Requested / Creating: a create refused for capacity, or a pool in ERROR for it, is a
+  wait (ClusterBusy, ``capacity.refused``); any other refused create or pool in ERROR
+  fails it (NodePoolFailed); the control plane RUNNING with every node Ready makes it
   Dispatching; nodes still registering keep it WaitingForNode (kept unless another
   topology waits on the cluster and the node-pool timeout passed); a control plane
   not RUNNING in time fails it (NodePoolTimeout) -- ``creating``;
-- Ready / InUse: Dispatching -- ``pool_ready``;
+- Ready / InUse: Dispatching -- ``pool_ready``; a flex-start pool waiting for its nodes
+  that fails for capacity is a wait as above (WaitingForNode -> ClusterBusy);
 - Dispatching: ``finish.execute``.
 
 Every timer here is measured from a durable record: the lease's ``created_at`` for a
-create, the task's event log (``phase_since``) for an unreachable cluster.
+create, the task's event log (``phase_since``) for an unreachable cluster, the refused
+lease rows for a capacity wait.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from typing import Any
 from falcon_ray import lifecycle as lc
 from falcon_ray import render, scheduling
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
-from falcon_ray.reconcile import dispatch, finish
+from falcon_ray.model import CAPACITY_KINDS, Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
+from falcon_ray.reconcile import capacity, dispatch, finish
 from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -57,7 +62,8 @@ def acquire(d: Decision, t: QueueTask) -> None:
     if lease is None:
         no_pool_yet(d, t)
     elif t.phase == lc.WAITING_FOR_NODE and lease.state == LeaseState.IN_USE:
-        dispatch.waiting_for_pods(d, t, lease)  # its Job is on a pool that scales from zero
+        if not pool_lost_capacity(d, t, lease):
+            dispatch.waiting_for_pods(d, t, lease)  # its Job is on a pool that scales from zero
     elif lease.state in (LeaseState.READY, LeaseState.IN_USE):
         pool_ready(d, t, lease)
     else:
@@ -94,6 +100,15 @@ def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
     return True
 
 
+def pool_lost_capacity(d: Decision, t: QueueTask, lease: Lease) -> bool:
+    """A pool waiting for its nodes that GKE put in ERROR for capacity: a capacity wait."""
+    pool = d.v.pools.get(lease.name)
+    if pool is None or pool.status != PoolStatus.ERROR or pool.error_kind not in CAPACITY_KINDS:
+        return False
+    capacity.refused(d, t, lease, pool.status_message or f"node pool {lease.name} is in ERROR")
+    return True
+
+
 def pool_ready(d: Decision, t: QueueTask, lease: Lease) -> None:
     d.add(f"task {t.id}: pool ready", to_dispatching(d, t, lease.name))
 
@@ -102,6 +117,8 @@ def pool_ready(d: Decision, t: QueueTask, lease: Lease) -> None:
 
 
 def no_pool_yet(d: Decision, t: QueueTask) -> None:
+    if capacity.backing_off(d, t):  # first: a backoff needs nothing from GKE
+        return
     if d.v.error:
         unreachable(d, t)
         return
@@ -180,9 +197,13 @@ def pool_request(d: Decision, t: QueueTask, mode: SupplyMode, name: str) -> dict
     )
 
 
+def provisioning_text(d: Decision, t: QueueTask, pool: str, mode: SupplyMode) -> str:
+    return capacity.retry_text(d, t, pool, mode.value) or d.msg("provisioning", pool=pool, supply=mode.value)
+
+
 def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
-    name = render.node_pool_name(t.id, d.q.topology)
-    text = d.msg("provisioning", pool=name, supply=mode.value)
+    name = render.node_pool_name(t.id, d.q.topology, capacity.attempt(d, t))
+    text = provisioning_text(d, t, name, mode)
     move: Effect
     if t.phase == lc.PROVISIONING:
         move = UpdateTask(t.id, (lc.PROVISIONING,), text, {"node_pool_name": name})
@@ -198,8 +219,12 @@ def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
 
 
 def create_failed(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> bool:
-    """GKE refused the create, or the pool is in ERROR: NodePoolFailed with GKE's own words."""
+    """GKE refused the create, or the pool is in ERROR: for capacity a wait, else
+    NodePoolFailed with GKE's own words."""
     failed_op = op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED
+    if failed_op and op.no_capacity:
+        capacity.refused(d, t, lease, op.error)
+        return True
     if failed_op:
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=op.error))
         return True
@@ -208,7 +233,10 @@ def create_failed(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, po
     if op is not None and op.kind == OpKind.CREATE and op.state in (OpState.QUEUED, OpState.RUNNING):
         return True  # the operation's own error (the API's message) arrives with its result
     detail = (op.error if op else "") or pool.status_message or f"node pool {lease.name} is in ERROR"
-    fail(d, t, lease, lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=detail))
+    if pool.error_kind in CAPACITY_KINDS or (op is not None and op.error_kind in CAPACITY_KINDS):
+        capacity.refused(d, t, lease, detail)
+    else:
+        fail(d, t, lease, lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=detail))
     return True
 
 
@@ -281,5 +309,6 @@ def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | 
     elif op is not None and op.busy:
         effects += d.say_effect(t, d.msg("cluster_busy_ops", cluster=d.q.cluster.name, detail=op.error) + d.waited(t))
     elif t.phase == lc.PROVISIONING:
-        effects += d.say_effect(t, d.msg("provisioning", pool=lease.name, supply=lease.supply_mode.value) + d.waited(t))
+        text = capacity.retry_text(d, t, lease.name, lease.supply_mode.value)
+        effects += d.say_effect(t, text or d.msg("provisioning", pool=lease.name, supply=lease.supply_mode.value) + d.waited(t))
     return effects

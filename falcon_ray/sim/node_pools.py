@@ -574,9 +574,10 @@ class NodePools:
                 f"{free} of {res.count} available."
             )
         else:
+            zone = f"projects/{self.cluster.config.project}/zones/{pool.zones[0]}"
             message = (
-                f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone '{pool.zones[0]}' does not have enough resources "
-                f"available to fulfill the request ({pool.machine_type} x {wanted}; stockout). "
+                f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone '{zone}' does not have enough resources "
+                f"available to fulfill the request ({pool.machine_type} x {wanted}). "
                 "Try a different zone, or try again later."
             )
         return {"code": CODE_RESOURCE_EXHAUSTED, "message": message}

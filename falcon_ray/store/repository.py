@@ -416,7 +416,8 @@ class Store:
     ) -> tuple[list[Cluster], list[Task], list[Lease], str]:
         """What a QueueActor reads each round, in one connection: the registry, the live
         tasks of its cluster (``spec`` is read only for ids not in ``known_specs``; the
-        others carry an empty spec), the queue's live leases and its last granted actor."""
+        others carry an empty spec), the queue's live leases (plus the Deleted ones that
+        GKE refused for capacity, of tasks still acquiring) and its last granted actor."""
         j, L, q = t.jobs, t.node_pool_leases, t.queue_state
         known = set(known_specs)
         live = [s.value for s in lc.NON_TERMINAL]
@@ -433,9 +434,23 @@ class Store:
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):
                 specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
+            # live leases, and the refused ones (Deleted too) of the cluster's acquiring tasks:
+            # those rows are the durable record of a capacity wait
+            acquiring = sa.select(j.c.id).where(
+                j.c.cluster_id == cluster.id,
+                j.c.status == Status.PENDING.value,
+                j.c.reason.in_([r.value for r in lc.ACQUIRING]),
+            )
             leases = c.execute(
                 L.select()
-                .where(L.c.cluster_id == cluster.id, L.c.topology == topology, L.c.state != LeaseState.DELETED.value)
+                .where(
+                    L.c.cluster_id == cluster.id,
+                    L.c.topology == topology,
+                    sa.or_(
+                        L.c.state != LeaseState.DELETED.value,
+                        sa.and_(L.c.refused_at.is_not(None), L.c.task_id.in_(acquiring)),
+                    ),
+                )
                 .order_by(L.c.id)
             ).all()
             granted = c.execute(

@@ -106,6 +106,8 @@ node_pool_leases = sa.Table(
     sa.Column("ready_at", Timestamp, nullable=True),
     sa.Column("idle_since", Timestamp, nullable=True),
     sa.Column("deleted_at", Timestamp, nullable=True),
+    sa.Column("refused_at", Timestamp, nullable=True, comment="GKE refused the create for capacity (stockout)"),
+    sa.Column("refusal", sa.String(1024), nullable=False, server_default="", comment="GKE's words for that refusal"),
     sa.UniqueConstraint("cluster_id", "name", name="uq_lease_cluster_name"),
     sa.Index("ix_lease_cluster_state", "cluster_id", "state"),
 )

@@ -175,8 +175,9 @@ def test_stockout_is_reported_by_the_operation_with_the_apis_message(sim):
     _, name, request = pool_request(c, "4x4", "on-demand")
     done = wait_done(api, c, create(api, c, request))
     assert done.error is not None
-    assert done.error.kind == ErrorKind.QUOTA_OR_STOCKOUT and not done.error.retryable
+    assert done.error.kind == ErrorKind.STOCKOUT and not done.error.retryable
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in done.error.message
+    assert f"'projects/{c.project}/zones/" in done.error.message  # GKE names the zone by its path
     pool = api.get_node_pool(c.project, c.location, c.name, name)
     assert pool is not None and pool.status == "ERROR"
     delete(api, c, name)
@@ -189,7 +190,7 @@ def test_quota_error_keeps_its_message(sim):
     c = registry_cluster(sim, "sim-b")
     _, name, request = pool_request(c, "2x2", "on-demand")
     done = wait_done(api, c, create(api, c, request))
-    assert done.error.kind == ErrorKind.QUOTA_OR_STOCKOUT
+    assert done.error.kind == ErrorKind.QUOTA_EXCEEDED
     assert done.error.message == quota and done.error.status_code == 429
     delete(api, c, name)
 
@@ -199,7 +200,7 @@ def test_reservation_mode_beyond_the_reservation_is_exhausted(sim):
     c = registry_cluster(sim, "sim-a")  # res-sim-a holds 4 hosts; 4x8 needs 8
     _, name, request = pool_request(c, "4x8", "reservation")
     done = wait_done(api, c, create(api, c, request))
-    assert done.error.kind == ErrorKind.QUOTA_OR_STOCKOUT and "res-sim-a" in done.error.message
+    assert done.error.kind == ErrorKind.STOCKOUT and "res-sim-a" in done.error.message
     delete(api, c, name)
 
 

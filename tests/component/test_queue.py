@@ -270,3 +270,87 @@ def test_a_job_submission_refused_for_now_is_retried_then_fails_after_its_budget
     t = bench.task(tid)
     assert str(t.phase) == "Failed/JobSubmitFailed" and "no Job accepted within 10m" in t.message
     assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls  # the original's failure table
+
+
+STOCKOUT = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/proj-a/zones/us-east5-b' does not have enough resources "
+    "available to fulfill the request (ct6e-standard-4t x 1). Try a different zone, or try again later."
+)
+
+
+def refuse(b: QueueBench, name: str, advance: float = 0.0) -> None:
+    """GKE ends the create of ``name`` as a stockout: the operation failed, the pool in ERROR."""
+    view = ClusterView(
+        pools={name: PoolView(name, "ERROR", 0, 0, STOCKOUT, "stockout")},
+        ops={name: OpView("create", "failed", 1, "stockout", STOCKOUT)},
+    )
+    b.step(view, advance=advance)
+
+
+def test_stockout_waits_with_backoff_across_restarts_then_runs(bench):
+    tid = bench.submit(supply_mode="on-demand")
+    bench.step(ClusterView())
+    first = f"falcon-t{tid}-2x2"
+    assert bench.port.took("ensure_pool") == [("ensure_pool", first, None)]
+    refuse(bench, first, advance=5)
+    t = bench.task(tid)
+    assert str(t.phase) == "Pending/ClusterBusy" and "ZONE_RESOURCE_POOL_EXHAUSTED" in t.message
+    assert "refusal 1), asking GKE again in 1m: ZONE_" in t.message and t.message.endswith("(waiting <1m)")
+    assert bench.port.took("delete_pool") == [("delete_pool", first)]  # a pool in ERROR is deleted
+    (lease,) = bench.store.leases()
+    assert lease.state == LeaseState.DELETING and lease.refused_at == bench.clock.now and lease.task_id == tid
+    bench.step(ClusterView(), advance=59)  # the pool is gone; the first retry is due 60 s after the refusal
+    assert bench.phase(tid) == "Pending/ClusterBusy" and bench.port.took("ensure_pool") == []
+    assert bench.store.leases(live_only=False)[0].state == LeaseState.DELETED
+    bench.restart(cluster_actor_too=True)  # a new QueueActor continues the same backoff
+    bench.step(ClusterView(), advance=1)
+    second = f"{first}-r1"
+    assert bench.port.took("ensure_pool") == [("ensure_pool", second, None)]
+    assert bench.phase(tid) == "Pending/Provisioning" and "after 1 capacity refusal(s)" in bench.task(tid).message
+    refuse(bench, second, advance=10)
+    bench.restart(cluster_actor_too=True)
+    bench.step(ClusterView(), advance=119)
+    assert bench.phase(tid) == "Pending/ClusterBusy" and bench.port.took("ensure_pool") == [], "the second wait is 120 s"
+    assert bench.task(tid).message.endswith("(waiting 3m)")  # since the first refusal, 3m09s ago
+    bench.step(ClusterView(), advance=1)
+    third = f"{first}-r2"
+    assert bench.port.took("ensure_pool") == [("ensure_pool", third, None)]
+    bench.step(ClusterView(pools={third: PoolView(third, "RUNNING", 1, 1)}))
+    assert bench.port.took("submit_job") == [("submit_job", f"falcon-task-{tid}")]
+    bench.step(ClusterView(pools={third: PoolView(third, "RUNNING", 1, 1)}, jobs=job(tid, "Running")))
+    assert bench.phase(tid) == "Running" and bench.task(tid).node_pool_name == third
+    names = [(l.name, l.state, l.refused_at is not None) for l in bench.store.leases(live_only=False)]
+    assert names == [(first, "Deleted", True), (second, "Deleted", True), (third, "InUse", False)]
+
+
+def test_stockout_past_the_capacity_budget_ends_node_pool_failed(tmp_path, migrated):
+    shutil.copy(migrated, tmp_path / "q.db")
+    b = QueueBench(f"sqlite:///{tmp_path / 'q.db'}", migrate=False, capacity_budget_s=300, capacity_retry_first_s=200)
+    tid = b.submit(supply_mode="flex-start")
+    b.step(ClusterView())
+    first = f"falcon-t{tid}-2x2"
+    refuse(b, first)
+    assert b.phase(tid) == "Pending/ClusterBusy"
+    b.step(ClusterView(), advance=200)
+    refuse(b, f"{first}-r1", advance=10)  # refused again 210 s after the first; next wait 400 s
+    assert b.phase(tid) == "Pending/ClusterBusy"
+    b.restart()
+    b.step(ClusterView(), advance=89)
+    assert b.phase(tid) == "Pending/ClusterBusy"
+    b.step(ClusterView(), advance=1)  # 300 s since the first refusal
+    t = b.task(tid)
+    assert str(t.phase) == "Failed/NodePoolFailed"
+    assert "waited 5m over 2 refusal(s)" in t.message and "ZONE_RESOURCE_POOL_EXHAUSTED" in t.message
+    assert all(l.state in ("Deleting", "Deleted") for l in b.store.leases(live_only=False))
+
+
+def test_quota_exceeded_ends_node_pool_failed_at_once(bench):
+    tid = bench.submit(supply_mode="on-demand")
+    bench.step(ClusterView())
+    name = f"falcon-t{tid}-2x2"
+    quota = "Quota 'TPUS_PER_PROJECT' exceeded. Limit: 8.0 in region us-east5."
+    bench.step(ClusterView(ops={name: OpView("create", "failed", 1, "quota_exceeded", quota)}))
+    t = bench.task(tid)
+    assert str(t.phase) == "Failed/NodePoolFailed" and "TPUS_PER_PROJECT" in t.message
+    assert bench.port.took("delete_pool") == [("delete_pool", name)]
+    assert bench.store.leases()[0].refused_at is None

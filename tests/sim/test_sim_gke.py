@@ -222,7 +222,7 @@ def test_stockout_beyond_cluster_chips(sim):
     op = gke.create_node_pool(parent=parent(B), node_pool=tpu_pool("falcon-big", hosts=4, topology="4x4"))
     done = wait_done(gke, B, op)
     assert done.error.code == 8
-    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in done.error.message and "stockout" in done.error.message
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in done.error.message and "does not have enough resources available" in done.error.message
     assert (
         gke.get_node_pool(name=f"{parent(B)}/nodePools/falcon-big").status
         == container_v1.NodePool.Status.ERROR

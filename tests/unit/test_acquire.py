@@ -73,7 +73,7 @@ ROWS = [
     Row("control plane not RUNNING yet: wait", lc.PROVISIONING, LeaseState.CREATING,
         pool=("PROVISIONING", 0, 0), op=OpView("create", "running"), created_s=599, absent=(Transition, DeletePool)),
     Row("create refused: NodePoolFailed with GKE's words", lc.PROVISIONING, LeaseState.REQUESTED,
-        op=OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded"),
+        op=OpView("create", "failed", 1, "quota_exceeded", "Quota 'TPUS_PER_PROJECT' exceeded"),
         expect_to=lc.failed(Reason.NODE_POOL_FAILED), expect_lease=LeaseState.DELETING, message="TPUS_PER_PROJECT"),
     Row("pool in ERROR after its create: NodePoolFailed", lc.PROVISIONING, LeaseState.CREATING,
         pool=("ERROR", 0, 0), op=RUNNING_OK, expect_to=lc.failed(Reason.NODE_POOL_FAILED), message="is in ERROR"),

@@ -116,21 +116,21 @@ GOOGLE_CASES = [
         "Insufficient regional quota to satisfy request: resource \"TPUS_PER_PROJECT\": request requires '8.0'.",
         "PERMISSION_DENIED",
         None,
-        ErrorKind.QUOTA_OR_STOCKOUT,
+        ErrorKind.QUOTA_EXCEEDED,
     ),
     (
         429,
         "Quota 'TPUS_PER_PROJECT' exceeded. Limit: 8.0 in region us-east5.",
         "RESOURCE_EXHAUSTED",
         "QUOTA_EXCEEDED",
-        ErrorKind.QUOTA_OR_STOCKOUT,
+        ErrorKind.QUOTA_EXCEEDED,
     ),
     (
         400,
         "The zone 'us-east5-b' does not have enough resources available to fulfill the request.",
         "FAILED_PRECONDITION",
         "ZONE_RESOURCE_POOL_EXHAUSTED",
-        ErrorKind.QUOTA_OR_STOCKOUT,
+        ErrorKind.STOCKOUT,
     ),
     (
         403,
@@ -177,9 +177,21 @@ def test_retry_error_is_classified_by_its_last_cause():
 @pytest.mark.parametrize(
     ("code", "message", "kind"),
     [
-        (8, "ZONE_RESOURCE_POOL_EXHAUSTED: no TPU capacity in us-east5-b", ErrorKind.QUOTA_OR_STOCKOUT),
-        (8, "Reservation res-a has no remaining capacity", ErrorKind.QUOTA_OR_STOCKOUT),
-        (3, "Insufficient quota 'TPUS': requested 8, available 4", ErrorKind.QUOTA_OR_STOCKOUT),
+        (8, "ZONE_RESOURCE_POOL_EXHAUSTED: no TPU capacity in us-east5-b", ErrorKind.STOCKOUT),
+        (8, "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", ErrorKind.STOCKOUT),
+        (8, "GCE_STOCKOUT", ErrorKind.STOCKOUT),
+        (8, "RESOURCE_EXHAUSTED", ErrorKind.STOCKOUT),  # code 8 naming no quota: no capacity now
+        (8, "resource pool exhausted", ErrorKind.STOCKOUT),
+        (
+            8,
+            "The zone 'projects/p/zones/us-east5-b' does not have enough resources available to fulfill the request. "
+            "Try a different zone, or try again later.",
+            ErrorKind.STOCKOUT,
+        ),
+        (8, "Reservation res-a has no remaining capacity", ErrorKind.STOCKOUT),
+        (8, "Quota 'TPUS_PER_PROJECT' exceeded. Limit: 8.0 in region us-east5.", ErrorKind.QUOTA_EXCEEDED),
+        (3, "Insufficient quota 'TPUS': requested 8, available 4", ErrorKind.QUOTA_EXCEEDED),
+        (5, "Reservation 'projects/p/zones/us-east5-b/reservations/r' was not found.", ErrorKind.NOT_FOUND),
         (13, "Internal error creating instance group", ErrorKind.TRANSIENT),
         (14, "Backend unavailable", ErrorKind.TRANSIENT),
         (9, "Cluster is running incompatible operation operation-9.", ErrorKind.INCOMPATIBLE_OPERATION),
@@ -230,7 +242,7 @@ def test_operation_error_code_8_maps_to_http_429_and_keeps_the_name():
             403,
             'pods "p" is forbidden: exceeded quota: tpu-quota, requested: google.com/tpu=4, used: 8, limited: 8',
             "Forbidden",
-            ErrorKind.QUOTA_OR_STOCKOUT,
+            ErrorKind.QUOTA_EXCEEDED,
         ),
         (
             422,
@@ -312,10 +324,10 @@ def test_unknown_exceptions_are_permanent_and_named():
 
 
 def test_cloud_error_is_stable_picklable_and_readable():
-    err = CloudError(ErrorKind.QUOTA_OR_STOCKOUT, "quota 'TPUS_PER_PROJECT' exceeded", 403, "QUOTA_EXCEEDED")
+    err = CloudError(ErrorKind.QUOTA_EXCEEDED, "quota 'TPUS_PER_PROJECT' exceeded", 403, "QUOTA_EXCEEDED")
     assert classify(err) is err
     again = pickle.loads(pickle.dumps(err))
-    assert repr(again) == repr(err) and again.kind is ErrorKind.QUOTA_OR_STOCKOUT
+    assert repr(again) == repr(err) and again.kind is ErrorKind.QUOTA_EXCEEDED
     assert str(err) == "quota 'TPUS_PER_PROJECT' exceeded"
     assert ErrorKind.INCOMPATIBLE_OPERATION.value == "incompatible_operation"
     assert not err.retryable

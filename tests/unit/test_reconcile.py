@@ -211,7 +211,7 @@ def test_pool_running_with_nodes_registering_is_waiting_for_node_then_dispatchin
 
 def test_quota_error_fails_node_pool_failed_with_the_api_message():
     t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
-    view = ClusterView(ops={"falcon-t1-2x2": OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded")})
+    view = ClusterView(ops={"falcon-t1-2x2": OpView("create", "failed", 1, "quota_exceeded", "Quota 'TPUS_PER_PROJECT' exceeded")})
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.REQUESTED, 1)]), view, NOW, S)
     (tr,) = effects(g, Transition)
     assert tr.to == lc.failed(Reason.NODE_POOL_FAILED) and "TPUS_PER_PROJECT" in tr.message
@@ -354,7 +354,7 @@ def test_pool_in_error_waits_for_the_operation_to_report_the_apis_own_message():
     pools = {"falcon-t1-2x2": PoolView("falcon-t1-2x2", "ERROR", 0, 0, "")}
     g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": OpView("create", "running")}), NOW, S)
     assert not transitions(g)
-    failed_op = OpView("create", "failed", 1, "quota_or_stockout", "Quota 'TPUS_PER_PROJECT' exceeded")
+    failed_op = OpView("create", "failed", 1, "quota_exceeded", "Quota 'TPUS_PER_PROJECT' exceeded")
     g = decide(state([t], ls), ClusterView(pools=pools, ops={"falcon-t1-2x2": failed_op}), NOW, S)
     assert "TPUS_PER_PROJECT" in effects(g, Transition)[0].message
 
@@ -376,7 +376,7 @@ def test_an_idle_pool_whose_create_never_finished_is_not_handed_over():
     g = decide(state([task(2, "bob")], [unfinished]), ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "PROVISIONING", 0, 0)}), NOW, S)
     assert (2, lc.DISPATCHING) not in transitions(g)
     # its create then fails: the pool is deleted, never handed over
-    failed = OpView("create", "failed", 1, "quota_or_stockout", "Quota exceeded")
+    failed = OpView("create", "failed", 1, "quota_exceeded", "Quota exceeded")
     g = decide(state([task(2, "bob", phase=lc.PROVISIONING)], [unfinished]), ClusterView(ops={"falcon-t1-2x2": failed}), NOW, S)
     assert (2, lc.DISPATCHING) not in transitions(g)
     assert any(isinstance(e, DeletePool) and e.name == "falcon-t1-2x2" for e in effects(g))

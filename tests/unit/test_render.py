@@ -80,6 +80,20 @@ def test_node_pool_name_example_and_distinctness():
         render.node_pool_name(-1, "2x4")
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("task_id", [7, 10**18])
+def test_pool_names_after_capacity_refusals_differ_and_stay_valid(shape, task_id):
+    """Each create asked again after a stockout has its own name (the refused pool may still
+    be being deleted under the old one), within GKE's 40 characters, with the Falcon prefix."""
+    names = [render.node_pool_name(task_id, shape.topology, n) for n in range(0, 120)]
+    assert len(set(names)) == len(names)
+    assert names[0] == render.node_pool_name(task_id, shape.topology)
+    for n, name in enumerate(names[1:], start=1):
+        assert name.endswith(f"-r{n}") and name.startswith(render.POOL_NAME_PREFIX)
+        assert len(name) <= 40 and GKE_NAME.match(name), name
+    assert render.node_pool_name(42, "2x4", 3) == "falcon-t42-2x4-r3"
+
+
 def test_job_name_is_dns_1123_and_pod_hostnames_fit():
     assert render.job_name(42) == "falcon-task-42"
     name = render.job_name(10**18)

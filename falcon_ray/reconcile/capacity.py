@@ -1,0 +1,123 @@
+"""Rule 4, capacity: a create that GKE refuses for capacity is a wait with backoff and a budget.
+
+Contract
+--------
+GKE answers a node-pool create with "no capacity right now" (a stockout:
+ZONE_RESOURCE_POOL_EXHAUSTED, a reservation that is short, for any supply mode) as a
+failed operation and a pool in ERROR. Capacity comes back, so the task does not fail:
+
+- ``refused(d, t, lease, detail)``: the refused pool goes through the normal delete
+  path (a pool in ERROR must be deleted), its lease row records when and why
+  (``refused_at``, ``refusal``), and the task waits in ClusterBusy with GKE's words and
+  the time it has waited -- or ends NodePoolFailed once ``capacity_budget_s`` has passed
+  since its first refusal;
+- ``backing_off(d, t)``: a task with no pool whose last refusal is more recent than the
+  backoff (``Settings.capacity_retry_after_s``: first, x factor, capped) keeps waiting;
+  past the budget it fails. Once the backoff has passed the create is asked again under
+  the pool name of the next attempt (``render.node_pool_name(..., attempt)``), so it
+  never meets the refused pool that is still being deleted;
+- ``wait_of(d, t)``: the task's capacity wait, read from the refused lease rows
+  (``QueueState.refused``, Deleted ones included), never from memory: a restarted
+  QueueActor continues the same backoff and the same budget.
+
+A wait for reservation headroom (``acquire.reservation_allows``) is not a refusal and
+has no limit; the budget is checked when GKE refuses and while a backoff runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import scheduling
+from falcon_ray.lifecycle import LeaseState, Reason
+from falcon_ray.model import Lease, QueueTask
+from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
+from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, Transition
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    refusals: int
+    first_at: dt.datetime
+    last_at: dt.datetime
+    last_message: str
+
+
+def wait_of(d: Decision, t: QueueTask) -> CapacityWait | None:
+    """The task's refusals so far, from its refused lease rows (None: never refused)."""
+    rows = sorted((l for l in d.q.refused if l.task_id == t.id and l.refused_at is not None), key=lambda l: l.refused_at)
+    if not rows:
+        return None
+    return CapacityWait(len(rows), rows[0].refused_at, rows[-1].refused_at, rows[-1].refusal)  # type: ignore[arg-type]
+
+
+def attempt(d: Decision, t: QueueTask) -> int:
+    """The attempt number of the task's next create: how many were refused for capacity."""
+    w = wait_of(d, t)
+    return w.refusals if w else 0
+
+
+def refused(d: Decision, t: QueueTask, lease: Lease, detail: str) -> None:
+    """GKE refused ``lease``'s create for capacity: delete the pool, record it, wait or give up."""
+    w = wait_of(d, t)
+    refusals = (w.refusals if w else 0) + 1
+    first = w.first_at if w else d.now
+    mark = {"task_id": t.id, "refused_at": d.now, "refusal": detail[:1000]}
+    effects: list[Effect] = [
+        *d.delete_job(t),  # a flex-start Job waiting for nodes that will not come now
+        MoveLease(lease.id, lease.name, (lease.state,), LeaseState.DELETING, mark),
+        DeletePool(lease.name),
+    ]
+    waited = (d.now - first).total_seconds()
+    if waited >= d.s.capacity_budget_s:
+        effects.append(give_up(d, t, refusals, waited, detail))
+    else:
+        text = wait_text(d, t, refusals, detail, d.s.capacity_retry_after_s(refusals), waited)
+        effects.append(Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None, "job_uid": None}))
+    d.add(f"task {t.id}: create of {lease.name} refused for capacity", *effects)
+
+
+def backing_off(d: Decision, t: QueueTask) -> bool:
+    """True while the task waits out the backoff after a refusal (or was failed here)."""
+    w = wait_of(d, t)
+    if w is None:
+        return False
+    retry_at = w.last_at + dt.timedelta(seconds=d.s.capacity_retry_after_s(w.refusals))
+    if d.now >= retry_at:
+        return False
+    waited = (d.now - w.first_at).total_seconds()
+    if waited >= d.s.capacity_budget_s:
+        d.add(f"task {t.id}: capacity budget spent", give_up(d, t, w.refusals, waited, w.last_message))
+        return True
+    text = wait_text(d, t, w.refusals, w.last_message, (retry_at - d.now).total_seconds(), waited)
+    if t.phase != lc.CLUSTER_BUSY:  # a crash between the refused lease's move and the task's
+        d.add(f"task {t.id}: capacity wait", Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None}))
+    else:
+        d.say(t, text, "capacity wait")
+    return True
+
+
+def wait_text(d: Decision, t: QueueTask, refusals: int, detail: str, retry_in_s: float, waited_s: float) -> str:
+    """GKE's words, the refusal count, when the create is asked again and how long it has waited
+    (coarse durations, so the Message changes about once a minute)."""
+    supply = scheduling.supply_mode_for(t.spec, d.q.cluster.default_reservation).value
+    text = d.msg("capacity_wait", supply=supply, refusals=refusals, detail=detail, retry=fmt_duration(retry_in_s))
+    return text + d.msg("waited", waited=fmt_duration(waited_s))
+
+
+def retry_text(d: Decision, t: QueueTask, pool: str, supply: str) -> str | None:
+    """The Provisioning Message of a create asked again after refusals (None: a first create)."""
+    w = wait_of(d, t)
+    if w is None:
+        return None
+    text = d.msg("capacity_retrying", pool=pool, supply=supply, refusals=w.refusals, detail=w.last_message)
+    return text + d.msg("waited", waited=fmt_duration((d.now - w.first_at).total_seconds()))
+
+
+def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: str) -> Transition:
+    budget = d.s.capacity_budget_s
+    limit = fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
+    text = d.msg("capacity_budget_spent", limit=limit, waited=fmt_duration(waited_s), refusals=refusals, detail=detail)
+    return Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=text))

@@ -1,0 +1,244 @@
+"""Capacity waits, table by table (a fake clock): a create that GKE refuses for capacity
+keeps the task ClusterBusy and is asked again with backoff until ``capacity_budget_s``;
+a quota or an error that will not heal fails at once. The wait is read only from the
+refused lease rows (``QueueState.refused``), so a restarted queue decides the same."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, replace
+
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.config import Settings
+from falcon_ray.lifecycle import LeaseState, Phase, Reason
+from falcon_ray.model import (
+    Cluster,
+    ClusterView,
+    JobView,
+    Lease,
+    OpView,
+    PoolView,
+    QueueState,
+    QueueTask,
+    ReservationView,
+)
+from falcon_ray.reconcile import (
+    ClaimReservation,
+    CreateLease,
+    DeleteJob,
+    DeletePool,
+    EnsurePool,
+    MoveLease,
+    Transition,
+    UpdateTask,
+    decide,
+)
+from falcon_ray.spec import parse_spec
+from tests.harness.fakes import FakeClock
+
+S = Settings()  # production defaults: 60 s first retry, x2, 1800 s cap, 6 h budget
+CLOCK = FakeClock()
+NOW = CLOCK()
+POOL = "falcon-t1-2x2"
+STOCKOUT = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/proj/zones/us-east5-b' does not have enough resources "
+    "available to fulfill the request (ct6e-standard-4t x 1). Try a different zone, or try again later."
+)
+QUOTA = "Quota 'TPUS_PER_PROJECT' exceeded. Limit: 8.0 in region us-east5."
+
+
+def ago(seconds: float) -> dt.datetime:
+    return NOW - dt.timedelta(seconds=seconds)
+
+
+def cluster(reservation: str = "") -> Cluster:
+    return Cluster("c1", "edge-a", "proj", "us-east5-b", "v6e", "logs", reservation, "active", "falcon-jobs", "falcon-job", NOW, NOW)
+
+
+def task(phase: Phase, mode: str = "on-demand", pool: str | None = POOL, message: str = "") -> QueueTask:
+    spec = parse_spec({"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["run"], "supply_mode": mode})
+    return QueueTask(1, "t1", "alice", phase, ago(7200), None, spec, pool, None, message, phase_since=ago(10))
+
+
+def lease(name: str, state: LeaseState, mode: str = "on-demand", refused_s: float | None = None, lid: int = 1) -> Lease:
+    refused_at = ago(refused_s) if refused_s is not None else None
+    created = ago((refused_s or 0) + 30)
+    refusal = STOCKOUT if refused_at else ""
+    return Lease(lid, "c1", "2x2", name, mode, state, 1, "op-1", 0, "", created, created, None, None, None, refused_at, refusal)
+
+
+def refused_rows(*seconds_ago: float) -> tuple[Lease, ...]:
+    """Refused pools of task 1, oldest first: attempt i refused ``seconds_ago[i]`` ago (Deleted)."""
+    names = [POOL] + [f"{POOL}-r{i}" for i in range(1, len(seconds_ago))]
+    return tuple(lease(n, LeaseState.DELETED, refused_s=s, lid=10 + i) for i, (n, s) in enumerate(zip(names, seconds_ago, strict=True)))
+
+
+def run(t: QueueTask, leases=(), refused=(), view: ClusterView | None = None, reservation: str = "", s: Settings = S):
+    state = QueueState(cluster(reservation), "2x2", (t,), tuple(leases), "", refused=tuple(refused))
+    return [e for g in decide(state, view or ClusterView(synced=True), NOW, s) for e in g.effects]
+
+
+def moves(out) -> list[Phase]:
+    return [e.to for e in out if isinstance(e, Transition) and e.task_id == 1]
+
+
+def texts(out) -> list[str]:
+    return [e.message for e in out if isinstance(e, (Transition, UpdateTask)) and e.message]
+
+
+# ---- the answer to a create: a wait, or a failure ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    name: str
+    op: OpView | None
+    pool: PoolView | None
+    to: Phase
+    words: str
+
+
+WAIT, FAILED = lc.CLUSTER_BUSY, lc.failed(Reason.NODE_POOL_FAILED)
+ANSWERS = [
+    Answer("stockout on the operation: ClusterBusy with GKE's words", OpView("create", "failed", 1, "stockout", STOCKOUT),
+           None, WAIT, "ZONE_RESOURCE_POOL_EXHAUSTED"),
+    Answer("reservation short at GKE: ClusterBusy", OpView("create", "failed", 1, "stockout",
+           "Reservation res-a does not have enough resources: 1 VM(s) requested, 0 of 2 available."), None, WAIT, "res-a"),
+    Answer("pool in ERROR for capacity, operation forgotten: ClusterBusy", None,
+           PoolView(POOL, "ERROR", 0, 0, STOCKOUT, "stockout"), WAIT, "does not have enough resources"),
+    Answer("quota exceeded: NodePoolFailed at once (the original's failure table)",
+           OpView("create", "failed", 1, "quota_exceeded", QUOTA), None, FAILED, "TPUS_PER_PROJECT"),
+    Answer("reservation not found: NodePoolFailed at once", OpView("create", "failed", 1, "not_found",
+           "Reservation 'projects/proj/zones/us-east5-b/reservations/r' was not found."), None, FAILED, "was not found"),
+    Answer("permission denied: NodePoolFailed at once", OpView("create", "failed", 1, "permanent",
+           "Required 'container.nodePools.create' permission."), None, FAILED, "permission"),
+    Answer("bad request: NodePoolFailed at once", OpView("create", "failed", 1, "permanent",
+           "Invalid value for field 'machineType'."), None, FAILED, "machineType"),
+    Answer("pool in ERROR for a quota: NodePoolFailed", None, PoolView(POOL, "ERROR", 0, 0, QUOTA, "quota_exceeded"),
+           FAILED, "TPUS_PER_PROJECT"),
+]
+
+
+@pytest.mark.parametrize("a", ANSWERS, ids=[a.name for a in ANSWERS])
+def test_create_answer(a: Answer):
+    view = ClusterView(pools={POOL: a.pool} if a.pool else {}, ops={POOL: a.op} if a.op else {}, synced=True)
+    out = run(task(lc.PROVISIONING), [lease(POOL, LeaseState.CREATING)], view=view)
+    assert moves(out) == [a.to]
+    assert any(a.words in m for m in texts(out)), texts(out)
+    deleting = [e for e in out if isinstance(e, MoveLease) and e.to == LeaseState.DELETING]
+    assert len(deleting) == 1 and any(isinstance(e, DeletePool) and e.name == POOL for e in out), "never leak the pool"
+    if a.to == WAIT:
+        assert deleting[0].fields["refused_at"] == NOW and deleting[0].fields["refusal"]  # the durable record
+        assert deleting[0].fields["task_id"] == 1
+        assert "(waiting <1m)" in texts(out)[0] and "in 1m" in texts(out)[0]  # the first retry in 60 s
+        assert not any(isinstance(e, EnsurePool) for e in out)
+    else:
+        assert "refused_at" not in deleting[0].fields
+
+
+def test_first_refusal_of_a_flex_start_create_is_a_wait_too():
+    op = OpView("create", "failed", 1, "stockout", STOCKOUT)
+    out = run(task(lc.PROVISIONING, mode="flex-start"), [lease(POOL, LeaseState.REQUESTED, mode="flex-start")],
+              view=ClusterView(ops={POOL: op}, synced=True))
+    assert moves(out) == [WAIT] and "supply: flex-start" in texts(out)[0]
+
+
+def test_flex_pool_failing_for_capacity_while_its_job_waits_for_nodes():
+    pool = PoolView(POOL, "ERROR", 0, 0, STOCKOUT, "stockout")
+    job = JobView(1, "falcon-task-1", "falcon-jobs", "u1", "Pending", 0, 0, 1)
+    view = ClusterView(pools={POOL: pool}, jobs={1: job}, synced=True)
+    out = run(task(lc.WAITING_FOR_NODE, mode="flex-start"), [lease(POOL, LeaseState.IN_USE, mode="flex-start")], view=view)
+    assert moves(out) == [WAIT]
+    kinds = [type(e) for e in out]
+    assert kinds.index(DeleteJob) < kinds.index(Transition) and DeletePool in kinds
+    assert lc.allowed(lc.WAITING_FOR_NODE, lc.CLUSTER_BUSY)
+
+
+# ---- the backoff: 60, 120, 240, ... capped at 1800 s, from the last refusal ---------------------
+
+SCHEDULE = [(1, 60), (2, 120), (3, 240), (4, 480), (5, 960), (6, 1800), (7, 1800), (9, 1800)]
+
+
+@pytest.mark.parametrize(("refusals", "delay"), SCHEDULE)
+def test_backoff_schedule(refusals: int, delay: float):
+    assert S.capacity_retry_after_s(refusals) == delay
+    # refusal i came long before, the last one ``delay`` seconds ago (budget not spent: 6 h)
+    earlier = [delay + 1 + i for i in range(refusals - 1, 0, -1)]
+    rows = refused_rows(*earlier, delay - 1)  # one second before the retry is due
+    t = task(lc.CLUSTER_BUSY, pool=None)
+    out = run(t, refused=rows)
+    assert not any(isinstance(e, (EnsurePool, CreateLease)) for e in out) and not moves(out)
+    assert any(f"refusal {refusals})" in m for m in texts(out)), texts(out)
+    rows = refused_rows(*earlier, delay)  # due now: asked again, under the next attempt's name
+    out = run(t, refused=rows)
+    name = f"{POOL}-r{refusals}"
+    assert [e.name for e in out if isinstance(e, CreateLease)] == [name]
+    assert [e.name for e in out if isinstance(e, EnsurePool)] == [name]
+    assert moves(out) == [lc.PROVISIONING]
+    assert any(f"after {refusals} capacity refusal(s)" in m for m in texts(out)), texts(out)
+
+
+def test_fast_settings_scale_the_schedule():
+    fast = Settings(capacity_retry_first_s=0.5, capacity_retry_factor=3, capacity_retry_max_s=4)
+    assert [fast.capacity_retry_after_s(n) for n in (1, 2, 3, 4)] == [0.5, 1.5, 4, 4]
+
+
+# ---- the budget: from the first refusal -------------------------------------------------------
+
+
+def test_budget_spent_while_backing_off_ends_node_pool_failed():
+    rows = refused_rows(21700, 100)  # first refusal 6h01m ago, the last one 100 s ago (backoff 120 s)
+    out = run(task(lc.CLUSTER_BUSY, pool=None), refused=rows)
+    assert moves(out) == [FAILED]
+    text = texts(out)[0]
+    assert "capacity_budget_s=6h00m" in text and "waited 6h01m over 2 refusal(s)" in text and "ZONE_RESOURCE_POOL_EXHAUSTED" in text
+
+
+def test_budget_spent_at_a_refusal_ends_node_pool_failed_and_deletes_the_pool():
+    op = OpView("create", "failed", 1, "stockout", STOCKOUT)
+    out = run(task(lc.PROVISIONING, pool=f"{POOL}-r1"), [lease(f"{POOL}-r1", LeaseState.CREATING)],
+              refused=refused_rows(21600), view=ClusterView(ops={f"{POOL}-r1": op}, synced=True))
+    assert moves(out) == [FAILED] and "over 2 refusal(s)" in texts(out)[0]
+    assert any(isinstance(e, DeletePool) and e.name == f"{POOL}-r1" for e in out)
+
+
+def test_budget_not_spent_keeps_waiting():
+    out = run(task(lc.CLUSTER_BUSY, pool=None), refused=refused_rows(21500, 100))
+    assert not moves(out) and any("(waiting 5h58m)" in m for m in texts(out))
+
+
+def test_reservation_headroom_wait_after_a_refusal_has_no_limit():
+    """The backoff passed and the ledger has no headroom: ClusterBusy for headroom, whatever the budget."""
+    view = ClusterView(reservation=ReservationView(count=1, in_use=1), synced=True)
+    out = run(task(lc.CLUSTER_BUSY, mode="reservation", pool=None), refused=refused_rows(30000, 2000), view=view,
+              reservation="res-a")
+    assert not moves(out) and not any(isinstance(e, (ClaimReservation, EnsurePool)) for e in out)
+    assert any("reservation_remaining_slices=0" in m for m in texts(out)), texts(out)
+
+
+# ---- durable: the wait is read from the lease rows only ---------------------------------------
+
+
+def test_crash_between_the_refused_lease_and_the_task_write_still_waits():
+    """The refused lease moved to Deleting (with refused_at), the task is still Provisioning."""
+    deleting = lease(POOL, LeaseState.DELETING, refused_s=5)
+    out = run(task(lc.PROVISIONING), [deleting], refused=[deleting], view=ClusterView(ops={POOL: OpView("delete", "running")}, synced=True))
+    assert moves(out) == [WAIT]
+    assert not any(isinstance(e, (EnsurePool, CreateLease)) for e in out)
+
+
+def test_same_rows_same_decision():
+    """What a restarted queue sees is what the old one saw: the same effects."""
+    rows = refused_rows(900, 300, 100)
+    first = run(task(lc.CLUSTER_BUSY, pool=None), refused=rows)
+    again = run(task(lc.CLUSTER_BUSY, pool=None), refused=tuple(reversed(rows)))
+    assert first == again and not moves(first)
+
+
+def test_an_unreachable_gke_during_the_backoff_does_not_end_the_wait():
+    """A backoff needs nothing from GKE: a long capacity wait survives a connection flap."""
+    t = replace(task(lc.CLUSTER_BUSY, pool=None), phase_since=ago(1200))  # past node_pool_timeout_s
+    out = run(t, refused=refused_rows(1300, 1000, 100), view=ClusterView(error="connect timeout", synced=True))
+    assert not moves(out) and any("asking GKE again" in m for m in texts(out))

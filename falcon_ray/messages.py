@@ -110,6 +110,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Node pool creation timed out ({limit}): {detail}",
         "node pool 创建超时 ({limit}): {detail}",
     ),
+    "reservation_wait_over": (
+        "no free slice in the reservation for {limit} (reservation_wait_limit_s); ",
+        "reservation 在 {limit} 内没有可用 slice (reservation_wait_limit_s); ",
+    ),
     "node_pool_failed": ("Node pool creation failed: {detail}", "node pool 创建失败: {detail}"),
     "job_submit_failed": ("Kubernetes Job submission failed: {detail}", "K8s Job 提交失败: {detail}"),
     "job_failed": ("{detail}", "{detail}"),

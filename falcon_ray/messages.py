@@ -30,6 +30,7 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Queue position #{position}, {ahead} task(s) ahead ({tasks})",
         "队列位置 #{position},前面有 {ahead} 个任务 ({tasks})",
     ),
+    "expected_start": (", expected to start in {eta}", ",预计 {eta} 后开始"),
     "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
     "waited": (" (waiting {waited})", " (已等待 {waited})"),
     "waiting_first": (

@@ -12,8 +12,9 @@ The model, stated once (docs/operations.md explains it to operators):
    ClusterBusy waiting for capacity) per supply mode, the median of that mode's samples
    (all modes pooled when a mode has fewer than ``MIN_SAMPLES``); and the typical run,
    as a fraction of the task's own ``timeout_seconds`` (median over the samples that ended).
-2. The queue is capacity-bound when its slot holder waits for capacity (ClusterBusy):
-   then a task can start only when a running one ends. A running task is expected to end
+2. The queue is capacity-bound when its slot holder waits for capacity (ClusterBusy), or
+   when most of its last ``MIN_SAMPLES`` starts did: then a task can start only when a
+   running one (or the slot holder, once it runs) ends. A running task is expected to end
    at its start + fraction x its timeout, never after its timeout.
 3. The slot is taken by one task at a time, in pick order; each task starts one typical
    acquisition after it got the slot, and gets the slot when the task ahead of it started.
@@ -21,7 +22,8 @@ The model, stated once (docs/operations.md explains it to operators):
    (its own run then takes that place).
 
 No estimate without ``MIN_SAMPLES`` starts, nor when capacity-bound without as many ended
-runs or without a running task to wait for, nor on a cluster out of service.
+runs, nor for the tasks behind a point where nothing is running to wait for, nor on a
+cluster out of service.
 ``choices`` rounds an estimate for the Message (1 minute steps below 10 minutes, 5 minute
 steps below 2 hours, 30 minute steps above), so the text changes seldom.
 """
@@ -129,22 +131,27 @@ def estimate(
     m = model_of(history)
     if m is None or not waiting_in_order:
         return {}
-    bound = any(t.phase == lc.CLUSTER_BUSY for t in holders)
-    if bound and (m.run_fraction is None or not running):
+    recent = history.samples[-MIN_SAMPLES:]
+    bound = any(t.phase == lc.CLUSTER_BUSY for t in holders) or (
+        sum(1 for s in recent if s.capacity_wait_s > 0) * 2 > len(recent)
+    )
+    if bound and m.run_fraction is None:
         return {}
     ends = _running_ends(m, running, now) if bound else []
 
     def mode(t: QueueTask) -> SupplyMode:
         return scheduling.supply_mode_for(t.spec, default_reservation)
 
-    def start_after(t: QueueTask, slot_at: float) -> float:
+    def start_after(t: QueueTask, slot_at: float) -> float | None:
         if not bound:
             return slot_at + m.acquire(mode(t))
+        if not ends:
+            return None  # capacity-bound with nothing running to wait for: no basis
         start = max(slot_at, heapq.heappop(ends)) + m.acquire(mode(t))
         heapq.heappush(ends, start + m.run_s(float(t.spec.timeout_seconds)))
         return start
 
-    slot_at = 0.0
+    slot_at: float | None = 0.0
     for h in holders:  # at most one; its own acquisition has run for a while already
         if h.phase == lc.CLUSTER_BUSY:
             slot_at = start_after(h, 0.0)
@@ -154,8 +161,11 @@ def estimate(
                 heapq.heappush(ends, slot_at + m.run_s(float(h.spec.timeout_seconds)))
     out: dict[int, float] = {}
     for t in waiting_in_order:
+        if slot_at is None:
+            break
         slot_at = start_after(t, slot_at)
-        out[t.id] = slot_at
+        if slot_at is not None:
+            out[t.id] = slot_at
     return out
 
 

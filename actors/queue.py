@@ -9,8 +9,11 @@ QueueActor (``actors.remote``) is a thin Ray shell that runs its ``step`` on a
 granted actor, and the task event log (when each task entered its phase). Soft
 state is rebuilt on every step: the ClusterActor's view of pools, operations and
 Jobs, asked through the port. The object keeps only caches that are safe to lose:
-parsed specs, phase-entry times read from the event log, and the last refused Job
-submission per task (a lost one is rediscovered by submitting again).
+parsed specs, phase-entry times read from the event log, the last refused Job
+submission per task (a lost one is rediscovered by submitting again), and the queue's
+recent starts for the start estimates (``QueueHistory``: read once from the event log,
+bounded, then kept up to date from the queue's own transitions, one read of one task's
+events per start; never a read per waiting task).
 
 ``step()`` observes the database and the cluster, calls ``reconcile.decide`` (pure),
 and carries out the effect groups it returns; it repeats while decisions change
@@ -39,8 +42,10 @@ from falcon_ray.model import (
     PERMANENT_SUBMIT_KINDS,
     ClusterView,
     ErrorKind,
+    QueueHistory,
     QueueState,
     QueueTask,
+    StartSample,
     SubmitError,
     Task,
 )
@@ -59,14 +64,16 @@ from falcon_ray.reconcile import (
     Transition,
     Unassign,
     UpdateTask,
+    eta,
 )
-from falcon_ray.spec import SpecError, TaskSpec, parse_spec
+from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
 from falcon_ray.store import Fenced, Store, utcnow
 
 log = logging.getLogger("falcon.queue")
 IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
 MAX_ROUNDS = 8
 IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
+HISTORY_WINDOW_S = 86400.0  # starts older than this are not read back after a restart
 
 
 class QueueReconciler:
@@ -94,6 +101,8 @@ class QueueReconciler:
         self.last_view: ClusterView | None = None
         self.rounds = 0
         self.idle_accounted_at = time.monotonic()
+        self.history: list[StartSample] | None = None  # None: not read yet
+        self.started: set[int] = set()  # reached Running since the history was brought up to date
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -198,6 +207,7 @@ class QueueReconciler:
             for t, spec in mine
         )
         self._forget_ended({t.id for t in live}, {t.id for t in tasks})
+        history = self._history(cluster.id, leases)
         self._account_idle_chips(cluster.tpu_type, leases)
         state = QueueState(
             cluster=cluster,
@@ -210,12 +220,43 @@ class QueueReconciler:
             submit_errors=dict(self.submit_errors),
             terminal_messages=self._terminal_messages(leases, {t.id for t in tasks}),
             refused=refused,
+            history=history,
         )
         want_reservation = bool(cluster.default_reservation) and any(
             t.phase in lc.ACQUIRING_PHASES or t.phase == lc.WAITING for t in tasks
         )
         view = self.port.observe(self.cluster_name, self.label, [l.name for l in leases], want_reservation)
         return state, view
+
+    def _history(self, cluster_id: str, leases) -> QueueHistory:
+        """The queue's recent starts: read back once (bounded), then one task's events per start."""
+        if self.history is None:
+            since = self.clock() - dt.timedelta(seconds=HISTORY_WINDOW_S)
+            rows = self.store.queue_history(cluster_id, self.topology, since, eta.HISTORY_TASKS)
+            self.history = [x for x in (self._sample(tid, mode, spec, evs) for tid, mode, spec, evs in rows) if x]
+            self.history.sort(key=lambda x: x.running_at)
+            self.started.clear()
+        modes = {l.task_id: l.supply_mode for l in leases if l.task_id is not None}
+        for tid in sorted(self.started):
+            spec = self.specs.get(tid)
+            sample = self._sample(tid, modes.get(tid), spec, self.store.events(tid)) if spec else None
+            if sample is not None:
+                self.history = [x for x in self.history if x.task_id != tid] + [sample]
+        self.started.clear()
+        del self.history[: -eta.HISTORY_TASKS]
+        return QueueHistory(tuple(self.history))
+
+    def _sample(self, tid: int, mode, spec: TaskSpec | str, events) -> StartSample | None:
+        if isinstance(spec, str):
+            try:
+                spec = parse_spec(spec)
+            except SpecError:
+                return None
+        try:
+            supply = SupplyMode(mode) if mode else SupplyMode(spec.supply_mode or SupplyMode.FLEX_START)
+        except ValueError:
+            return None
+        return eta.sample_from_events(tid, events, supply, spec.timeout_seconds)
 
     def _forget_ended(self, live_anywhere: set[int], mine: set[int]) -> None:
         for tid in [tid for tid in self.specs if tid not in live_anywhere]:
@@ -375,6 +416,9 @@ class QueueReconciler:
             metrics.pending_reason_time(self.cluster_name, self.topology, str(task.phase.reason), seconds)
         if e.to == lc.RUNNING:
             metrics.time_to_running(self.cluster_name, self.topology, (now - task.created_at).total_seconds())
+            self.started.add(task.id)  # the next observe reads its events into the history
+        elif task.phase == lc.RUNNING and e.to.status in lc.TERMINAL and self.history is not None:
+            self.history = [eta.ended(x, now) if x.task_id == task.id else x for x in self.history]
 
     def _cluster_id(self) -> str:
         assert self.last_state is not None

@@ -91,18 +91,19 @@ class Settings(BaseModel):
     registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles")
     health_port: int = Field(8088, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
     lang: str = Field("en", pattern="^(en|zh)$", description="language of task Messages")
-    stuck_after_s: dict[str, float] = Field(
-        default_factory=lambda: {
-            "Waiting": 86400.0,
-            "Provisioning": 1200.0,
-            "ClusterBusy": 86400.0,
-            "WaitingForNode": 21600.0,
-            "Dispatching": 600.0,
-            "Aborting": 600.0,
-            "": 300.0,
-        },
-        description="health: a task whose Message has not changed this long in this Reason is reported stuck",
+    # --- limits of the waits (falcon_ray.limits is the table; node_pool_timeout_s and
+    # submit_budget_s above are two of them)
+    intake_limit_s: float = Field(
+        300.0, gt=0, description="health: a Pending task the poller has not assigned this long is listed"
     )
+    waiting_limit_s: float = Field(86400.0, gt=0, description="health: a task Waiting this long is listed")
+    reservation_wait_limit_s: float | None = Field(
+        None, gt=0, description="ClusterBusy for reservation headroom this long -> Failed/NodePoolFailed (null: no limit)"
+    )
+    waiting_for_node_limit_s: float = Field(
+        21600.0, gt=0, description="health: a task in WaitingForNode this long (nobody else waiting) is listed"
+    )
+    aborting_limit_s: float = Field(600.0, gt=0, description="health: a task Aborting this long is listed")
 
     def idle_seconds(self, mode: SupplyMode | str) -> int:
         """The autoscaler idle time of a pool, by the supply mode it was created with."""

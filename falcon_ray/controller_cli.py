@@ -235,8 +235,12 @@ def register(main: click.Group) -> None:
             click.echo(f"database: {'ok' if db['ok'] else 'UNREACHABLE: ' + str(db.get('error'))}")
             for name, a in sorted(report["actors"].items()):
                 click.echo(f"  {name:<32} {'ok' if a.get('ok') else 'FAIL'}  {a.get('error') or a.get('connect_error') or ''}")
-            for t in report["stuck_tasks"]:
-                click.echo(f"  stuck: task {t['id']} {t['status']}/{t['reason']} unchanged {t['unchanged_s']}s: {t['message']}")
+            for t in report["overdue_tasks"]:
+                phase = f"{t['status']}/{t['reason']}" if t["reason"] else t["status"]
+                click.echo(
+                    f"  overdue: task {t['id']} {phase} ({t['wait']}) since {t['since']}: {t['age_s']:g}s,"
+                    f" limit {t['limit_s']:g}s ({t['action']}): {t['message']}"
+                )
         sys.exit(0 if report["healthy"] else 1)
 
 

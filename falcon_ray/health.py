@@ -6,11 +6,12 @@ Contract
 every actor's answer (with a deadline, so one hung actor cannot hang the probe),
 each ClusterActor's last successful GKE / Kubernetes call and watch age (a cluster
 that cannot be reached is listed in ``degraded_clusters``: it makes neither probe
-fail, since restarting the controller would not fix it), and the live tasks whose row has not changed for longer than their state
-allows (``Settings.stuck_after_s``). ``healthy`` is the liveness verdict (leader
-held or waiting, database reachable, actors answering); ``ready`` adds that the
-lease is held. ``stuck_tasks`` are reported, not fatal: a stuck task is the
-operator's business, not a reason to restart the controller.
+fail, since restarting the controller would not fix it), and the live tasks past the
+limit of their wait (``overdue_tasks``, from the one table ``falcon_ray.limits``:
+which wait, since when, the limit and its action). ``healthy`` is the liveness verdict
+(leader held or waiting, database reachable, actors answering); ``ready`` adds that the
+lease is held. Overdue tasks are reported, not fatal: they are the operator's
+business, not a reason to restart the controller.
 An actor started under an older leader epoch than the lease's (``fenced``: it
 stopped its loops) is reported with its reason and counts as not answering, so the
 probes fail until the supervisor has replaced it. ``leader.epoch`` is the lease's.
@@ -25,23 +26,76 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from falcon_ray import lifecycle as lc
+from falcon_ray import limits
+from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
 from falcon_ray.store import utcnow
 
 
-def stuck_tasks(store, stuck_after: dict[str, float], now=None) -> list[dict[str, Any]]:
+def _spec_fields(text: str) -> dict[str, Any]:
+    """The two spec fields health needs, without validating the whole spec."""
+    try:
+        spec = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def overdue_tasks(store, settings, now=None) -> list[dict[str, Any]]:
+    """Every live task past the limit of its wait (``falcon_ray.limits``): which wait, since
+    when (the record the wait is counted from), the limit and the action it has. Running
+    tasks are bounded by their own timeout (the queue ends them) and are not listed."""
     now = now or utcnow()
+    tasks = [t for t in store.live_tasks() if t.phase != lc.RUNNING]
+    clusters = {c.id: c for c in store.list_clusters()}
+    active_types = {c.tpu_type for c in clusters.values() if c.active}
+    fields = {t.id: _spec_fields(t.spec) for t in tasks}
+    waiting_topologies: dict[str | None, set[str]] = {}
+    for t in tasks:
+        if t.phase in lc.PENDING_PHASES and t.phase != lc.NEW:
+            waiting_topologies.setdefault(t.cluster_id, set()).add(str(fields[t.id].get("topology")))
+    entered = store.phase_entered([t.id for t in tasks])
+    refused = store.capacity_refused_since([t.id for t in tasks if t.phase == lc.CLUSTER_BUSY])
     out = []
-    for t in store.live_tasks():
-        key = t.reason if t.status == "Pending" and t.reason else ("Aborting" if t.status == "Aborting" else "")
-        if t.status == "Running":
-            continue  # a running task is bounded by its own timeout
-        limit = stuck_after.get(key)
-        if limit is None:
+    for t in tasks:
+        c = clusters.get(t.cluster_id or "")
+        topology = str(fields[t.id].get("topology"))
+        wait = limits.wait_of(
+            t.phase,
+            job_accepted=t.dispatched_at is not None,
+            out_of_service=c is not None and not c.active and c.tpu_type in active_types,
+            contested=bool(waiting_topologies.get(t.cluster_id, set()) - {topology}),
+            capacity_refused=t.id in refused,
+        )
+        if wait is None:
             continue
-        age = (now - t.updated_at).total_seconds()
-        if age > limit:
+        row = limits.limit(wait)
+        timeout = fields[t.id].get("timeout_seconds", t.timeout_seconds or DEFAULT_TIMEOUT_SECONDS)
+        limit = row.seconds(settings, timeout if isinstance(timeout, int) else None)
+        if wait == limits.Wait.PODS:
+            since = t.dispatched_at
+        elif wait == limits.Wait.CAPACITY:
+            since = refused[t.id]
+        elif wait == limits.Wait.ABORT:
+            since = t.aborting_at or entered.get((t.id, t.phase)) or t.updated_at
+        else:
+            since = entered.get((t.id, t.phase)) or t.updated_at
+        if limit is None or since is None:
+            continue
+        age = (now - since).total_seconds()
+        if age > limit + row.grace(settings):
             out.append(
-                {"id": t.id, "status": t.status, "reason": t.reason, "unchanged_s": round(age, 1), "message": t.message}
+                {
+                    "id": t.id,
+                    "status": str(t.status),
+                    "reason": str(t.reason),
+                    "wait": str(wait),
+                    "since": since.isoformat(),
+                    "age_s": round(age, 1),
+                    "limit_s": limit,
+                    "action": str(row.action),
+                    "message": t.message,
+                }
             )
     return out
 
@@ -112,10 +166,10 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
     report["actors"] = actors
     report["degraded_clusters"] = degraded
     try:
-        report["stuck_tasks"] = stuck_tasks(sup.store, sup.s.stuck_after_s) if report["database"]["ok"] else []
+        report["overdue_tasks"] = overdue_tasks(sup.store, sup.s) if report["database"]["ok"] else []
     except Exception as e:
-        report["stuck_tasks"] = []
-        report["stuck_error"] = str(e)[:300]
+        report["overdue_tasks"] = []
+        report["overdue_error"] = str(e)[:300]
     actors_ok = all(a.get("ok") for a in actors.values()) if actors else False
     report["healthy"] = report["database"]["ok"] and (actors_ok or not sup.leader)
     report["ready"] = report["healthy"] and sup.leader and actors_ok

@@ -30,6 +30,7 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Queue position #{position}, {ahead} task(s) ahead ({tasks})",
         "队列位置 #{position},前面有 {ahead} 个任务 ({tasks})",
     ),
+    "expected_start": (", expected to start in {eta}", ",预计 {eta} 后开始"),
     "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
     "waited": (" (waiting {waited})", " (已等待 {waited})"),
     "waiting_first": (
@@ -121,6 +122,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
     "node_pool_timeout": (
         "Node pool creation timed out ({limit}): {detail}",
         "node pool 创建超时 ({limit}): {detail}",
+    ),
+    "reservation_wait_over": (
+        "no free slice in the reservation for {limit} (reservation_wait_limit_s); ",
+        "reservation 在 {limit} 内没有可用 slice (reservation_wait_limit_s); ",
     ),
     "node_pool_failed": ("Node pool creation failed: {detail}", "node pool 创建失败: {detail}"),
     "job_submit_failed": ("Kubernetes Job submission failed: {detail}", "K8s Job 提交失败: {detail}"),

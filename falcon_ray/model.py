@@ -362,6 +362,33 @@ class QueueTask:
 
 
 @dataclass(frozen=True)
+class StartSample:
+    """One task of the queue that reached Running, from its event log: when it left
+    Waiting (``picked_at``), when it ran, how much of that it spent waiting for capacity
+    (ClusterBusy), its own timeout, and how long it ran once it has ended."""
+
+    task_id: int
+    supply_mode: SupplyMode
+    picked_at: dt.datetime
+    running_at: dt.datetime
+    capacity_wait_s: float
+    timeout_s: float
+    ran_s: float | None = None
+
+    @property
+    def acquire_s(self) -> float:
+        """The acquisition itself: picked -> Running, less the wait for capacity."""
+        return max(0.0, (self.running_at - self.picked_at).total_seconds() - self.capacity_wait_s)
+
+
+@dataclass(frozen=True)
+class QueueHistory:
+    """The queue's recent starts, newest last (a bounded number: ``eta.HISTORY_TASKS``)."""
+
+    samples: tuple[StartSample, ...] = ()
+
+
+@dataclass(frozen=True)
 class SubmitError:
     """A Job submission the Kubernetes API refused for good (the task fails with it)."""
 
@@ -387,6 +414,7 @@ class QueueState:
     # pools GKE refused for capacity, of the queue's acquiring tasks, Deleted ones included:
     # the durable record of each task's capacity wait (how many refusals, since when)
     refused: tuple[Lease, ...] = ()
+    history: QueueHistory = field(default_factory=QueueHistory)  # for the start estimates
 
     @property
     def cluster_active(self) -> bool:

@@ -34,8 +34,9 @@ from __future__ import annotations
 from typing import Any
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import render, scheduling
+from falcon_ray import limits, render, scheduling
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
+from falcon_ray.limits import Wait
 from falcon_ray.model import CAPACITY_KINDS, Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
 from falcon_ray.reconcile import capacity, dispatch, finish
 from falcon_ray.reconcile.context import Decision, fmt_limit
@@ -137,10 +138,7 @@ def unreachable(d: Decision, t: QueueTask) -> None:
     """The ClusterActor cannot reach GKE (credentials, IAM, endpoint): say so, and give up
     like a create that never came back once the node-pool timeout has passed."""
     cluster, age = d.q.cluster.name, d.phase_age_s(t)
-    if age > d.s.node_pool_timeout_s:
-        detail = f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.v.error}"
-        text = d.msg("node_pool_timeout", limit=fmt_limit(d.s.node_pool_timeout_s), detail=detail)
-        fail(d, t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), text)
+    if gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.v.error}"):
         return
     d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.v.error) + d.waited(t), "cluster unreachable")
 
@@ -157,6 +155,8 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cannot read reservation {name}: {err.message}"))
         return False
     if r is None:  # not read yet (the ClusterActor fetches it for the next tick), or failing for now
+        if err is not None and gave_up_creating(d, t, f"reservation {name} unreadable: {err.message}"):
+            return False
         if err is not None:
             text = d.msg("reservation_unreadable", reservation=name, detail=err.message) + d.waited(t)
             d.say(t, text, "reservation unreadable")
@@ -165,6 +165,10 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     if head.enough:
         return True
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
+    if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.s, d.phase_age_s(t)):
+        limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.s) or 0)
+        fail(d, t, None, failed, d.msg("node_pool_failed", detail=d.msg("reservation_wait_over", limit=limit) + text))
+        return False
     if t.phase == lc.CLUSTER_BUSY:
         text += d.waited(t)
     if t.phase != lc.CLUSTER_BUSY:
@@ -172,6 +176,16 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     else:
         d.say(t, text, "busy message")
     return False
+
+
+def gave_up_creating(d: Decision, t: QueueTask, detail: str) -> bool:
+    """No lease yet and the cluster or its reservation cannot be read: past the create's
+    limit, counted from the phase (event log), the task fails NodePoolTimeout."""
+    if not limits.passed(Wait.CREATE, d.s, d.phase_age_s(t)):
+        return False
+    text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.CREATE, d.s) or 0), detail=detail)
+    fail(d, t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), text)
+    return True
 
 
 def pool_zone(d: Decision, mode: SupplyMode) -> str | None:
@@ -261,8 +275,8 @@ def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
     if pool is not None and pool.status.up:
         nodes_coming(d, t, lease, st, pool, effects)
         return
-    age, limit = (d.now - lease.created_at).total_seconds(), d.s.node_pool_timeout_s
-    if age > limit:
+    age, limit = (d.now - lease.created_at).total_seconds(), limits.seconds(Wait.CREATE, d.s) or 0.0
+    if limits.passed(Wait.CREATE, d.s, age):
         detail = f"control plane {pool.status if pool else 'not visible'} after {int(age)}s"
         if op is not None and op.error:
             detail += f"; last error: {op.error}"
@@ -281,8 +295,8 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     if render.scales_from_zero(lease.supply_mode):
         dispatch.start_on_empty_pool(d, t, lease, st, pool, effects)
         return
-    limit = d.s.node_pool_timeout_s
-    if d.q.other_topology_waiting and (d.now - lease.created_at).total_seconds() > limit:
+    limit = limits.seconds(Wait.NODES_CONTESTED, d.s) or 0.0
+    if d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, (d.now - lease.created_at).total_seconds()):
         detail = f"{pool.registered}/{hosts} node(s) registered and another topology is waiting"
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
         return

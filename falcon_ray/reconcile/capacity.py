@@ -30,8 +30,9 @@ import datetime as dt
 from dataclasses import dataclass
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import scheduling
+from falcon_ray import limits, scheduling
 from falcon_ray.lifecycle import LeaseState, Reason
+from falcon_ray.limits import Wait
 from falcon_ray.model import Lease, QueueTask
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, Transition
@@ -71,7 +72,7 @@ def refused(d: Decision, t: QueueTask, lease: Lease, detail: str) -> None:
         DeletePool(lease.name),
     ]
     waited = (d.now - first).total_seconds()
-    if waited >= d.s.capacity_budget_s:
+    if budget_spent(d, waited):
         effects.append(give_up(d, t, refusals, waited, detail))
     else:
         text = wait_text(d, t, refusals, detail, d.s.capacity_retry_after_s(refusals), waited)
@@ -88,7 +89,7 @@ def backing_off(d: Decision, t: QueueTask) -> bool:
     if d.now >= retry_at:
         return False
     waited = (d.now - w.first_at).total_seconds()
-    if waited >= d.s.capacity_budget_s:
+    if budget_spent(d, waited):
         d.add(f"task {t.id}: capacity budget spent", give_up(d, t, w.refusals, waited, w.last_message))
         return True
     text = wait_text(d, t, w.refusals, w.last_message, (retry_at - d.now).total_seconds(), waited)
@@ -116,8 +117,14 @@ def retry_text(d: Decision, t: QueueTask, pool: str, supply: str) -> str | None:
     return text + d.msg("waited", waited=fmt_duration((d.now - w.first_at).total_seconds()))
 
 
+def budget_spent(d: Decision, waited_s: float) -> bool:
+    """The capacity wait's budget (``limits``: Wait.CAPACITY) is used up."""
+    budget = limits.seconds(Wait.CAPACITY, d.s)
+    return budget is not None and waited_s >= budget
+
+
 def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: str) -> Transition:
-    budget = d.s.capacity_budget_s
+    budget = limits.seconds(Wait.CAPACITY, d.s) or 0.0
     limit = fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
     text = d.msg("capacity_budget_spent", limit=limit, waited=fmt_duration(waited_s), refusals=refusals, detail=detail)
     return Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=text))

@@ -20,8 +20,9 @@ the cluster and the node-pool timeout has passed does the task give up
 from __future__ import annotations
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import render
+from falcon_ray import limits, render
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
+from falcon_ray.limits import Wait
 from falcon_ray.model import PERMANENT_SUBMIT_KINDS, JobView, Lease, PoolView, QueueTask
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import Effect, MoveLease, SubmitJob, Transition, UpdateTask
@@ -83,10 +84,10 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         text = d.msg("running", active=job.ready, expected=t.spec.shape.hosts)
         fields = {"job_uid": job.uid, "dispatched_at": d.now}  # the timeout clock starts now
         d.add(f"task {t.id}: running", Transition(t.id, (lc.WAITING_FOR_NODE,), lc.RUNNING, text, fields))
-    elif d.q.other_topology_waiting and d.phase_age_s(t) > d.s.node_pool_timeout_s:
+    elif d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, d.phase_age_s(t)):
         pool = d.v.pools.get(lease.name)
         detail = f"{pool.registered if pool else 0}/{t.spec.shape.hosts} node(s) registered and another topology is waiting"
-        text = d.msg("node_pool_timeout", limit=fmt_limit(d.s.node_pool_timeout_s), detail=detail)
+        text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.s) or 0), detail=detail)
         effects = [*d.delete_job(t), *d.delete_lease(lease, t.id)]
         d.add(f"task {t.id}: gave up on nodes", *effects, Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text))
     else:
@@ -101,8 +102,8 @@ def submit_refused(d: Decision, t: QueueTask) -> bool:
     age = d.phase_age_s(t)
     if err is not None and err.kind in PERMANENT_SUBMIT_KINDS:
         detail = err.message
-    elif err is not None and age > d.s.submit_budget_s:
-        detail = f"no Job accepted within {fmt_limit(d.s.submit_budget_s)}; last error: {err.message}"
+    elif err is not None and limits.passed(Wait.SUBMIT, d.s, age):
+        detail = f"no Job accepted within {fmt_limit(limits.seconds(Wait.SUBMIT, d.s) or 0)}; last error: {err.message}"
     else:
         if err is not None:
             d.say(t, d.msg("submit_retrying", detail=err.message, waited=fmt_duration(age)), "submit retrying")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import render
+from falcon_ray import limits, render
 from falcon_ray.lifecycle import Reason
 from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import dispatch
@@ -35,7 +35,9 @@ def abort(d: Decision, t: QueueTask) -> None:
 
 
 def timed_out(d: Decision, t: QueueTask) -> bool:
-    return t.dispatched_at is not None and d.now >= t.dispatched_at + dt.timedelta(seconds=t.spec.timeout_seconds)
+    """dispatched_at + the task's own timeout passed (``limits``: the wait for its pods, and its run)."""
+    limit = limits.seconds(limits.Wait.PODS, d.s, t.spec.timeout_seconds)
+    return t.dispatched_at is not None and limit is not None and d.now >= t.dispatched_at + dt.timedelta(seconds=limit)
 
 
 def ended(d: Decision, t: QueueTask) -> bool:

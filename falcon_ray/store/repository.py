@@ -656,6 +656,52 @@ class Store:
                         continue  # a status or reason Falcon does not know: not a phase of ours
         return out
 
+    def capacity_refused_since(self, task_ids: Iterable[int]) -> dict[int, dt.datetime]:
+        """When GKE first refused each task's node pool for capacity (its lease rows'
+        ``refused_at``, Deleted ones included); tasks never refused are absent."""
+        L = t.node_pool_leases
+        ids = sorted(set(task_ids))
+        out: dict[int, dt.datetime] = {}
+        with self.engine.connect() as c:
+            for i in range(0, len(ids), 500):
+                rows = c.execute(
+                    sa.select(L.c.task_id, sa.func.min(L.c.refused_at))
+                    .where(L.c.task_id.in_(ids[i : i + 500]), L.c.refused_at.is_not(None))
+                    .group_by(L.c.task_id)
+                ).all()
+                out.update({int(task_id): at for task_id, at in rows if at is not None})
+        return out
+
+    def queue_history(
+        self, cluster_id: str, topology: str, since: dt.datetime, limit: int
+    ) -> list[tuple[int, str, str, list[TaskEvent]]]:
+        """The queue's last ``limit`` tasks that reached Running at or after ``since``: (task
+        id, the supply mode of its pool, its spec text, its event log in order). Bounded:
+        a range of ``ix_events_at`` (Running events of the window), then the events of at
+        most ``limit`` tasks through ``ix_events_task``: two statements in all."""
+        e, j, L = t.task_events, t.jobs, t.node_pool_leases
+        started = (
+            sa.select(e.c.task_id, L.c.supply_mode, j.c.spec)
+            .select_from(
+                e.join(j, j.c.id == e.c.task_id).join(L, sa.and_(L.c.cluster_id == j.c.cluster_id, L.c.name == j.c.node_pool_name))
+            )
+            .where(e.c.status == Status.RUNNING.value, e.c.at >= since, j.c.cluster_id == cluster_id, L.c.topology == topology)
+            .order_by(e.c.at.desc())
+            .limit(limit * 2)
+        )
+        with self.engine.connect() as c:
+            seen: dict[int, tuple[str, str]] = {}
+            for task_id, mode, spec in c.execute(started).all():
+                if len(seen) < limit:
+                    seen.setdefault(int(task_id), (str(mode), spec or ""))
+            if not seen:
+                return []
+            rows = c.execute(e.select().where(e.c.task_id.in_(list(seen))).order_by(e.c.id)).all()
+        by_task: dict[int, list[TaskEvent]] = {}
+        for r in rows:
+            by_task.setdefault(int(r.task_id), []).append(_row(TaskEvent, r))
+        return [(tid, mode, spec, by_task.get(tid, [])) for tid, (mode, spec) in sorted(seen.items())]
+
     def events_since(self, since: dt.datetime) -> list[TaskEvent]:
         e = t.task_events
         with self.engine.connect() as c:

@@ -67,7 +67,11 @@ UNITS: dict[str, str] = {
     "registry_interval_s": "seconds",
     "health_port": "TCP port",
     "lang": "`en` or `zh`",
-    "stuck_after_s": "seconds per Reason",
+    "intake_limit_s": "seconds",
+    "waiting_limit_s": "seconds",
+    "reservation_wait_limit_s": "seconds (null: none)",
+    "waiting_for_node_limit_s": "seconds",
+    "aborting_limit_s": "seconds",
 }
 
 

@@ -3,8 +3,8 @@
 ``health.check`` must see the lease held and every actor answering, with each
 ClusterActor's last GKE / Kubernetes call and its Job watch recent; ``health.serve``
 must answer /healthz and /readyz with JSON, /readyz turning 503 once the lease is
-released; a live task whose row stopped changing is listed as stuck (a running one
-never is: its own timeout bounds it); and ``falcon-ray health --json`` run as its own
+released; a live task past the limit of its wait (counted from its event log) is listed
+as overdue (a running one never is: its own timeout bounds it); and ``falcon-ray health --json`` run as its own
 process against the same Ray and database agrees.
 """
 
@@ -31,7 +31,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun, demo_settings
 from tests.harness.e2e import make_fleet, spec
 
-STUCK_AFTER = {"Waiting": 600.0, "Provisioning": 600.0, "ClusterBusy": 600.0, "WaitingForNode": 600.0, "Dispatching": 600.0, "Aborting": 600.0, "": 300.0}
+LIMITS = {"waiting_limit_s": 600.0, "reservation_wait_limit_s": 86400.0}
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -56,7 +56,7 @@ def _get(url: str) -> tuple[int, dict]:
 def live(ray_session, tmp_path):
     """A controller with a running task, one holding the slot (ClusterBusy) and one waiting."""
     fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=11)
-    run = DemoRun(fleet, demo_settings(stuck_after_s=STUCK_AFTER), f"sqlite:///{tmp_path / 'falcon.db'}").start()
+    run = DemoRun(fleet, demo_settings(**LIMITS), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
         ids = {
             "running": run.submit("alice", spec("2x2", 300, supply_mode="reservation"), "hc-running"),
@@ -71,16 +71,17 @@ def live(ray_session, tmp_path):
 
 
 def _backdate(run: DemoRun, task_ids: list[int], seconds: float) -> None:
+    """Move the tasks' event log (when they entered each phase) back in time."""
     with run.store.engine.begin() as c:
         c.execute(
             sa.text(
-                "UPDATE jobs SET updated_at = :at WHERE id IN (" + ",".join(str(int(i)) for i in task_ids) + ")"
+                "UPDATE falcon_task_events SET at = :at WHERE task_id IN (" + ",".join(str(int(i)) for i in task_ids) + ")"
             ),
             {"at": run.store.clock().replace(microsecond=0) - dt.timedelta(seconds=seconds)},
         )
 
 
-def test_health_check_serve_stuck_tasks_and_readiness_after_the_lease_is_released(live):
+def test_health_check_serve_overdue_tasks_and_readiness_after_the_lease_is_released(live):
     run, ids = live
     sup = run.supervisor
 
@@ -94,18 +95,16 @@ def test_health_check_serve_stuck_tasks_and_readiness_after_the_lease_is_release
     assert edge["connected"] and not edge["connect_error"]
     assert 0 <= edge["last_gke_ok_age_s"] < 30 and 0 <= edge["last_kubernetes_ok_age_s"] < 30, edge
     assert edge["watch_age_s"] is not None and 0 <= edge["watch_age_s"] < 60, edge
-    assert report["stuck_tasks"] == []
+    assert report["overdue_tasks"] == []
     json.dumps(report)  # the probe's body
 
-    # a live task whose row stopped changing is stuck; a running one never is
-    for _ in range(5):  # the queue may touch the row between the UPDATE and the check: retry
-        _backdate(run, [ids["waiting"], ids["running"]], 7200)
-        stuck = {t["id"]: t for t in health.check(sup)["stuck_tasks"]}
-        if ids["waiting"] in stuck:
-            break
-    assert ids["waiting"] in stuck, stuck
-    assert stuck[ids["waiting"]]["reason"] == "Waiting" and stuck[ids["waiting"]]["unchanged_s"] > 7000
-    assert ids["running"] not in stuck
+    # a live task past the limit of its wait is overdue; a running one never is
+    _backdate(run, [ids["waiting"], ids["running"]], 7200)
+    overdue = {t["id"]: t for t in health.check(sup)["overdue_tasks"]}
+    assert ids["waiting"] in overdue, overdue
+    row = overdue[ids["waiting"]]
+    assert row["reason"] == "Waiting" and row["wait"] == "queue" and row["age_s"] > 7000 and row["limit_s"] == 600
+    assert ids["running"] not in overdue and ids["busy"] not in overdue
 
     port = _free_port()
     server = health.serve(sup, port=port, host="127.0.0.1")

@@ -279,3 +279,20 @@ def test_unreachable_cluster_is_reported_then_fails_the_task_with_node_pool_time
     assert run.store.leases(live_only=False) == []  # nothing was ever created
     run.store.set_cluster_status("ghost", "offline")
     assert_clean(run)
+
+
+def test_waiting_message_carries_a_start_estimate_once_the_queue_has_history(controller):
+    # a one-slice reservation: one task runs at a time and hands its pool to the next
+    run = controller(make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=5))
+    ids = [run.submit("alice", spec("2x2", 3, supply_mode="reservation", timeout_seconds=60), f"eta-{i}") for i in range(8)]
+    wait_for(run, ids[0], phase_is(lc.RUNNING), 60)
+    assert all("expected to start" not in run.store.get_task(t).message for t in ids[1:]), "no history yet: no estimate"
+    deadline, shown = time.monotonic() + 90, None
+    while shown is None and time.monotonic() < deadline:
+        shown = next((t for t in run.tasks() if t.phase == lc.WAITING and "expected to start in" in t.message), None)
+        time.sleep(0.2)
+    assert shown is not None, [(t.id, str(t.phase), t.message) for t in run.tasks()]
+    started = [t for t in ids if any(e.status == "Running" for e in run.store.events(t))]
+    assert len(started) >= 3, "an estimate needs three starts of the queue"
+    assert "Queue position #" in shown.message and "(waiting since" in shown.message, shown.message
+    assert_clean(run, timeout=120)

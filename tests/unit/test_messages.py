@@ -15,6 +15,7 @@ PLAUSIBLE = {
     "cluster": "tpuv7x-64-node",
     "clusters": "edge-a, edge-b",
     "detail": "quota 'TPUS_PER_PROJECT' exceeded",
+    "eta": "~25m",
     "expected": 2,
     "job": "falcon-task-42",
     "limit": "10m",

@@ -1,0 +1,86 @@
+"""``falcon-ray health``'s overdue tasks: every live task past its wait's limit
+(``falcon_ray.limits``), counted from the event log, on a QueueBench (SQLite, fake clock).
+
+The queue is stepped to put tasks in their phases, then left alone (as if its actor were
+down) while the clock moves: a report-only wait is listed as soon as it passes its limit,
+a wait the queue would end is listed only three ticks past it, a running task never."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from falcon_ray.health import overdue_tasks
+from falcon_ray.model import ClusterView, ReservationView
+from falcon_ray.store.migrate import upgrade
+from tests.component.test_queue import job, pool
+from tests.harness.fakes import QueueBench
+
+FULL = ReservationView(count=1, in_use=1)
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "q.db"
+    upgrade(f"sqlite:///{path}", with_jobs_table=True)
+    return path
+
+
+@pytest.fixture
+def bench(tmp_path, migrated) -> QueueBench:
+    shutil.copy(migrated, tmp_path / "q.db")
+    return QueueBench(
+        f"sqlite:///{tmp_path / 'q.db'}", migrate=False, waiting_limit_s=900, node_pool_timeout_s=600, queue_tick_s=1
+    )
+
+
+def _overdue(b: QueueBench) -> dict[int, dict]:
+    return {t["id"]: t for t in overdue_tasks(b.store, b.settings, now=b.clock())}
+
+
+def test_waiting_and_provisioning_tasks_are_listed_past_their_own_limits(bench):
+    first, second = bench.submit("alice"), bench.submit("bob")
+    bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0)))
+    assert bench.phase(first) == "Pending/Provisioning" and bench.phase(second) == "Pending/Waiting"
+    assert _overdue(bench) == {}
+
+    bench.clock.advance(601)  # past node_pool_timeout_s, inside the grace of 3 ticks
+    assert _overdue(bench) == {}
+    bench.clock.advance(3)
+    (row,) = _overdue(bench).values()
+    assert row["id"] == first and row["wait"] == "create" and row["action"] == "fail" and row["limit_s"] == 600
+    assert row["since"] == "2026-12-01T12:00:00" and row["age_s"] == 604
+
+    bench.clock.advance(300)  # the waiting one is past waiting_limit_s (report: no grace)
+    rows = _overdue(bench)
+    assert rows[second]["wait"] == "queue" and rows[second]["action"] == "report" and rows[second]["limit_s"] == 900
+
+
+def test_reservation_headroom_wait_is_listed_only_when_it_has_a_limit(bench):
+    running, busy = bench.submit("alice"), bench.submit("bob")
+    bench.step(ClusterView(reservation=ReservationView(count=1, in_use=0)))
+    bench.step(ClusterView(pools=pool(running), reservation=FULL))
+    bench.step(ClusterView(pools=pool(running), jobs=job(running, "Running"), reservation=FULL))
+    bench.step(ClusterView(pools=pool(running), jobs=job(running, "Running"), reservation=FULL))
+    assert bench.phase(running) == "Running" and bench.phase(busy) == "Pending/ClusterBusy"
+    bench.clock.advance(10 * 86400)
+    assert busy not in _overdue(bench) and running not in _overdue(bench)  # no limit by default; running: never
+
+    limited = bench.settings.model_copy(update={"reservation_wait_limit_s": 3600})
+    (row,) = overdue_tasks(bench.store, limited, now=bench.clock())
+    assert row["id"] == busy and row["wait"] == "reservation" and row["reason"] == "ClusterBusy"
+
+
+def test_the_clock_is_the_event_log_not_the_last_message_write(bench):
+    holder, waiting = bench.submit("alice"), bench.submit("bob")
+    bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0)))
+    bench.clock.advance(901)
+    bench.store.refresh_messages([(waiting, bench.task(waiting).phase, "a newer position text")])
+    assert bench.task(waiting).updated_at == bench.clock()  # the row was just written ...
+    assert _overdue(bench)[waiting]["age_s"] == 901  # ... and the wait still counts from its event
+
+    bench.store.request_abort(holder)
+    bench.clock.advance(601)
+    assert _overdue(bench)[holder]["wait"] == "abort" and _overdue(bench)[holder]["age_s"] == 601

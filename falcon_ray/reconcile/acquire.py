@@ -10,7 +10,8 @@ Dispatching. ``acquire(d, t)`` moves it one step:
 - no lease yet: the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
   made; otherwise the supply decision is made (reservation
-  headroom, or ClusterBusy; never a silent fallback), then the lease row with the
+  headroom, or ClusterBusy; never a silent fallback; a reservation of another machine
+  type, or another cluster that can start a ClusterBusy task now: ``move``), then the lease row with the
   pool's name is written before the create is asked for -- ``no_pool_yet``;
 - Requested / Creating: a refused create or a pool in ERROR fails it
   (NodePoolFailed); the control plane RUNNING with every node Ready makes it
@@ -32,7 +33,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import render, scheduling
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.model import Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
-from falcon_ray.reconcile import dispatch, finish
+from falcon_ray.reconcile import dispatch, finish, move
 from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -144,9 +145,13 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
             text = d.msg("reservation_unreadable", reservation=name, detail=err.message) + d.waited(t)
             d.say(t, text, "reservation unreadable")
         return False
+    if move.unfit(d, t):  # it holds another machine type: placed elsewhere, or failed
+        return False
     head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed)
     if head.enough:
         return True
+    if move.move(d, t):  # another cluster can start it now with the same supply
+        return False
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
     if t.phase == lc.CLUSTER_BUSY:
         text += d.waited(t)

@@ -135,6 +135,22 @@ def test_clusters_add_list_set_status(url):
     assert json.loads(ok("clusters", "set-status", "edge-1", "offline", "--json", db=url).stdout)["status"] == "offline"
 
 
+def test_clusters_list_shows_the_reservation_ledger_as_last_recorded(url):
+    ok("clusters", "add", "edge-a", "--project", "p", "--location", "us-east5-b", "--tpu-type", "v6e", "--reservation", "res-a", db=url)
+    ok("clusters", "add", "edge-b", "--project", "p", "--location", "us-central1-b", "--tpu-type", "v6e", db=url)
+    store = Store(url)
+    store.record_reservation(store.get_cluster("edge-a").id, "ct6e-standard-4t", 6, 2, 3)
+    table = ok("clusters", "list", db=url).stdout.splitlines()
+    head = table[0].split()
+    cells = dict(zip(head, table[1].split(), strict=False))
+    assert head[6:12] == ["RESERVATION", "HOLDS", "COUNT", "IN-USE", "CLAIMED", "FREE"]
+    assert [cells[k] for k in head[6:12]] == ["res-a", "ct6e-standard-4t", "6", "2", "3", "1"]
+    assert table[2].split()[6:12] == ["-"] * 6  # no reservation, nothing read
+    listed = {c["name"]: c for c in json.loads(ok("clusters", "list", "--json", db=url).stdout)}
+    assert (listed["edge-a"]["reservation_claimed"], listed["edge-a"]["reservation_free"]) == (3, 1)
+    assert listed["edge-b"]["reservation_free"] is None
+
+
 def test_clusters_refusals(url):
     base = ["--project", "p", "--location", "l", "--tpu-type", "v6e"]
     ok("clusters", "add", "edge-1", *base, db=url)

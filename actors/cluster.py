@@ -29,6 +29,10 @@ idempotent and may be retried.
   use or idle, counted for the hosts GKE does not count yet, i.e. their missing nodes)
   plus grants whose lease row is not written yet, so the ledger survives a restart and
   two queues never both take the last free slice.
+- The reservation's machine type (``specificReservation.instanceProperties.machineType``)
+  and the ledger's figures are written on the cluster row whenever they change (the
+  reservation is read right after connecting), so the poller places a task only where
+  the reservation can serve its shape and ``falcon-ray clusters list`` shows the ledger.
 - The orphan scan deletes a pool named ``falcon-...`` with the ``managed-by=falcon``
   label when no live lease manages it, no non-terminal task holds it, and it is
   older than the create-visibility grace; it also deletes Jobs whose task is over.
@@ -144,6 +148,7 @@ class ClusterGateway:
         self.reservation_error: ReservationError | None = None
         self.reservation_at = 0.0
         self.reservation_zone = ""  # where the reservation was found
+        self.ledger_recorded: tuple[Any, ...] | None = None  # the figures last written on the cluster row
         self.claim_lock = threading.Lock()
         self.grants: dict[str, tuple[int, float]] = {}  # pool -> (hosts, granted at): claims not yet in a lease row
         self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
@@ -235,6 +240,12 @@ class ClusterGateway:
                 label_selector=render.installation_selector(self.s.installation),
                 timeout_seconds=self.s.watch_timeout_s,
             )
+            try:  # the poller places by what the reservation holds: read it now, not at the first task
+                self._refresh_reservation()
+            except Fenced:
+                raise
+            except Exception as e:
+                log.warning("cluster %s: first reservation read failed: %s", self.name, e)
         self.watch_delay = self.watcher.step(self._on_job, self._on_resync, stopping=self.stop.is_set)
 
     # ---- Job watch -----------------------------------------------------------------
@@ -387,8 +398,9 @@ class ClusterGateway:
                 return
             self.last_ok["compute"] = time.time()
             self.reservation_error = None
-            self.reservation, self.reservation_zone = ReservationView(r.count, r.in_use), zone
+            self.reservation, self.reservation_zone = ReservationView(r.count, r.in_use, machine_type=r.machine_type), zone
             metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
+            self._record_ledger()
             return
         tried = ", ".join(zones) or "none known"
         message = f"reservation {name} not found in the zone(s) of cluster {c.name}: {tried}"
@@ -443,11 +455,36 @@ class ClusterGateway:
         r = self.reservation_view()
         if r is None:
             return None
-        return {"count": r.count, "in_use": r.in_use, "claimed": r.claimed, "free": r.free, "zone": self.reservation_zone}
+        return {
+            "count": r.count,
+            "in_use": r.in_use,
+            "claimed": r.claimed,
+            "free": r.free,
+            "zone": self.reservation_zone,
+            "machine_type": r.machine_type,
+        }
 
     def reservation_view(self) -> ReservationView | None:
         r = self.reservation
-        return None if r is None else ReservationView(r.count, r.in_use, self._claimed())
+        return None if r is None else ReservationView(r.count, r.in_use, self._claimed(), r.machine_type)
+
+    def _record_ledger(self) -> None:
+        """Write the reservation's machine type and the ledger on the cluster row when a
+        figure changed: the poller places by the machine type (durably, whichever process
+        reads it), ``falcon-ray clusters list`` shows the ledger without Ray."""
+        r = self.reservation_view()
+        if r is None:
+            return
+        figures = (r.machine_type, r.count, r.in_use, r.claimed)
+        if figures == self.ledger_recorded:
+            return
+        try:
+            self.store.record_reservation(self.cluster.id, *figures)
+            self.ledger_recorded = figures
+        except Fenced:
+            raise
+        except Exception as e:  # the next reading writes it again
+            log.warning("cluster %s: recording the reservation ledger failed: %s", self.name, e)
 
     def observe(self, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
         """What a QueueActor needs for one decision: its pools, their operations, its Jobs."""
@@ -642,6 +679,7 @@ class ClusterGateway:
         r = self.reservation
         if r is not None:
             metrics.reservation_headroom(self.name, self.cluster.default_reservation, r.count - r.in_use)
+            self._record_ledger()  # the claims change without a new reading
 
     def _orphan_pools(self) -> list[str]:
         """Falcon pools of this installation that no live lease manages and no live task holds."""

@@ -9,8 +9,11 @@ live rows -- unassigned Pending tasks and Aborting tasks, through the
 
 For each new task: validate the spec (InvalidSpec), find the clusters of its TPU
 type (UnsupportedTPUType when none is registered; stays Pending with a message
-when all are in maintenance or offline; NoCandidateCluster when none can take it,
-e.g. no reservation), rank them with ``scheduling.place`` and record the choice
+when all are in maintenance or offline; NoCandidateCluster, naming what each active
+cluster offers, when none can serve the task: no reservation for a reservation task,
+a reservation of another machine type, a topology not in the catalogue), rank them
+with ``scheduling.place`` (an idle pool counts only when no older task of its queue
+claims it) and record the choice
 with a compare-and-set (Pending -> Pending/Waiting with the cluster). Then hint the
 QueueActor through the port, creating it if needed (once per queue per poll). A lost compare-and-set (the upper layer aborted
 meanwhile) is simply re-read next poll. The poller never talks to GCP or
@@ -30,7 +33,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Reason
-from falcon_ray.spec import SpecError, parse_spec
+from falcon_ray.spec import SpecError, SupplyMode, parse_spec
 from falcon_ray.store import Fenced, Store
 
 log = logging.getLogger("falcon.poller")
@@ -102,12 +105,16 @@ class IntakePoller:
             wake.add((target.name, topology))
 
     def _fleet_load(self, clusters) -> scheduling.FleetLoad:
+        """Queue depth per cluster; ready idle pools per (cluster, topology), and the tasks
+        of those queues that would take them first (read only where a pool is idle)."""
         depth = self.store.pending_depth()
-        idle: dict[str, set[str]] = {}
+        idle: dict[tuple[str, str], int] = {}
         for lease in self.store.leases():
-            if lease.state == LeaseState.IDLE:
-                idle.setdefault(lease.cluster_id, set()).add(lease.topology)
-        return scheduling.FleetLoad(depth, {k: frozenset(v) for k, v in idle.items()})
+            if lease.state == LeaseState.IDLE and lease.ready_at is not None:
+                key = (lease.cluster_id, lease.topology)
+                idle[key] = idle.get(key, 0) + 1
+        claimants = self.store.queue_claimants({cid for cid, _ in idle}) if idle else {}
+        return scheduling.FleetLoad(depth, idle, claimants)
 
     def _intake(self, task, clusters, load: scheduling.FleetLoad, wake: set[tuple[str, str]]) -> str:
         try:
@@ -119,8 +126,7 @@ class IntakePoller:
             text = self.msg("unsupported_tpu_type", tpu_type=spec.tpu_type, offered=placement.detail)
             return self._fail(task, Reason.UNSUPPORTED_TPU_TYPE, text)
         if placement.verdict == "no_candidate":
-            text = self.msg("no_candidate_cluster", tpu_type=spec.tpu_type, detail=placement.detail)
-            return self._fail(task, Reason.NO_CANDIDATE_CLUSTER, text)
+            return self._fail(task, Reason.NO_CANDIDATE_CLUSTER, self._no_candidate_text(spec, placement.offers))
         if placement.verdict == "only_inactive":
             text = self.msg("only_inactive_clusters", tpu_type=spec.tpu_type, clusters=placement.detail)
             if text != task.message:
@@ -129,8 +135,29 @@ class IntakePoller:
         target = placement.clusters[0]
         # written with the poll's other assignments in one transaction (_flush_assignments)
         self._assign.append((task, target, spec.topology))
-        load.queue_depth[target.id] = load.queue_depth.get(target.id, 0) + 1
+        load.assigned(target.id, spec.topology)
         return "assigned"
+
+    def _no_candidate_text(self, spec, offers) -> str:
+        """NoCandidateCluster, naming what each active cluster of the type offers."""
+        parts = []
+        for o in offers:
+            if o.unfit == scheduling.Unfit.NO_RESERVATION:
+                parts.append(self.msg("offer_no_reservation", cluster=o.cluster))
+            elif o.mode == SupplyMode.RESERVATION:
+                tops = ", ".join(o.topologies) or "-"
+                parts.append(self.msg("offer_reservation", cluster=o.cluster, reservation=o.reservation, machine_type=o.machine_type, topologies=tops))
+            else:
+                parts.append(self.msg("offer_supply", cluster=o.cluster, supply=o.mode.value, tpu_type=o.tpu_type))
+        shape = spec.shape
+        return self.msg(
+            "no_candidate_cluster",
+            tpu_type=spec.tpu_type,
+            topology=spec.topology,
+            machine_type=shape.machine_type,
+            supply=spec.supply_mode.value if spec.supply_mode else "default",
+            detail="; ".join(parts),
+        )
 
     def _fail(self, task, reason: Reason, message: str) -> str:
         to = lc.failed(reason)

@@ -40,7 +40,9 @@ from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Status
 from falcon_ray.model import (
     PERMANENT_SUBMIT_KINDS,
+    Cluster,
     ClusterView,
+    Destination,
     ErrorKind,
     QueueHistory,
     QueueState,
@@ -57,6 +59,7 @@ from falcon_ray.reconcile import (
     EnsurePool,
     MarkReady,
     MoveLease,
+    MoveTask,
     RecordOperation,
     RefreshMessages,
     SetLastGranted,
@@ -72,6 +75,7 @@ from falcon_ray.store import Fenced, Store, utcnow
 log = logging.getLogger("falcon.queue")
 IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
 MAX_ROUNDS = 8
+DESTINATIONS_TTL_S = 1.0  # another cluster's state is read at most this often for a move
 IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
 HISTORY_WINDOW_S = 86400.0  # starts older than this are not read back after a restart
 
@@ -103,6 +107,7 @@ class QueueReconciler:
         self.idle_accounted_at = time.monotonic()
         self.history: list[StartSample] | None = None  # None: not read yet
         self.started: set[int] = set()  # reached Running since the history was brought up to date
+        self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -221,6 +226,7 @@ class QueueReconciler:
             terminal_messages=self._terminal_messages(leases, {t.id for t in tasks}),
             refused=refused,
             history=history,
+            destinations=self._destinations(cluster, clusters, tasks),
         )
         want_reservation = bool(cluster.default_reservation) and any(
             t.phase in lc.ACQUIRING_PHASES or t.phase == lc.WAITING for t in tasks
@@ -257,6 +263,40 @@ class QueueReconciler:
         except ValueError:
             return None
         return eta.sample_from_events(tid, events, supply, spec.timeout_seconds)
+    def _destinations(self, cluster: Cluster, clusters: list[Cluster], tasks: tuple[QueueTask, ...]) -> tuple[Destination, ...]:
+        """Where a ClusterBusy task of this queue could move: the other active clusters of
+        the TPU type, each with its ready idle pools of this topology, its queue's waiting
+        and slot-holding tasks, and its reservation as its ClusterActor's ledger says. Read
+        only while a task is ClusterBusy, at most once a second."""
+        if not any(t.phase == lc.CLUSTER_BUSY for t in tasks):
+            return ()
+        others = [c for c in clusters if c.name != cluster.name and c.active and c.tpu_type == cluster.tpu_type]
+        if not others:
+            return ()
+        now = time.monotonic()
+        if now - self.destinations_at[0] < DESTINATIONS_TTL_S:
+            return self.destinations_at[1]
+        slot = (lc.Reason.WAITING, *(p.reason for p in lc.ACQUIRING_PHASES))
+        claimants = self.store.queue_claimants([c.id for c in others], slot)
+        out = []
+        for c in others:
+            idle = tuple(
+                l.supply_mode
+                for l in self.store.leases(c.id)
+                if l.topology == self.topology and l.state == LeaseState.IDLE and l.ready_at is not None
+            )
+            free, machine = None, ""
+            if c.default_reservation:
+                try:
+                    r = self.port.observe(c.name, render.queue_label(c.name, self.topology), [], True).reservation
+                except Exception as e:  # its ClusterActor does not answer: no headroom known there
+                    log.info("queue %s: reservation of %s not known: %s", self.label, c.name, e)
+                    r = None
+                if r is not None:
+                    free, machine = r.free, r.machine_type
+            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine))
+        self.destinations_at = (now, tuple(out))
+        return self.destinations_at[1]
 
     def _forget_ended(self, live_anywhere: set[int], mine: set[int]) -> None:
         for tid in [tid for tid in self.specs if tid not in live_anywhere]:
@@ -366,9 +406,26 @@ class QueueReconciler:
                 self.port.delete_job(c, e.namespace, e.name)
                 return True, False
             case Unassign():
-                won = st.unassign(e.task_id, e.message)
+                won = st.unassign(e.task_id, e.message, e.expect)
                 return won, won
+            case MoveTask():
+                return self._move(e)
         raise TypeError(f"unknown effect {e!r}")
+
+    def _move(self, e: MoveTask) -> tuple[bool, bool]:
+        """The compare-and-set that moves a ClusterBusy task to another cluster's queue, then
+        both wake-ups. A crash after the write leaves a Waiting task there that its queue's
+        periodic re-read finds; a lost write (aborted, moved meanwhile) changes nothing."""
+        won = self.store.move_task(e.task_id, e.from_cluster_id, e.to_cluster_id, e.message)
+        if won:
+            log.info(
+                "task %s: %s -> %s/%s on %s: %s", e.task_id, lc.CLUSTER_BUSY, lc.WAITING, e.topology, e.to_cluster, e.message,
+                extra={"falcon_task_id": e.task_id, "cluster": e.to_cluster, "topology": e.topology},
+            )
+            metrics.task_transition(e.to_cluster, e.topology, lc.WAITING)
+            self.port.hint(e.to_cluster, e.topology)
+            self.port.hint(self.cluster_name, self.topology, create=False)
+        return won, won
 
     def _submit(self, e: SubmitJob) -> tuple[bool, bool]:
         try:

@@ -240,6 +240,24 @@ CLUSTER_COLUMNS = [
 ]
 
 
+# the reservation ledger as the ClusterActor last wrote it on the cluster row
+LEDGER_COLUMNS = [
+    ("reservation_machine_type", "HOLDS"),
+    ("reservation_count", "COUNT"),
+    ("reservation_in_use", "IN-USE"),
+    ("reservation_claimed", "CLAIMED"),
+    ("reservation_free", "FREE"),
+]
+LIST_COLUMNS = [*CLUSTER_COLUMNS[:7], *LEDGER_COLUMNS, *CLUSTER_COLUMNS[7:]]
+
+
+def _with_ledger(row: dict[str, Any]) -> dict[str, Any]:
+    """A cluster row with ``reservation_free``: count - in use - claimed by Falcon (None until read)."""
+    count, used, claimed = row.get("reservation_count"), row.get("reservation_in_use"), row.get("reservation_claimed")
+    free = None if count is None else max(0, count - (used or 0) - (claimed or 0))
+    return {**row, "reservation_free": free}
+
+
 @main.group()
 def clusters() -> None:
     """The edge-cluster registry."""
@@ -309,13 +327,15 @@ def clusters_add(
 @db_option
 @json_option
 def clusters_list(db_url: str, as_json: bool) -> None:
-    """List the registered clusters."""
+    """List the registered clusters, with each reservation's ledger: the machine type it
+    holds, count, in use (GKE), claimed by Falcon's pools (not yet in use), free. The
+    figures are the ClusterActor's last reading ("-": not read yet)."""
     with open_store(db_url, need_jobs=False) as store:
-        rows = [c.to_dict() for c in store.list_clusters()]
+        rows = [_with_ledger(c.to_dict()) for c in store.list_clusters()]
     if as_json:
         echo_json(rows)
     elif rows:
-        click.echo(render_table(rows, CLUSTER_COLUMNS))
+        click.echo(render_table(rows, LIST_COLUMNS))
     else:
         click.echo("no clusters registered (falcon-ray clusters add ...)")
 

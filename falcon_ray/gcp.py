@@ -107,6 +107,7 @@ class ReservationInfo:
     count: int  # VMs reserved
     in_use: int  # VMs currently consuming it
     status: str  # CREATING, READY, UPDATING, DELETING
+    machine_type: str = ""  # specificReservation.instanceProperties.machineType: the VMs it holds
 
     @property
     def available(self) -> int:
@@ -348,6 +349,7 @@ class ComputeApi(_RestApi):
             count=int(specific.count),
             in_use=int(specific.in_use_count),
             status=res.status,
+            machine_type=specific.instance_properties.machine_type or "",
         )
 
     def close(self) -> None:

@@ -160,14 +160,30 @@ def pool_counts(store: Store) -> list[dict[str, Any]]:
     return [counts[k] for k in sorted(counts)]
 
 
+def _recorded_ledger(c) -> dict[str, Any]:
+    """The ledger the ClusterActor last wrote on the cluster row (when its actor does not answer)."""
+    if c.reservation_count is None:
+        return {}
+    used, claimed = c.reservation_in_use or 0, c.reservation_claimed or 0
+    return {
+        "count": c.reservation_count,
+        "in_use": used,
+        "claimed": claimed,
+        "free": max(0, c.reservation_count - used - claimed),
+        "machine_type": c.reservation_machine_type,
+    }
+
+
 def fleet(store: Store, namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
-    """One row per registered cluster: registry status, connection, reservation use, pools."""
+    """One row per registered cluster: registry status, connection, the reservation's ledger
+    (machine type, count, in use, claimed by Falcon, free: live from its ClusterActor, else
+    as last recorded on the cluster row), pools."""
     snaps = {s.get("cluster") or s.get("actor", "").removeprefix("cluster/"): s for s in clusters(namespace, timeout)}
     live = pools(store)
     out = []
     for c in store.list_clusters():
         snap = snaps.get(c.name, {})
-        res = snap.get("reservation") or {}
+        res = snap.get("reservation") or _recorded_ledger(c)
         mine = [p for p in live if p["cluster"] == c.name]
         out.append(
             {
@@ -177,6 +193,7 @@ def fleet(store: Store, namespace: str = "falcon", timeout: float = 10.0) -> lis
                 "connected": snap.get("connected"),
                 "error": snap.get("error") or snap.get("connect_error") or "",
                 "reservation": c.default_reservation or None,
+                "reservation_machine_type": res.get("machine_type") or c.reservation_machine_type or None,
                 "reservation_count": res.get("count"),
                 "reservation_in_use": res.get("in_use"),
                 "reservation_claimed": res.get("claimed"),  # by Falcon's pools, not yet counted by GKE

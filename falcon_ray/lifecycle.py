@@ -118,11 +118,21 @@ def _edges() -> dict[tuple[Phase, Phase], str]:
     add(NEW, failed(Reason.UNSUPPORTED_TPU_TYPE), f"{POLLER}: no registered cluster offers the TPU type")
     add(NEW, failed(Reason.NO_CANDIDATE_CLUSTER), f"{POLLER}: no cluster can take the task (e.g. no reservation)")
     add(WAITING, NEW, f"{QUEUE}: its cluster left service; the poller ranks the task again")
+    add(
+        (PROVISIONING, CLUSTER_BUSY),
+        NEW,
+        f"{QUEUE}: its cluster's reservation holds another machine type; the poller ranks the task again",
+    )
     # acquisition (one task per queue at a time)
     add(WAITING, PROVISIONING, f"{QUEUE}: picked for the slot")
     add((PROVISIONING, CLUSTER_BUSY), CLUSTER_BUSY, f"{QUEUE}: reservation headroom short, or GKE refused the create for capacity (stockout); wait, no fallback")
     add(WAITING_FOR_NODE, CLUSTER_BUSY, f"{QUEUE}: the pool failed for capacity before its nodes came (stockout); its Job and pool deleted, wait")
     add(CLUSTER_BUSY, PROVISIONING, f"{QUEUE}: reservation headroom back, or the capacity backoff passed; creating")
+    add(
+        CLUSTER_BUSY,
+        WAITING,
+        f"{QUEUE}: another active cluster of its TPU type can start it now with the same supply; moved to that queue",
+    )
     add((PROVISIONING, CLUSTER_BUSY), WAITING_FOR_NODE, f"{QUEUE}: pool control plane RUNNING, nodes registering")
     add((PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE), DISPATCHING, f"{QUEUE}: pool ready (or an idle one reused)")
     add(WAITING, DISPATCHING, f"{QUEUE}: picked and an idle same-topology pool is ready")

@@ -21,6 +21,18 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "No active cluster offers TPU type {tpu_type} (clusters {clusters} are in maintenance or offline); waiting for one to return...",
         "没有 active 集群提供 TPU 类型 {tpu_type}(集群 {clusters} 处于 maintenance/offline),等待集群恢复...",
     ),
+    "requeued_unfit": (
+        "Reservation {reservation} of cluster {cluster} holds {held}, not {machine_type}; choosing another cluster...",
+        "集群 {cluster} 的 reservation {reservation} 只有 {held},没有 {machine_type},正在重新选择集群...",
+    ),
+    "moved_to_idle": (
+        "Moved from {origin} (reservation {reservation} busy) to {cluster}, which has an idle {topology} node pool; next to acquire resources there",
+        "已从 {origin} (reservation {reservation} 容量不足) 转到有空闲 {topology} node pool 的 {cluster},下一个在该集群获取资源",
+    ),
+    "moved_to_reservation": (
+        "Moved from {origin} (reservation {reservation} busy) to {cluster}, whose reservation {target_reservation} has room now; next to acquire resources there",
+        "已从 {origin} (reservation {reservation} 容量不足) 转到 reservation {target_reservation} 有空余容量的 {cluster},下一个在该集群获取资源",
+    ),
     "requeued": (
         "Cluster {cluster} left service ({status}); choosing another cluster...",
         "集群 {cluster} 已停止服务 ({status}),正在重新选择集群...",
@@ -116,8 +128,20 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "没有已注册集群提供 TPU 类型 {tpu_type} (已有: {offered})",
     ),
     "no_candidate_cluster": (
-        "No active {tpu_type} cluster can take this task: {detail}",
-        "没有可接收该任务的 active {tpu_type} 集群: {detail}",
+        "No active {tpu_type} cluster can serve a {topology} slice ({machine_type}, supply: {supply}): {detail}",
+        "没有 active {tpu_type} 集群能提供 {topology} slice ({machine_type}, supply: {supply}): {detail}",
+    ),
+    "offer_reservation": (
+        "{cluster}: reservation {reservation} holds {machine_type} ({topologies})",
+        "{cluster}: reservation {reservation} 只有 {machine_type} ({topologies})",
+    ),
+    "offer_no_reservation": (
+        "{cluster}: no reservation",
+        "{cluster}: 未配置 reservation",
+    ),
+    "offer_supply": (
+        "{cluster}: {supply} {tpu_type}, any topology",
+        "{cluster}: {supply} {tpu_type},任意拓扑",
     ),
     "node_pool_timeout": (
         "Node pool creation timed out ({limit}): {detail}",

@@ -6,7 +6,8 @@ Everything that crosses from the database or from an edge cluster into a decisio
 one of these types. The store maps its rows to ``Cluster``, ``Task``, ``Lease`` and
 ``TaskEvent``; the ClusterActor maps what GKE and Kubernetes answer to ``PoolView``,
 ``OpView``, ``JobView`` and ``ReservationView``; the QueueActor assembles a
-``QueueState`` and a ``ClusterView`` and hands both to ``reconcile.decide``. States
+``QueueState`` (with ``Destination`` rows for a task that could move) and a
+``ClusterView`` and hands both to ``reconcile.decide``. States
 and kinds are enums (``ClusterStatus``, ``LeaseState``, ``OpKind``, ``OpState``,
 ``JobPhase``, ``PoolStatus``, ``ErrorKind``), never strings: a ``StrEnum`` still
 compares equal to its stored text, so rows and JSON read the same as before.
@@ -136,6 +137,13 @@ class Cluster:
     created_at: dt.datetime
     updated_at: dt.datetime
     zone: str = ""  # the operator's zone for pools without a reservation (regional clusters)
+    # what the ClusterActor last read of the reservation: the machine type it holds ("" not
+    # read yet) and its ledger (count, in use, claimed by Falcon; None until read)
+    reservation_machine_type: str = ""
+    reservation_count: int | None = None
+    reservation_in_use: int | None = None
+    reservation_claimed: int | None = None
+    reservation_seen_at: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", ClusterStatus(self.status))
@@ -301,6 +309,7 @@ class ReservationView:
     count: int
     in_use: int
     claimed: int = 0
+    machine_type: str = ""  # specificReservation.instanceProperties.machineType ("" unknown)
 
     @property
     def free(self) -> int:
@@ -335,6 +344,18 @@ class ClusterView:
     error: str = ""  # why the ClusterActor cannot reach GKE, if it cannot
     zones: tuple[str, ...] = ()  # the cluster's node zones (Cluster.locations), once connected
     reservation_zone: str = ""  # the zone the reservation was found in
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Another active cluster of the TPU type, as a queue with a ClusterBusy task sees it
+    for its topology (``scheduling.move_target`` decides whether the task moves there)."""
+
+    cluster: Cluster
+    idle_pools: tuple[SupplyMode, ...] = ()  # the supply modes of its ready idle pools
+    claimants: int = 0  # tasks of that queue waiting or holding its slot
+    free_hosts: int | None = None  # reservation hosts free by its ledger (None: not read)
+    machine_type: str = ""  # what its reservation holds, as just read ("" unknown)
 
 
 # --- what the database says about one queue -------------------------------------------------
@@ -415,6 +436,8 @@ class QueueState:
     # the durable record of each task's capacity wait (how many refusals, since when)
     refused: tuple[Lease, ...] = ()
     history: QueueHistory = field(default_factory=QueueHistory)  # for the start estimates
+    # other clusters a ClusterBusy task could move to (read only while a task is ClusterBusy)
+    destinations: tuple[Destination, ...] = ()
 
     @property
     def cluster_active(self) -> bool:

@@ -24,7 +24,9 @@ The rules, in the order ``decide`` applies them (original design, sections 4-9):
    poller when another cluster of the TPU type is active (``pick.rerank``).
 4. The acquisition slot: the one task that is Provisioning, ClusterBusy,
    WaitingForNode or Dispatching moves one step, decided by its lease's state
-   (``acquire.acquire``; Dispatching ends in ``dispatch.dispatching``).
+   (``acquire.acquire``; Dispatching ends in ``dispatch.dispatching``). A reservation
+   of another machine type sends it back to the poller; a ClusterBusy task moves to
+   another cluster that can start it now with the same supply (``move``).
 5. The pick: a free slot goes to the next Waiting task by the pick rule; an idle
    pool of the topology goes straight to it (``pick.pick``).
 6. Pools nobody needs: orphaned leases, idle pools nobody waits for, pools of a
@@ -56,6 +58,7 @@ from falcon_ray.reconcile.effects import (
     EnsurePool,
     MarkReady,
     MoveLease,
+    MoveTask,
     RecordOperation,
     RefreshMessages,
     SetLastGranted,
@@ -94,6 +97,7 @@ __all__ = [
     "EnsurePool",
     "MarkReady",
     "MoveLease",
+    "MoveTask",
     "RecordOperation",
     "RefreshMessages",
     "SetLastGranted",

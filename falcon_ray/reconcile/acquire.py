@@ -11,9 +11,10 @@ Dispatching. ``acquire(d, t)`` moves it one step:
   task started is waited for (it is handed over once ready) rather than a second pool
   made; before all that, a task that GKE refused for capacity waits out its backoff
   (``capacity.backing_off``); otherwise the supply decision is made (reservation
-  headroom, or ClusterBusy; never a silent fallback), then the lease row with the
-  pool's name (of the next attempt after refusals) is written before the create is
-  asked for -- ``no_pool_yet``;
+  headroom, or ClusterBusy; never a silent fallback; a reservation of another machine
+  type, or another cluster that can start a ClusterBusy task now: ``move``), then the
+  lease row with the pool's name (of the next attempt after refusals) is written before
+  the create is asked for -- ``no_pool_yet``;
 - Requested / Creating: a create refused for capacity, or a pool in ERROR for it, is a
   wait (ClusterBusy, ``capacity.refused``); any other refused create or pool in ERROR
   fails it (NodePoolFailed); the control plane RUNNING with every node Ready makes it
@@ -38,7 +39,7 @@ from falcon_ray import limits, render, scheduling
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.limits import Wait
 from falcon_ray.model import CAPACITY_KINDS, Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
-from falcon_ray.reconcile import capacity, dispatch, finish
+from falcon_ray.reconcile import capacity, dispatch, finish, move
 from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -118,6 +119,8 @@ def pool_ready(d: Decision, t: QueueTask, lease: Lease) -> None:
 
 
 def no_pool_yet(d: Decision, t: QueueTask) -> None:
+    if capacity.wait_of(d, t) is not None and move.move(d, t):  # refused here, startable elsewhere now
+        return
     if capacity.backing_off(d, t):  # first: a backoff needs nothing from GKE
         return
     if d.v.error:
@@ -161,9 +164,13 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
             text = d.msg("reservation_unreadable", reservation=name, detail=err.message) + d.waited(t)
             d.say(t, text, "reservation unreadable")
         return False
+    if move.unfit(d, t):  # it holds another machine type: placed elsewhere, or failed
+        return False
     head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed)
     if head.enough:
         return True
+    if move.move(d, t):  # another cluster can start it now with the same supply
+        return False
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
     if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.s, d.phase_age_s(t)):
         limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.s) or 0)

@@ -5,7 +5,8 @@ Contract
 An effect names one idempotent step: a compare-and-set write (``Transition``,
 ``UpdateTask``, ``RefreshMessages``, ``MoveLease``, ``SetLastGranted``,
 ``CreateLease``, ``RecordOperation``, ``Unassign``) or a call to the edge cluster
-(``EnsurePool``, ``DeletePool``, ``SubmitJob``, ``DeleteJob``). An ``EffectGroup``
+(``EnsurePool``, ``DeletePool``, ``SubmitJob``, ``DeleteJob``); ``MoveTask`` is both
+(a compare-and-set, then the two queues' wake-ups). An ``EffectGroup``
 is carried out in order and stops at its first failed or lost step; the next tick
 decides again from what is observed then, so a group cut short by a crash is simply
 decided again.
@@ -120,11 +121,25 @@ class DeleteJob:
 class Unassign:
     task_id: int
     message: str
+    expect: Phase = lc.WAITING
+
+
+@dataclass(frozen=True)
+class MoveTask:
+    """ClusterBusy here -> Waiting on another cluster's queue (a compare-and-set on the
+    phase and the cluster); both queues are woken."""
+
+    task_id: int
+    from_cluster_id: str
+    to_cluster_id: str
+    to_cluster: str
+    topology: str
+    message: str
 
 
 Effect = (
     Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | ClaimReservation | RecordOperation | MarkReady | EnsurePool
-    | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign
+    | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign | MoveTask
 )
 
 

@@ -308,6 +308,22 @@ class Store:
             )
         return res.rowcount == 1
 
+    def record_reservation(
+        self, cluster_id: str, machine_type: str, count: int | None, in_use: int | None, claimed: int | None
+    ) -> bool:
+        """The ClusterActor's last reading of its reservation: the machine type it holds and
+        the ledger. Written only when a figure changed (``reservation_seen_at`` says when);
+        the operator's ``updated_at`` is left alone. Fenced like every controller write."""
+        c_ = t.clusters.c
+        values = dict(
+            reservation_machine_type=machine_type or "", reservation_count=count, reservation_in_use=in_use, reservation_claimed=claimed
+        )
+        changed = sa.or_(*(sa.not_(getattr(c_, k).is_not_distinct_from(v)) for k, v in values.items()))
+        stmt = t.clusters.update().where(c_.id == cluster_id, changed).values(**values, reservation_seen_at=self.clock())
+        with self.engine.begin() as c:
+            res = self._write(c, stmt)
+        return res.rowcount == 1
+
     def set_cluster_status(self, name: str, status: str) -> bool:
         if status not in CLUSTER_STATUSES:
             raise ValueError(f"status must be one of {', '.join(CLUSTER_STATUSES)}, got {status!r}")
@@ -627,9 +643,63 @@ class Store:
 
     MESSAGE_CHUNK = 500  # rows per UPDATE: the CASE is evaluated per row, so it stays short
 
-    def unassign(self, task_id: int, message: str) -> bool:
-        """Waiting -> Pending with no cluster (the cluster left service): the poller ranks it again."""
-        return self.transition(task_id, lc.WAITING, lc.NEW, message, cluster_id=None)
+    def unassign(self, task_id: int, message: str, expect: Phase = lc.WAITING) -> bool:
+        """Back to Pending with no cluster (the cluster left service, or its reservation
+        cannot serve the task's shape): the poller ranks it again."""
+        return self.transition(task_id, expect, lc.NEW, message, cluster_id=None)
+
+    def move_task(self, task_id: int, from_cluster_id: str, to_cluster_id: str, message: str) -> bool:
+        """ClusterBusy on one cluster -> Waiting on another: one compare-and-set on the
+        phase and the cluster (and no pool named), with its event row in the same
+        transaction. A lost one (aborted, moved or provisioning meanwhile) changes nothing."""
+        if not lc.allowed(lc.CLUSTER_BUSY, lc.WAITING):
+            raise IllegalTransition(f"{lc.CLUSTER_BUSY} -> {lc.WAITING} is not in the lifecycle table")
+        j, now = t.jobs, self.clock()
+        stmt = (
+            j.update()
+            .where(j.c.id == task_id, j.c.cluster_id == from_cluster_id, self._phase_predicate([lc.CLUSTER_BUSY]))
+            .values(
+                status=lc.WAITING.status.value,
+                reason=lc.WAITING.reason.value,
+                message=_clip(message),
+                cluster_id=to_cluster_id,
+                node_pool_name=None,
+                updated_at=now,
+            )
+        )
+        with self.engine.begin() as c:
+            won = self._write(c, stmt).rowcount == 1
+            if won:
+                c.execute(
+                    t.task_events.insert().values(
+                        task_id=task_id, at=now, status=lc.WAITING.status.value, reason=lc.WAITING.reason.value, message=_clip(message)
+                    )
+                )
+        return won
+
+    def queue_claimants(
+        self, cluster_ids: Iterable[str], reasons: Sequence[Reason] = (Reason.WAITING, Reason.PROVISIONING, Reason.CLUSTER_BUSY)
+    ) -> dict[tuple[str, str], int]:
+        """Per (cluster id, topology): the Pending tasks in ``reasons``; by default those
+        that would take an idle pool of that queue before a newcomer. Reads the spec of
+        those tasks only, so callers ask only for clusters where it matters."""
+        ids = list(cluster_ids)
+        if not ids:
+            return {}
+        j = t.jobs
+        reasons = [r.value for r in reasons]
+        q = sa.select(j.c.cluster_id, j.c.spec).where(
+            j.c.status == Status.PENDING.value, j.c.reason.in_(reasons), j.c.cluster_id.in_(ids)
+        )
+        out: dict[tuple[str, str], int] = {}
+        with self.engine.connect() as c:
+            for cid, text in c.execute(q).all():
+                try:
+                    topology = str(json.loads(text).get("topology", ""))
+                except (ValueError, AttributeError):
+                    continue
+                out[(cid, topology)] = out.get((cid, topology), 0) + 1
+        return out
 
     def events(self, task_id: int) -> list[TaskEvent]:
         e = t.task_events

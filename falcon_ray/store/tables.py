@@ -61,6 +61,19 @@ clusters = sa.Table(
         server_default="",
         comment="zone for pools without a reservation (regional clusters); empty: the cluster's zone or first node location",
     ),
+    sa.Column(
+        "reservation_machine_type",
+        sa.String(64),
+        nullable=False,
+        server_default="",
+        comment="machine type the reservation holds, as Compute reported it; empty: not read yet",
+    ),
+    sa.Column("reservation_count", sa.Integer, nullable=True, comment="reservation size in VMs, last read"),
+    sa.Column("reservation_in_use", sa.Integer, nullable=True, comment="VMs GKE counts in use, last read"),
+    sa.Column(
+        "reservation_claimed", sa.Integer, nullable=True, comment="hosts Falcon's pools claim that GKE does not count yet"
+    ),
+    sa.Column("reservation_seen_at", Timestamp, nullable=True, comment="when these figures last changed"),
 )
 
 jobs = sa.Table(

@@ -208,6 +208,7 @@ def test_reservation_read(sim):
     compute = ComputeApi(endpoint=sim.endpoints["compute"], initial=0.02, maximum=0.1, timeout=3.0)
     info = compute.reservation("proj-sim-a", "us-east5-b", "res-sim-a")
     assert (info.name, info.count, info.status) == ("res-sim-a", 4, "READY")
+    assert info.machine_type == "ct6e-standard-4t"  # specificReservation.instanceProperties.machineType
     assert 0 <= info.in_use <= info.count and info.available == info.count - info.in_use
     with pytest.raises(CloudError) as missing:
         compute.reservation("proj-sim-a", "us-east5-b", "no-such-reservation")

@@ -63,7 +63,7 @@ def test_db_upgrade_creates_every_table_then_is_a_noop(db_url):
 
 
 def test_db_upgrade_adds_jobs_later(db_url):
-    assert json.loads(ok("db", "upgrade", "--json", db=db_url).stdout)["applied"] == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004"]
+    assert json.loads(ok("db", "upgrade", "--json", db=db_url).stdout)["applied"] == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005"]
     assert migrate.missing_tables(db_url) == ["jobs"]
     assert json.loads(ok("db", "upgrade", "--with-jobs-table", "--json", db=db_url).stdout)["applied"] == [
         "jobs_0001"
@@ -133,6 +133,22 @@ def test_clusters_add_list_set_status(url):
 
     assert "maintenance -> active" in ok("clusters", "set-status", "edge-2", "active", db=url).stdout
     assert json.loads(ok("clusters", "set-status", "edge-1", "offline", "--json", db=url).stdout)["status"] == "offline"
+
+
+def test_clusters_list_shows_the_reservation_ledger_as_last_recorded(url):
+    ok("clusters", "add", "edge-a", "--project", "p", "--location", "us-east5-b", "--tpu-type", "v6e", "--reservation", "res-a", db=url)
+    ok("clusters", "add", "edge-b", "--project", "p", "--location", "us-central1-b", "--tpu-type", "v6e", db=url)
+    store = Store(url)
+    store.record_reservation(store.get_cluster("edge-a").id, "ct6e-standard-4t", 6, 2, 3)
+    table = ok("clusters", "list", db=url).stdout.splitlines()
+    head = table[0].split()
+    cells = dict(zip(head, table[1].split(), strict=False))
+    assert head[6:12] == ["RESERVATION", "HOLDS", "COUNT", "IN-USE", "CLAIMED", "FREE"]
+    assert [cells[k] for k in head[6:12]] == ["res-a", "ct6e-standard-4t", "6", "2", "3", "1"]
+    assert table[2].split()[6:12] == ["-"] * 6  # no reservation, nothing read
+    listed = {c["name"]: c for c in json.loads(ok("clusters", "list", "--json", db=url).stdout)}
+    assert (listed["edge-a"]["reservation_claimed"], listed["edge-a"]["reservation_free"]) == (3, 1)
+    assert listed["edge-b"]["reservation_free"] is None
 
 
 def test_clusters_refusals(url):

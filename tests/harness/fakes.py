@@ -49,6 +49,7 @@ class FakePort:
     jobs: dict[int, JobView] = field(default_factory=dict)
     submit_result: dict[str, Any] = field(default_factory=lambda: {"uid": "uid-1", "created": True})
     claims_granted: bool = True
+    cluster_views: dict[str, ClusterView] = field(default_factory=dict)  # other clusters' answers, by name
 
     def set_view(self, view: ClusterView) -> None:
         self.view = view
@@ -56,6 +57,8 @@ class FakePort:
         self.jobs.clear()
 
     def observe(self, cluster: str, queue_label: str, pool_names: list[str], want_reservation: bool) -> ClusterView:
+        if cluster in self.cluster_views:
+            return self.cluster_views[cluster]
         return replace(self.view, ops={**self.view.ops, **self.ops}, jobs={**self.view.jobs, **self.jobs})
 
     def claim_reservation(self, cluster: str, name: str, hosts: int) -> bool:

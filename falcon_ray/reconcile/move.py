@@ -1,0 +1,65 @@
+"""Rule 4, placement checks of the slot holder: its reservation cannot serve it, or another
+cluster can start it now.
+
+Contract
+--------
+Called by ``acquire.reservation_allows`` for a reservation task that has no lease (so
+nothing was claimed or created for it yet on this cluster), and by ``acquire.no_pool_yet``
+for a task in a capacity wait (GKE refused its pool for capacity, of any supply mode):
+
+- ``unfit(d, t)``: the reservation, as just read, holds another machine type than the
+  task's slice. With another active cluster of the TPU type the task goes back to the
+  poller (Pending, no cluster), which places it where its shape can be served;
+  without one it fails NodePoolFailed with the reason instead of a create GKE refuses.
+- ``move(d, t)``: the task is ClusterBusy and ``scheduling.move_target`` finds another
+  active cluster of its TPU type whose queue for the topology is empty and that can
+  start it now with the same supply mode (a ready idle pool, or reservation headroom by
+  that cluster's ledger). One ``MoveTask``: a compare-and-set on the phase and the
+  cluster, its event row, wake-ups for both queues. The task is Waiting there and that
+  queue's pick takes it; nothing is left behind here (no lease, no pool name).
+"""
+
+from __future__ import annotations
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import scheduling
+from falcon_ray.lifecycle import Reason
+from falcon_ray.model import QueueTask
+from falcon_ray.reconcile.context import Decision
+from falcon_ray.reconcile.effects import MoveTask, Transition, Unassign
+
+
+def unfit(d: Decision, t: QueueTask) -> bool:
+    r, c = d.v.reservation, d.q.cluster
+    shape = t.spec.shape
+    if r is None or not r.machine_type or r.machine_type == shape.machine_type:
+        return False
+    fields = dict(cluster=c.name, reservation=c.default_reservation, held=r.machine_type, machine_type=shape.machine_type)
+    if d.q.alternatives_exist:
+        d.add(f"task {t.id}: reservation cannot serve its shape", Unassign(t.id, d.msg("requeued_unfit", **fields), t.phase))
+    else:
+        detail = d.msg("offer_reservation", cluster=c.name, reservation=c.default_reservation, machine_type=r.machine_type,
+                       topologies=", ".join(scheduling.reservation_topologies(c.tpu_type, r.machine_type)) or "-")
+        failed = lc.failed(Reason.NODE_POOL_FAILED)
+        d.add(f"task {t.id}: reservation cannot serve its shape", Transition(t.id, (t.phase,), failed, d.msg("node_pool_failed", detail=detail)))
+    return True
+
+
+def move(d: Decision, t: QueueTask) -> bool:
+    if t.phase != lc.CLUSTER_BUSY or t.id in d.lease_by_task or not d.q.destinations:
+        return False
+    target = scheduling.move_target(t.spec, d.q.cluster, d.q.destinations)
+    if target is None:
+        return False
+    c, origin = target.cluster, d.q.cluster
+    mode = scheduling.supply_mode_for(t.spec, origin.default_reservation)
+    common = dict(origin=origin.name, reservation=origin.default_reservation, cluster=c.name, topology=d.q.topology)
+    if mode in target.idle_pools:
+        text = d.msg("moved_to_idle", **common)
+    else:
+        text = d.msg("moved_to_reservation", target_reservation=c.default_reservation, **common)
+    d.add(f"task {t.id}: move to {c.name}", MoveTask(t.id, origin.id, c.id, c.name, d.q.topology, text))
+    return True
+
+
+__all__ = ["move", "unfit"]

@@ -66,6 +66,8 @@ class Supervisor:
         self.retired: list[str] = []
         self.stop = threading.Event()
         self._run_stop: threading.Event | None = None
+        self._keeper: threading.Thread | None = None
+        self._keeper_lock = threading.Lock()
         self.last_registry_at: float | None = None
         self.last_error = ""
 
@@ -93,6 +95,7 @@ class Supervisor:
         while not stop.is_set():
             if self.try_lead():
                 log.info("leader lease taken by %s", self.holder)
+                self._keep_lease_from_now()
                 return True
             if not announced:
                 held = self.store.leader()
@@ -209,8 +212,6 @@ class Supervisor:
         self.start()
         next_registry = time.monotonic() + self.s.registry_interval_s
         started_under = self.epoch
-        # the lease is renewed on its own thread: a slow registry pass never lets it lapse
-        threading.Thread(target=self._keep_lease, args=(stop,), daemon=True, name="falcon-leader-lease").start()
         while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
             if not self.leader:
                 log.error("leader lease lost; waiting to take it again")
@@ -229,10 +230,25 @@ class Supervisor:
                     log.exception("registry reconcile failed")
                 next_registry = time.monotonic() + self.s.registry_interval_s
 
-    def _keep_lease(self, stop: threading.Event) -> None:
+    def _keep_lease_from_now(self) -> None:
+        """The lease is renewed on its own thread from the moment it is taken: neither the
+        first ``start()`` (creating every actor can take longer than the lease lives on a
+        loaded machine) nor a slow registry pass lets it lapse."""
+        with self._keeper_lock:
+            if self._keeper is None or not self._keeper.is_alive():
+                self._keeper = threading.Thread(target=self._keep_lease, daemon=True, name="falcon-leader-lease")
+                self._keeper.start()
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or (self._run_stop is not None and self._run_stop.is_set())
+
+    def _keep_lease(self) -> None:
         """Renew the lease every third of its lifetime while leading; a failed renewal
-        clears ``leader`` and the run loop waits to take the lease again."""
-        while not stop.wait(self.s.leader_ttl_s / 3):
+        clears ``leader`` and the run loop waits to take the lease again. Ends when the
+        supervisor or its run loop is told to stop."""
+        while not self.stop.wait(self.s.leader_ttl_s / 3):
+            if self._stopping():
+                return
             if self.leader:
                 self.try_lead()
 

@@ -52,11 +52,14 @@ def _get(url: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-@pytest.fixture
-def live(ray_session, tmp_path):
-    """A controller with a running task, one holding the slot (ClusterBusy) and one waiting."""
+@pytest.fixture(scope="module")
+def live(ray_session, tmp_path_factory):
+    """A controller with a running task, one holding the slot (ClusterBusy) and one waiting.
+    One serves the module: the read-only tests come first, the one that backdates the event
+    log and releases the lease comes last (pytest keeps file order)."""
     fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=11)
-    run = DemoRun(fleet, demo_settings(**LIMITS), f"sqlite:///{tmp_path / 'falcon.db'}").start()
+    db = tmp_path_factory.mktemp("health") / "falcon.db"
+    run = DemoRun(fleet, demo_settings(**LIMITS), f"sqlite:///{db}").start()
     try:
         ids = {
             "running": run.submit("alice", spec("2x2", 300, supply_mode="reservation"), "hc-running"),
@@ -79,6 +82,49 @@ def _backdate(run: DemoRun, task_ids: list[int], seconds: float) -> None:
             ),
             {"at": run.store.clock().replace(microsecond=0) - dt.timedelta(seconds=seconds)},
         )
+
+
+def test_health_cli_as_its_own_process(live, tmp_path):
+    run, _ = live
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml.safe_dump({"namespace": run.settings.namespace}))
+    address = ray.get_runtime_context().gcs_address
+    cmd = [
+        sys.executable, "-c", "from falcon_ray.cli import main; main()", "health", "--json",
+        "--ray-address", address,
+        "--db", run.db_url,
+        "--config", str(config),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # --ray-address alone must do
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=90, env=env, cwd=Path(__file__).resolve().parents[2]
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["leader"]["holder"] == run.supervisor.holder
+    assert set(report["actors"]) >= {"poller", "cluster/edge-a", "queue/edge-a/2x2"}, (report, proc.stderr[-2000:])
+    assert all(a["ok"] for a in report["actors"].values()), report["actors"]
+    assert report["healthy"] and proc.returncode == 0, (report, proc.stderr[-2000:])
+
+
+def test_queues_cli_shows_the_slot_holder_and_the_waiting_task(live):
+    run, ids = live
+    address = ray.get_runtime_context().gcs_address
+    cmd = [
+        sys.executable, "-c", "from falcon_ray.cli import main; main()", "queues", "--json",
+        "--ray-address", address, "--namespace", run.settings.namespace,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=90, env=env, cwd=Path(__file__).resolve().parents[2]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (queue,) = json.loads(proc.stdout)
+    assert queue["queue"] == "queue/edge-a/2x2"
+    assert [t["id"] for t in queue["running"]] == [ids["running"]]
+    assert [t["id"] for t in queue["acquiring"]] == [ids["busy"]] and queue["acquiring"][0]["reason"] == "ClusterBusy"
+    assert [(t["id"], t["position"]) for t in queue["waiting"]] == [(ids["waiting"], 1)]
+    assert any(l["state"] == "InUse" for l in queue["leases"])
 
 
 def test_health_check_serve_overdue_tasks_and_readiness_after_the_lease_is_released(live):
@@ -134,46 +180,3 @@ def test_health_check_serve_overdue_tasks_and_readiness_after_the_lease_is_relea
     finally:
         server.shutdown()
         server.server_close()
-
-
-def test_health_cli_as_its_own_process(live, tmp_path):
-    run, _ = live
-    config = tmp_path / "settings.yaml"
-    config.write_text(yaml.safe_dump({"namespace": run.settings.namespace}))
-    address = ray.get_runtime_context().gcs_address
-    cmd = [
-        sys.executable, "-c", "from falcon_ray.cli import main; main()", "health", "--json",
-        "--ray-address", address,
-        "--db", run.db_url,
-        "--config", str(config),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # --ray-address alone must do
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=90, env=env, cwd=Path(__file__).resolve().parents[2]
-    )
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
-    assert report["leader"]["holder"] == run.supervisor.holder
-    assert set(report["actors"]) >= {"poller", "cluster/edge-a", "queue/edge-a/2x2"}, (report, proc.stderr[-2000:])
-    assert all(a["ok"] for a in report["actors"].values()), report["actors"]
-    assert report["healthy"] and proc.returncode == 0, (report, proc.stderr[-2000:])
-
-
-def test_queues_cli_shows_the_slot_holder_and_the_waiting_task(live):
-    run, ids = live
-    address = ray.get_runtime_context().gcs_address
-    cmd = [
-        sys.executable, "-c", "from falcon_ray.cli import main; main()", "queues", "--json",
-        "--ray-address", address, "--namespace", run.settings.namespace,
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=90, env=env, cwd=Path(__file__).resolve().parents[2]
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (queue,) = json.loads(proc.stdout)
-    assert queue["queue"] == "queue/edge-a/2x2"
-    assert [t["id"] for t in queue["running"]] == [ids["running"]]
-    assert [t["id"] for t in queue["acquiring"]] == [ids["busy"]] and queue["acquiring"][0]["reason"] == "ClusterBusy"
-    assert [(t["id"], t["position"]) for t in queue["waiting"]] == [(ids["waiting"], 1)]
-    assert any(l["state"] == "InUse" for l in queue["leases"])

@@ -10,7 +10,8 @@ Contract
 - Because no Falcon move starts from Aborting except Aborting -> Aborted, a
   controller write can never overwrite the upper layer's abort.
 - Every status or reason change appends a row to ``falcon_task_events`` in the same
-  transaction; message refreshes (``refresh_messages``) do not.
+  transaction, with the writer's leader epoch (NULL without one); message refreshes
+  (``refresh_messages``) do not.
 - Lease moves are compare-and-set on the lease state, checked against
   ``lifecycle.LEASE_TRANSITIONS``.
 - Each method is one short transaction; nothing holds a connection between calls,
@@ -536,7 +537,7 @@ class Store:
                 )
                 won = res.rowcount == 1
                 if won and to == lc.ABORTED:
-                    self._record_abort_request(c, task_id, now)
+                    self._record_abort_request(c, task_id, now, self.epoch)
                 if won:
                     c.execute(
                         t.task_events.insert().values(
@@ -545,6 +546,7 @@ class Store:
                             status=to.status.value,
                             reason=to.reason.value,
                             message=_clip(message),
+                            epoch=self.epoch,
                         )
                     )
             if not won and staying:
@@ -575,13 +577,15 @@ class Store:
                 res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([src])).values(**values))
                 won.append(res.rowcount == 1)
                 if won[-1]:
-                    events.append(dict(task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message)))
+                    events.append(
+                        dict(task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message), epoch=self.epoch)
+                    )
             if events:
                 c.execute(t.task_events.insert(), events)
         return won
 
     @staticmethod
-    def _record_abort_request(c, task_id: int, now) -> None:
+    def _record_abort_request(c, task_id: int, now, epoch: int | None) -> None:
         """The upper layer may set Aborting with its own SQL, writing no event; the audit
         trail still gets its Aborting step, at ``aborting_at``, before the Aborted one."""
         e = t.task_events
@@ -590,7 +594,7 @@ class Store:
         ).first()
         if seen is None:
             at = c.execute(sa.select(t.jobs.c.aborting_at).where(t.jobs.c.id == task_id)).scalar() or now
-            c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message=""))
+            c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message="", epoch=epoch))
 
     def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> bool:
         """Change message and/or bookkeeping columns without changing the phase (CAS on phase)."""
@@ -672,7 +676,12 @@ class Store:
             if won:
                 c.execute(
                     t.task_events.insert().values(
-                        task_id=task_id, at=now, status=lc.WAITING.status.value, reason=lc.WAITING.reason.value, message=_clip(message)
+                        task_id=task_id,
+                        at=now,
+                        status=lc.WAITING.status.value,
+                        reason=lc.WAITING.reason.value,
+                        message=_clip(message),
+                        epoch=self.epoch,
                     )
                 )
         return won

@@ -206,11 +206,13 @@ class Supervisor:
         self._run_stop = stop  # shutdown() must end this loop too, whoever owns the event
         if not self.wait_for_lead(stop):
             return
+        # the lease is renewed on its own thread, from the moment it is taken: neither the
+        # first start (creating every actor can outlast the TTL on a busy Ray cluster) nor
+        # a slow registry pass lets it lapse and a waiting controller take it
+        threading.Thread(target=self._keep_lease, args=(stop,), daemon=True, name="falcon-leader-lease").start()
+        started_under = self.epoch
         self.start()
         next_registry = time.monotonic() + self.s.registry_interval_s
-        started_under = self.epoch
-        # the lease is renewed on its own thread: a slow registry pass never lets it lapse
-        threading.Thread(target=self._keep_lease, args=(stop,), daemon=True, name="falcon-leader-lease").start()
         while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
             if not self.leader:
                 log.error("leader lease lost; waiting to take it again")

@@ -54,7 +54,7 @@ class Supervisor:
     def __init__(self, settings: Settings, db_url: str, holder: str | None = None) -> None:
         self.s = settings
         self.db_url = db_url
-        self.store = Store(db_url)
+        self.store = Store(db_url, timeouts=remote.db_timeouts(settings))
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leader = False
         self.epoch: int | None = None  # the lease's epoch while this supervisor holds it

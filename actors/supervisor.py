@@ -54,7 +54,7 @@ class Supervisor:
     def __init__(self, settings: Settings, db_url: str, holder: str | None = None) -> None:
         self.s = settings
         self.db_url = db_url
-        self.store = Store(db_url)
+        self.store = Store(db_url, timeouts=remote.db_timeouts(settings))
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leader = False
         self.epoch: int | None = None  # the lease's epoch while this supervisor holds it
@@ -209,9 +209,10 @@ class Supervisor:
         self._run_stop = stop  # shutdown() must end this loop too, whoever owns the event
         if not self.wait_for_lead(stop):
             return
+        # the lease is renewed from the moment it was taken (wait_for_lead starts the keeper)
+        started_under = self.epoch
         self.start()
         next_registry = time.monotonic() + self.s.registry_interval_s
-        started_under = self.epoch
         while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
             if not self.leader:
                 log.error("leader lease lost; waiting to take it again")

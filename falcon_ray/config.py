@@ -70,6 +70,12 @@ class Settings(BaseModel):
     submit_call_timeout_s: float = Field(
         120.0, gt=0, description="QueueActor: longest wait for one Job submission through its ClusterActor"
     )
+    # --- database
+    db_connect_timeout_s: float = Field(10.0, gt=0, description="MySQL/MariaDB: longest wait to open a connection")
+    db_read_timeout_s: float = Field(
+        30.0, gt=0, description="MySQL/MariaDB: longest wait for one answer of the server (a hung connection fails, is replaced and the call retried)"
+    )
+    db_write_timeout_s: float = Field(30.0, gt=0, description="MySQL/MariaDB: longest wait to send one statement to the server")
     # --- Kubernetes
     watch_timeout_s: int = Field(300, gt=0, description="server-side timeout of one Job watch request")
     # --- endpoints (empty: Google's production endpoints)

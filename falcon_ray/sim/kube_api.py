@@ -720,9 +720,9 @@ class KubeApi:
         )
 
 
-def kube_app(cluster: SimCluster, book: TokenBook, closing: asyncio.Event) -> web.Application:
+def kube_app(cluster: SimCluster, book: TokenBook, closing: asyncio.Event, middlewares: tuple = ()) -> web.Application:
     api = KubeApi(cluster, book, closing)
-    app = web.Application(middlewares=[kube_errors, api.authenticate], client_max_size=16 * 1024 * 1024)
+    app = web.Application(middlewares=[*middlewares, kube_errors, api.authenticate], client_max_size=16 * 1024 * 1024)
     app.router.add_get("/version", api.version)
     for path in ("/healthz", "/livez", "/readyz"):
         app.router.add_get(path, api.health)

@@ -3,6 +3,7 @@
 from falcon_ray.store.repository import (
     DEFAULT_DB_URL,
     Cluster,
+    DbTimeouts,
     Fenced,
     IllegalTransition,
     Lease,
@@ -12,4 +13,4 @@ from falcon_ray.store.repository import (
     utcnow,
 )
 
-__all__ = ["DEFAULT_DB_URL", "Cluster", "Fenced", "IllegalTransition", "Lease", "Store", "Task", "TaskEvent", "utcnow"]
+__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "Store", "Task", "TaskEvent", "utcnow"]

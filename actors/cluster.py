@@ -211,7 +211,8 @@ class ClusterGateway:
         self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = time.time()
         self._stage("building the Kubernetes and Compute clients")
-        self.kube = KubeApi(api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme, user_agent=ua))
+        client = api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme, user_agent=ua)
+        self.kube = KubeApi(client, retry_timeout=self.s.api_retry_timeout_s)
         self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         self.gke = gke
         self._stage("connected")

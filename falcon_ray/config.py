@@ -85,7 +85,7 @@ class Settings(BaseModel):
         None, description="GCE/GKE metadata server host:port override for google.auth.default()"
     )
     kubernetes_scheme: str = Field("https", pattern="^https?$", description="scheme of the edge clusters' API")
-    api_retry_timeout_s: float = Field(30.0, gt=0, description="total retry budget of one GKE/Compute call")
+    api_retry_timeout_s: float = Field(30.0, gt=0, description="total retry budget of one GKE, Compute or Kubernetes call")
     # --- process
     installation: str = Field(
         "default",

@@ -159,8 +159,8 @@ def register(main: click.Group) -> None:
         """Soak the controller on the simulated fleet under faults and kills; report the invariants.
 
         Exit code 1 when a task was lost or stuck, a Job created twice, a Falcon pool left
-        alive, an abort overwritten, a capacity refusal Falcon should have foreseen, or an
-        illegal lifecycle step; 0 when every invariant holds.
+        alive, an abort overwritten, a task failed for capacity that comes back (a stockout
+        or a reservation shortfall), or an illegal lifecycle step; 0 when every invariant holds.
         """
         from falcon_ray.chaos import ChaosRun, summarize
 

@@ -138,7 +138,8 @@ def test_health_check_serve_overdue_tasks_and_readiness_after_the_lease_is_relea
     assert set(report["actors"]) >= {"poller", "cluster/edge-a", "queue/edge-a/2x2"}, report["actors"]
     assert all(a["ok"] for a in report["actors"].values()), report["actors"]
     edge = report["actors"]["cluster/edge-a"]
-    assert edge["connected"] and not edge["connect_error"]
+    assert edge["connected"] and not edge["connect_error"] and edge["connect_stage"] == "connected"
+    assert len(edge["connect_timings"]) == 4, edge  # the seconds of each step of its connect
     assert 0 <= edge["last_gke_ok_age_s"] < 30 and 0 <= edge["last_kubernetes_ok_age_s"] < 30, edge
     assert edge["watch_age_s"] is not None and 0 <= edge["watch_age_s"] < 60, edge
     assert report["overdue_tasks"] == []

@@ -98,9 +98,13 @@ class Supervisor:
                 self._keep_lease_from_now()
                 return True
             if not announced:
-                held = self.store.leader()
-                log.warning("waiting for the leader lease held by %s", held and held["holder"])
-                announced = True
+                try:
+                    held = self.store.leader()
+                except Exception as e:  # the database is down: try_lead said so; keep waiting
+                    log.warning("waiting for the leader lease (the database does not answer: %s)", e)
+                else:
+                    log.warning("waiting for the leader lease held by %s", held and held["holder"])
+                    announced = True
             if deadline is not None and time.monotonic() > deadline:
                 return False
             stop.wait(max(0.2, self.s.leader_ttl_s / 3))
@@ -210,8 +214,7 @@ class Supervisor:
         if not self.wait_for_lead(stop):
             return
         # the lease is renewed from the moment it was taken (wait_for_lead starts the keeper)
-        started_under = self.epoch
-        self.start()
+        started_under = self.epoch if self._start_for_now() else None
         next_registry = time.monotonic() + self.s.registry_interval_s
         while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
             if not self.leader:
@@ -219,7 +222,8 @@ class Supervisor:
                 if not self.wait_for_lead(stop):
                     return
             if self.epoch != started_under:  # taken again after another holder: actors are fenced
-                self.start()
+                if not self._start_for_now():
+                    continue
                 started_under = self.epoch
                 next_registry = time.monotonic() + self.s.registry_interval_s
             if time.monotonic() >= next_registry:
@@ -230,6 +234,17 @@ class Supervisor:
                     self.last_error = f"registry: {type(e).__name__}: {e}"[:500]
                     log.exception("registry reconcile failed")
                 next_registry = time.monotonic() + self.s.registry_interval_s
+
+    def _start_for_now(self) -> bool:
+        """``start()``; False (logged, in ``last_error``) when the database or Ray fails it
+        for now: the run loop tries again next round instead of dying."""
+        try:
+            self.start()
+            return True
+        except Exception as e:
+            self.last_error = f"start: {type(e).__name__}: {e}"[:500]
+            log.exception("starting the actors under epoch %s failed", self.epoch)
+            return False
 
     def _keep_lease_from_now(self) -> None:
         """The lease is renewed on its own thread from the moment it is taken: neither the

@@ -34,6 +34,12 @@ their event logs), the Message changes the run observed and the fleet's own acco
   capacity that comes back must be waited for, never a failure;
 - ``illegal_transitions``: event-log steps not in the lifecycle table.
 
+The run adds ``controller_loop_died`` (1 when the controller's own loop, which keeps the
+leader lease and the registry, did not survive the play: its actors would run on without
+it) and, on MariaDB/MySQL, plays a database outage: the controller reaches the database
+through a loopback proxy that cuts and refuses its connections for ``db_outage_s`` once,
+mid-play (the upper layer's submits and the soak's reads keep a direct connection).
+
 ``ok`` is true when every one of these is zero; ``falcon-ray chaos`` exits 1 otherwise.
 """
 
@@ -316,10 +322,15 @@ class ChaosRun:
         db_kills: bool = True,
         settings_overrides: dict[str, Any] | None = None,
         progress=None,
+        db_outage_s: float = 30.0,
     ) -> None:
         self.n, self.play_s, self.seed, self.db_url, self.scale = tasks, minutes * 60.0, seed, db_url, scale
         self.drain_s = drain_s if drain_s is not None else max(90.0, 0.5 * self.play_s)
         self.kills, self.faults, self.db_kills = kills, faults, db_kills
+        # MariaDB/MySQL: the controller reaches the database through a proxy that refuses
+        # every connection for this long once, mid-play (0: no outage)
+        self.db_outage_s = db_outage_s if db_kills else 0.0
+        self.proxy = None
         self.overrides = settings_overrides or {}
         self.progress = progress
         self.rng = random.Random(seed * 7919 + 1)
@@ -386,6 +397,35 @@ class ChaosRun:
         except Exception as e:
             log.warning("chaos: compact %s: %s", c, e)
 
+    def _controller_url(self) -> str | None:
+        """With an outage to play, the controller's URL goes through a loopback proxy."""
+        if not self.db_outage_s or not self.db_url or not self.db_url.startswith("mysql"):
+            return None
+        from sqlalchemy.engine import make_url
+
+        from falcon_ray.sim.tcp_proxy import TcpProxy
+
+        u = make_url(self.db_url)
+        self.proxy = TcpProxy(u.port or 3306, u.host or "127.0.0.1")
+        port = self.proxy.start()
+        return u.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+
+    def _outage_step(self, outage: list, now: float) -> list | None:
+        """Start the outage when due (every controller connection cut, new ones refused),
+        end it ``db_outage_s`` later; None once it is over."""
+        start_at, end_at = outage
+        if end_at is None and now >= start_at:
+            self.proxy.stop()
+            self.counts["db_outages"] += 1
+            self.counts["db_outage_s"] += int(self.db_outage_s)
+            log.info("chaos: the database refuses the controller's connections for %.0fs", self.db_outage_s)
+            return [start_at, now + self.db_outage_s]
+        if end_at is not None and now >= end_at:
+            self.proxy.start()
+            log.info("chaos: the database is back")
+            return None
+        return outage
+
     def _kill_db_connections(self) -> None:
         n = kill_db_connections(self.db_url, self.rng)
         if n:
@@ -413,7 +453,7 @@ class ChaosRun:
         from falcon_ray.demo import DemoRun, Schedule
 
         plan = make_plan(self.n, self.seed, self.play_s)
-        self.run = DemoRun(chaos_fleet(self.seed), self._settings(), self.db_url)
+        self.run = DemoRun(chaos_fleet(self.seed), self._settings(), self.db_url, controller_db_url=self._controller_url())
         started = time.monotonic()
         self.run.start()
         try:
@@ -442,6 +482,7 @@ class ChaosRun:
             }
             burst_end: dict[str, float] = {}
             due = {k: self._t0 + v for k, v in every.items()}
+            outage = [self._t0 + 0.4 * self.play_s, None] if self.proxy is not None else None  # [start at, end at]
             last_print = 0.0
             while not sched.empty() or self._now() < self.play_s:
                 now = time.monotonic()
@@ -473,6 +514,8 @@ class ChaosRun:
                 if self.db_kills and now >= due["db"]:
                     self._kill_db_connections()
                     due["db"] = now + every["db"]
+                if outage is not None:
+                    outage = self._outage_step(outage, now)
                 self._observe()
                 if self.progress and self._now() - last_print >= 10:
                     last_print = self._now()
@@ -480,6 +523,8 @@ class ChaosRun:
                 time.sleep(0.25)
             for c in burst_end:
                 self.run.sim.set_faults(c, create_error=None)
+            if outage is not None and outage[1] is not None:  # the play ended inside the outage
+                self._outage_step(outage, float("inf"))
             # quiescence: no more kills or create failures; API faults stay on until the end
             deadline = time.monotonic() + self.drain_s
             while time.monotonic() < deadline:
@@ -502,6 +547,8 @@ class ChaosRun:
             return report
         finally:
             self.run.stop()
+            if self.proxy is not None:
+                self.proxy.stop()
 
     def _actor_snapshots(self) -> dict[str, Any]:
         """What the ClusterActors and QueueActors say at the end (for a broken invariant)."""
@@ -539,6 +586,10 @@ class ChaosRun:
         fleet = self.run.sim.stats()
         limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s))
         verdict = check(tasks, events, self.observed, end_at, fleet, limits)
+        # the controller's own loop (lease, registry) must outlive every fault, as its actors do
+        loop_alive = self.run.thread is not None and self.run.thread.is_alive()
+        verdict["invariants"]["controller_loop_died"] = 0 if loop_alive else 1
+        verdict["ok"] = verdict["ok"] and loop_alive
         injected = Counter(self.counts)
         for c in fleet["clusters"].values():
             for k, v in (c.get("fault_counts") or {}).items():

@@ -24,11 +24,11 @@ from actors.ticker import Ticker
 from falcon_ray import health
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
+from falcon_ray.sim.tcp_proxy import TcpProxy
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from tests.harness.db import MYSQL_SERVER_URL, fresh_mysql_database
 from tests.harness.fakes import FakePort
-from tests.harness.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.mysql
 SPEC = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["run"]}

@@ -223,10 +223,13 @@ def check(
     end_at: float,
     fleet: dict[str, Any],
     limits: Limits,
+    pauses: tuple[tuple[float, float], ...] = (),
 ) -> dict[str, Any]:
     """The invariants of a soak; ``tasks`` are ``jobs`` rows (``model.Task``), ``events``
     their event logs by task id (``model.TaskEvent``, in order), ``observed`` the Message
-    changes seen while it ran (times on the clock of ``end_at``), ``fleet`` the sim's stats."""
+    changes seen while it ran (times on the clock of ``end_at``), ``fleet`` the sim's stats.
+    ``pauses``: (start, end) stretches in which the controller could not write at all (a
+    database outage); a quiet stretch does not count them against a phase's limit."""
     out: dict[str, list[Any]] = {k: [] for k in INVARIANTS}
     for t in tasks:
         phase = _phase(t.status, t.reason)
@@ -235,7 +238,7 @@ def check(
         timeout = _timeout_of(t)
         obs = observed.get(t.id)
         if obs is not None:
-            worst = _longest_quiet(obs, end_at, limits, timeout)
+            worst = _longest_quiet(obs, end_at, limits, timeout, pauses)
             if worst is not None:
                 out["stuck"].append({"id": t.id, **worst})
         evs = events.get(t.id, [])
@@ -277,8 +280,11 @@ def _timeout_of(t: Any) -> float | None:
         return None
 
 
-def _longest_quiet(obs: Observed, end_at: float, limits: Limits, timeout: float | None) -> dict[str, Any] | None:
-    """The longest stretch over its phase's limit with nothing changing, if any."""
+def _longest_quiet(
+    obs: Observed, end_at: float, limits: Limits, timeout: float | None, pauses: tuple[tuple[float, float], ...] = ()
+) -> dict[str, Any] | None:
+    """The longest stretch over its phase's limit with nothing changing, if any (the time
+    spent in ``pauses`` left out)."""
     worst = None
     ch = obs.changes
     for i, (at, status, reason, message) in enumerate(ch):
@@ -287,7 +293,7 @@ def _longest_quiet(obs: Observed, end_at: float, limits: Limits, timeout: float 
         if limit is None:
             continue
         until = ch[i + 1][0] if i + 1 < len(ch) else end_at
-        quiet = until - at
+        quiet = until - at - sum(max(0.0, min(until, b) - max(at, a)) for a, b in pauses)
         if quiet > limit and (worst is None or quiet - limit > worst["quiet_s"] - worst["limit_s"]):
             worst = {"phase": str(phase), "message": message, "quiet_s": round(quiet, 1), "limit_s": limit, "since_s": round(at, 1)}
     return worst
@@ -331,6 +337,7 @@ class ChaosRun:
         # every connection for this long once, mid-play (0: no outage)
         self.db_outage_s = db_outage_s if db_kills else 0.0
         self.proxy = None
+        self.pauses: list[tuple[float, float]] = []  # the outage, in seconds of the play
         self.overrides = settings_overrides or {}
         self.progress = progress
         self.rng = random.Random(seed * 7919 + 1)
@@ -423,6 +430,7 @@ class ChaosRun:
         if end_at is not None and now >= end_at:
             self.proxy.start()
             log.info("chaos: the database is back")
+            self.pauses.append((start_at - self._t0, time.monotonic() - self._t0))
             return None
         return outage
 
@@ -585,7 +593,7 @@ class ChaosRun:
         events = {t.id: _retry(lambda tid=t.id: store.events(tid)) for t in tasks}
         fleet = self.run.sim.stats()
         limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s))
-        verdict = check(tasks, events, self.observed, end_at, fleet, limits)
+        verdict = check(tasks, events, self.observed, end_at, fleet, limits, tuple(self.pauses))
         # the controller's own loop (lease, registry) must outlive every fault, as its actors do
         loop_alive = self.run.thread is not None and self.run.thread.is_alive()
         verdict["invariants"]["controller_loop_died"] = 0 if loop_alive else 1

@@ -157,7 +157,9 @@ def register(main: click.Group) -> None:
     @click.option("--db-outage", "db_outage_s", default=30.0, show_default=True, type=click.FloatRange(min=0),
                   help="MariaDB/MySQL: seconds the database refuses the controller's connections, once mid-play (0: none).")  # fmt: skip
     @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
-    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, db_outage_s, as_json):
+    @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False, writable=True),
+                  help="Also write the JSON report to this file (Ray may print to stdout too).")  # fmt: skip
+    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, db_outage_s, as_json, out_path):
         """Soak the controller on the simulated fleet under faults and kills; report the invariants.
 
         Exit code 1 when a task was lost or stuck, a Job created twice, a Falcon pool left
@@ -174,6 +176,9 @@ def register(main: click.Group) -> None:
             db_outage_s=db_outage_s,
         )
         report = soak.run_soak()
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(report, f, indent=2, default=str)
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         else:

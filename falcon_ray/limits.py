@@ -97,7 +97,7 @@ LIMITS: tuple[WaitLimit, ...] = (
               "capacity_budget_s", "the first capacity refusal (its lease rows' refused_at)", Action.FAIL,
               "capacity.refused, capacity.backing_off", Reason.NODE_POOL_FAILED),
     WaitLimit(Wait.NODES_CONTESTED, lc.WAITING_FOR_NODE, "its nodes are not all there and a task of another topology waits on the cluster",
-              "node_pool_timeout_s", "the pool's lease row (or the phase, once its Job is submitted)", Action.FAIL,
+              "node_pool_timeout_s", ENTERED, Action.FAIL,
               "acquire.nodes_coming, dispatch.waiting_for_pods", Reason.NODE_POOL_TIMEOUT),
     WaitLimit(Wait.NODES, lc.WAITING_FOR_NODE, "its nodes are not all there, nobody else waits on the cluster",
               "waiting_for_node_limit_s", ENTERED, Action.REPORT, ""),

@@ -303,7 +303,10 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
         dispatch.start_on_empty_pool(d, t, lease, st, pool, effects)
         return
     limit = limits.seconds(Wait.NODES_CONTESTED, d.s) or 0.0
-    if d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, (d.now - lease.created_at).total_seconds()):
+    # counted from when the control plane was seen RUNNING without its nodes (the phase, in
+    # the event log): a create that waited behind other operations does not eat the nodes' time
+    waited_for_nodes = d.phase_age_s(t) if t.phase == lc.WAITING_FOR_NODE else 0.0
+    if d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, waited_for_nodes):
         detail = f"{pool.registered}/{hosts} node(s) registered and another topology is waiting"
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
         return

@@ -148,3 +148,15 @@ def test_a_wait_counter_in_the_message_is_not_progress():
     r = check([task(1, "Pending", "WaitingForNode")], {}, {1: o}, 200, FLEET_CLEAN, LIMITS)
     assert r["invariants"]["stuck"] == 1
     assert len(obs((0, "Pending", "Waiting", "Queue position #2"), (1, "Pending", "Waiting", "Queue position #1")).changes) == 2
+
+
+def test_a_database_outage_does_not_count_against_a_quiet_phase():
+    from falcon_ray.chaos import Limits, Observed, _longest_quiet
+
+    obs = Observed()
+    obs.see(100.0, "Aborting", "", "")
+    obs.see(150.0, "Aborted", "", "")
+    limits = Limits(node_pool_timeout=20)  # Aborting: 30 s
+    assert _longest_quiet(obs, 200.0, limits, None)["quiet_s"] == 50.0
+    assert _longest_quiet(obs, 200.0, limits, None, pauses=((110.0, 140.0),)) is None  # 20 s outside the outage
+    assert _longest_quiet(obs, 200.0, limits, None, pauses=((140.0, 145.0),))["quiet_s"] == 45.0

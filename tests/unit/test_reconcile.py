@@ -189,7 +189,7 @@ def test_control_plane_not_running_in_time_fails_node_pool_timeout_and_deletes()
 
 
 def test_waiting_for_node_is_kept_past_the_timeout_when_no_other_topology_waits():
-    t = task(1, phase=lc.WAITING_FOR_NODE, pool="falcon-t1-2x2")
+    t = task(1, phase=lc.WAITING_FOR_NODE, pool="falcon-t1-2x2", in_phase_s=4000)
     view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 0, 0)}, ops={"falcon-t1-2x2": OpView("create", "done")})
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=5000)]), view, NOW, S)
     assert not transitions(g)

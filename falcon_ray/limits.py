@@ -96,7 +96,7 @@ LIMITS: tuple[WaitLimit, ...] = (
     WaitLimit(Wait.CAPACITY, lc.CLUSTER_BUSY, "GKE refused its node pool for capacity (stockout); the create is asked again with backoff",
               "capacity_budget_s", "the first capacity refusal (its lease rows' refused_at)", Action.FAIL,
               "capacity.refused, capacity.backing_off", Reason.NODE_POOL_FAILED),
-    WaitLimit(Wait.NODES_CONTESTED, lc.WAITING_FOR_NODE, "its nodes are not all there and a task of another topology waits on the cluster",
+    WaitLimit(Wait.NODES_CONTESTED, lc.WAITING_FOR_NODE, "its nodes are not all there, the pool holds capacity (a pool that scales from zero: once a node registered) and a task of another topology waits on the cluster",
               "node_pool_timeout_s", ENTERED, Action.FAIL,
               "acquire.nodes_coming, dispatch.waiting_for_pods", Reason.NODE_POOL_TIMEOUT),
     WaitLimit(Wait.NODES, lc.WAITING_FOR_NODE, "its nodes are not all there, nobody else waits on the cluster",

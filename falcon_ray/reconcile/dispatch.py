@@ -71,6 +71,14 @@ def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState,
     d.add(f"task {t.id}: Job onto empty pool {lease.name}", *effects)
 
 
+def holds_nodes(d: Decision, lease: Lease) -> bool:
+    """A pool that scales from zero holds capacity only once nodes registered: with none it
+    keeps nothing from another topology, so giving up on it would free nothing and fail a
+    task whose capacity (flex-start's whole point) may come."""
+    pool = d.v.pools.get(lease.name)
+    return pool is not None and pool.registered > 0
+
+
 def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
     """WaitingForNode with the Job submitted: Running once every pod is ready."""
     job, outcome = d.job_of(t), d.job_outcome(t)
@@ -84,7 +92,7 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         text = d.msg("running", active=job.ready, expected=t.spec.shape.hosts)
         fields = {"job_uid": job.uid, "dispatched_at": d.now}  # the timeout clock starts now
         d.add(f"task {t.id}: running", Transition(t.id, (lc.WAITING_FOR_NODE,), lc.RUNNING, text, fields))
-    elif d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, d.phase_age_s(t)):
+    elif holds_nodes(d, lease) and d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, d.phase_age_s(t)):
         pool = d.v.pools.get(lease.name)
         detail = f"{pool.registered if pool else 0}/{t.spec.shape.hosts} node(s) registered and another topology is waiting"
         text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.s) or 0), detail=detail)

@@ -86,8 +86,15 @@ class Decision:
 
     def free_idle(self) -> Lease | None:
         """An idle pool that can be handed over now: its create finished (it was Ready once)
-        and no Job of an earlier task still holds it."""
-        return next((l for l in self.idle if l.id not in self.claimed and self.handable(l)), None)
+        and no Job of an earlier task still holds it. The one with the most Ready nodes first:
+        a pool the autoscaler emptied would make the task wait for capacity while another
+        idle pool of its topology holds nodes (a 1,000-task soak ended with a queue stuck so)."""
+        free = [l for l in self.idle if l.id not in self.claimed and self.handable(l)]
+        return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
+
+    def ready_nodes(self, pool: str) -> int:
+        p = self.v.pools.get(pool)
+        return p.ready if p is not None else 0
 
     def finishing_idle(self) -> Lease | None:
         """An idle pool whose create its task abandoned and which is not finished yet."""

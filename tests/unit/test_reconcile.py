@@ -441,3 +441,14 @@ def test_priority_is_an_integer_from_minus_100_to_100(bad):
 
     with pytest.raises(SpecError, match="priority"):
         spec(priority=bad)
+
+
+def test_the_idle_pool_with_ready_nodes_is_handed_over_before_an_emptied_one():
+    """Two idle flex-start pools of the topology: the autoscaler emptied the first. The next
+    task must get the one with nodes, not wait on the empty one for capacity the other holds."""
+    empty, full = "falcon-t1-2x2", "falcon-t3-2x2"
+    idle = [lease(7, empty, LeaseState.IDLE, mode="flex-start"), lease(8, full, LeaseState.IDLE, mode="flex-start")]
+    view = ClusterView(pools={empty: PoolView(empty, "RUNNING", 0, 0), full: PoolView(full, "RUNNING", 1, 1)})
+    g = decide(state([task(2, "bob")], idle), view, NOW, S)
+    (taken,) = [e for e in effects(g, MoveLease) if e.to == LeaseState.READY]
+    assert taken.name == full and taken.fields["task_id"] == 2

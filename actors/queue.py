@@ -26,6 +26,7 @@ observes anything or calls the port, so a stale queue neither writes nor acts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -70,7 +71,7 @@ from falcon_ray.reconcile import (
     eta,
 )
 from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
-from falcon_ray.store import Fenced, Store, utcnow
+from falcon_ray.store import Fenced, Store, clip_message, utcnow
 
 log = logging.getLogger("falcon.queue")
 IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
@@ -108,6 +109,16 @@ class QueueReconciler:
         self.history: list[StartSample] | None = None  # None: not read yet
         self.started: set[int] = set()  # reached Running since the history was brought up to date
         self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
+        # the queue's rows as last read (soft state: a full read rebuilds them, see _read_tasks)
+        self.rows: dict[int, Task] = {}
+        self.hot: set[int] = set()  # rows not Waiting at the last read: asked again each round
+        self.dirty: set[int] = set()  # tasks this queue wrote since the last read
+        self.seq = 0  # the newest falcon_task_queue.seq read
+        self.full_read_at = -float("inf")
+        self.last_granted = ""  # read with each full read; this queue is its only writer
+        self.clusters: list[Cluster] | None = None
+        self.qtasks: dict[int, tuple[Task, dt.datetime | None, QueueTask]] = {}
+        self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -133,7 +144,8 @@ class QueueReconciler:
         if self.store.fenced:  # a newer controller leads: observe nothing, call nobody
             raise Fenced(self.store.fenced)
         applied = 0
-        messages: list[reconcile.EffectGroup] = []
+        last: tuple[QueueState, ClusterView, dt.datetime] | None = None
+        self.clusters = None  # the registry is read once per step
         for _ in range(MAX_ROUNDS):
             observed = self.observe()
             if observed is None:
@@ -141,9 +153,8 @@ class QueueReconciler:
             state, view = observed
             with self.lock:
                 self.last_state, self.last_view = state, view
-            groups = reconcile.decide(state, view, self.clock(), self.s)
-            messages = [g for g in groups if all(isinstance(e, RefreshMessages) for e in g.effects)]
-            groups = [g for g in groups if not all(isinstance(e, RefreshMessages) for e in g.effects)]
+            last = (state, view, self.clock())
+            groups = reconcile.decide(*last, self.s, messages=False)
             if not groups:
                 break
             progressed = self.act(groups)
@@ -151,8 +162,10 @@ class QueueReconciler:
             self.rounds += 1
             if not progressed:
                 break
-        if messages:
-            self.act(messages)
+        if last is not None:  # rule 8 as the last round decides it, written once
+            messages = [g for g in reconcile.decide(*last, self.s) if all(isinstance(e, RefreshMessages) for e in g.effects)]
+            if messages:
+                self.act(messages)
         return applied
 
     # ---- observe ---------------------------------------------------------------------------
@@ -177,40 +190,85 @@ class QueueReconciler:
                     self.phase_since[t.id] = (t.phase, entered.get((t.id, t.phase)) or t.updated_at)
         return {t.id: self.phase_since[t.id][1] for t, _ in tasks if t.id in self.phase_since}
 
-    def observe(self) -> tuple[QueueState, ClusterView] | None:
-        clusters, live, queue_leases, last_granted = self.store.queue_snapshot(self.cluster_name, self.topology, self.specs)
-        cluster = next((c for c in clusters if c.name == self.cluster_name), None)
+    def _read_tasks(self) -> tuple[list[Cluster], Cluster, list[Task], list] | None:
+        """The queue's rows: all of them at the first round and every ``queue_full_read_s``,
+        otherwise only what may have changed (``Store.queue_snapshot``'s delta) merged into
+        the rows kept from the last read. The registry is read once per step."""
+        now = time.monotonic()
+        full = now - self.full_read_at >= self.s.queue_full_read_s
+        asked = self.hot | self.dirty
+        snap = self.store.queue_snapshot(
+            self.cluster_name,
+            self.topology,
+            self.specs,
+            delta=None if full else (self.seq, asked),
+            clusters=self.clusters,
+            with_granted=full,
+        )
+        self.clusters = snap.clusters
+        cluster = next((c for c in snap.clusters if c.name == self.cluster_name), None)
         if cluster is None:
+            self.full_read_at = -DESTINATIONS_TTL_S - self.s.queue_full_read_s  # read it all when it is back
             return None
+        got = {t.id: t for t in snap.tasks}
+        if full:
+            self.rows, self.last_granted, self.full_read_at = got, snap.last_granted, now
+        else:
+            for tid in asked - got.keys():  # ended, moved away or unassigned
+                self.rows.pop(tid, None)
+            self.rows.update(got)
+        self.seq = max(self.seq, snap.seq) if not full else snap.seq
+        self.dirty.clear()
+        self.hot = {tid for tid, t in self.rows.items() if t.phase != lc.WAITING}
+        return snap.clusters, cluster, sorted(self.rows.values(), key=lambda x: x.id), snap.leases
+
+    def _queue_task(self, t: Task, spec: TaskSpec, since: dt.datetime | None) -> QueueTask:
+        """The decisions' value of a row, reused while the row and its phase entry stay the same."""
+        kept = self.qtasks.get(t.id)
+        if kept is not None and kept[0] is t and kept[1] == since:
+            return kept[2]
+        qt = QueueTask(
+            id=t.id,
+            name=t.name,
+            actor=t.actor,
+            phase=t.phase,
+            created_at=t.created_at,
+            dispatched_at=t.dispatched_at,
+            spec=spec,
+            node_pool_name=t.node_pool_name,
+            job_uid=t.job_uid,
+            message=t.message,
+            phase_since=since,
+        )
+        self.qtasks[t.id] = (t, since, qt)
+        return qt
+
+    def _other_topology_waiting(self, cluster_id: str, mine: list[tuple[Task, TaskSpec]]) -> bool:
+        """Read only while a task of this queue acquires (the rules ask it only then), at
+        most once a second."""
+        if not any(t.phase in lc.ACQUIRING_PHASES for t, _ in mine):
+            return False
+        now = time.monotonic()
+        if now - self.other_waiting_at[0] >= DESTINATIONS_TTL_S:
+            self.other_waiting_at = (now, self.store.other_topology_waiting(cluster_id, self.topology))
+        return self.other_waiting_at[1]
+
+    def observe(self) -> tuple[QueueState, ClusterView] | None:
+        read = self._read_tasks()
+        if read is None:
+            return None
+        clusters, cluster, live, queue_leases = read
         leases = tuple(l for l in queue_leases if l.state != LeaseState.DELETED)
         refused = tuple(l for l in queue_leases if l.refused_at is not None)
         mine: list[tuple[Task, TaskSpec]] = []
-        other_waiting = False
         for t in live:
             spec = self._spec(t)
-            if spec is None:
-                continue
-            if spec.topology == self.topology:
+            if spec is not None and spec.topology == self.topology:
                 mine.append((t, spec))
-            elif t.status == Status.PENDING and t.reason:
-                other_waiting = True
         since = self._phase_since(mine)
-        tasks = tuple(
-            QueueTask(
-                id=t.id,
-                name=t.name,
-                actor=t.actor,
-                phase=t.phase,
-                created_at=t.created_at,
-                dispatched_at=t.dispatched_at,
-                spec=spec,
-                node_pool_name=t.node_pool_name,
-                job_uid=t.job_uid,
-                message=t.message,
-                phase_since=since.get(t.id),
-            )
-            for t, spec in mine
-        )
+        tasks = tuple(self._queue_task(t, spec, since.get(t.id)) for t, spec in mine)
+        other_waiting = self._other_topology_waiting(cluster.id, mine)
+        last_granted = self.last_granted
         self._forget_ended({t.id for t in live}, {t.id for t in tasks})
         history = self._history(cluster.id, leases)
         self._account_idle_chips(cluster.tpu_type, leases)
@@ -298,12 +356,17 @@ class QueueReconciler:
         self.destinations_at = (now, tuple(out))
         return self.destinations_at[1]
 
-    def _forget_ended(self, live_anywhere: set[int], mine: set[int]) -> None:
-        for tid in [tid for tid in self.specs if tid not in live_anywhere]:
-            self.specs.pop(tid, None)
-            self.submit_errors.pop(tid, None)
-        for tid in [tid for tid in self.phase_since if tid not in mine]:
-            del self.phase_since[tid]
+    def _forget_ended(self, live: set[int], mine: set[int]) -> None:
+        if len(self.specs) > len(live):
+            for tid in [tid for tid in self.specs if tid not in live]:
+                self.specs.pop(tid, None)
+                self.submit_errors.pop(tid, None)
+        if len(self.phase_since) > len(mine):
+            for tid in [tid for tid in self.phase_since if tid not in mine]:
+                del self.phase_since[tid]
+        if len(self.qtasks) > len(mine):
+            for tid in [tid for tid in self.qtasks if tid not in mine]:
+                del self.qtasks[tid]
 
     def _terminal_messages(self, leases, live_ids: set[int]) -> dict[int, tuple[Phase, str]]:
         """Last holders of pools whose delete keeps failing (their task is terminal)."""
@@ -360,19 +423,26 @@ class QueueReconciler:
     def apply(self, e: reconcile.Effect) -> tuple[bool, bool]:
         """Returns (carry on with the group, this effect moved a task or lease)."""
         st, c = self.store, self.cluster_name
+        task_id = getattr(e, "task_id", None)
+        if task_id is not None:
+            self.dirty.add(task_id)  # the next round reads its row again, whatever happens here
         match e:
             case Transition():
                 won = st.transition(e.task_id, e.expect, e.to, e.message, **e.fields)
                 if won:
+                    if st.moved_at is not None:  # its event row is the phase entry: no re-read
+                        self.phase_since[e.task_id] = (e.to, st.moved_at)
                     self._transitioned(e)
                 return won, won
             case UpdateTask():
                 return st.update_task(e.task_id, e.expect, e.message, **e.fields) or not e.fields, False
             case RefreshMessages():
                 st.refresh_messages(e.updates)
+                self._messages_written(e.updates)
                 return True, False
             case SetLastGranted():
                 st.set_last_granted(self._cluster_id(), self.topology, e.actor)
+                self.last_granted = e.actor
                 return True, False
             case CreateLease():
                 st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
@@ -412,11 +482,19 @@ class QueueReconciler:
                 return self._move(e)
         raise TypeError(f"unknown effect {e!r}")
 
+    def _messages_written(self, updates) -> None:
+        """The kept rows carry the Messages just written (a row whose phase moved meanwhile
+        kept its old one, and is read again as a row that is not Waiting any more)."""
+        for tid, phase, text in updates:
+            row = self.rows.get(tid)
+            if row is not None and row.phase == phase:
+                self.rows[tid] = dataclasses.replace(row, message=clip_message(text))
+
     def _move(self, e: MoveTask) -> tuple[bool, bool]:
         """The compare-and-set that moves a ClusterBusy task to another cluster's queue, then
         both wake-ups. A crash after the write leaves a Waiting task there that its queue's
         periodic re-read finds; a lost write (aborted, moved meanwhile) changes nothing."""
-        won = self.store.move_task(e.task_id, e.from_cluster_id, e.to_cluster_id, e.message)
+        won = self.store.move_task(e.task_id, e.from_cluster_id, e.to_cluster_id, e.message, e.topology)
         if won:
             log.info(
                 "task %s: %s -> %s/%s on %s: %s", e.task_id, lc.CLUSTER_BUSY, lc.WAITING, e.topology, e.to_cluster, e.message,

@@ -19,6 +19,7 @@ in ``pyproject.toml`` keeps it that way.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum, auto
 from typing import Any
@@ -112,11 +113,11 @@ class PoolStatus(StrEnum):
 
 
 def _enum(kind: type[StrEnum], value: Any) -> Any:
-    """The enum member for a stored value; text no member knows is kept as it is."""
-    try:
-        return kind(value)
-    except ValueError:
+    """The enum member for a stored value; text no member knows is kept as it is. A dict
+    look-up, not ``kind(value)``: a queue builds thousands of rows per read."""
+    if isinstance(value, kind):
         return value
+    return kind._value2member_map_.get(value, value)
 
 
 # --- rows, as the store hands them out -----------------------------------------------------
@@ -182,8 +183,8 @@ class Task:
         object.__setattr__(self, "status", _enum(Status, self.status))
         object.__setattr__(self, "reason", _enum(Reason, self.reason or ""))
 
-    @property
-    def phase(self) -> Phase:
+    @functools.cached_property
+    def phase(self) -> Phase:  # computed once per row (the row is frozen)
         return lc.phase_of(self.status, self.reason)
 
     @property

@@ -69,7 +69,9 @@ from falcon_ray.reconcile.effects import (
 )
 
 
-def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings) -> list[EffectGroup]:
+def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings, messages: bool = True) -> list[EffectGroup]:
+    """The rules 1-8; without ``messages`` rule 8 is left out, for a caller that runs
+    several rounds and writes the positions once, as its last round decides them."""
     d = Decision(q, view, now, settings)
     for t in q.tasks:  # 1
         if t.phase == lc.ABORTING:
@@ -83,7 +85,8 @@ def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Setting
     pick.pick(d)  # 5
     pools.leases(d)  # 6
     pools.stale_jobs(d)  # 7
-    positions.positions(d)  # 8
+    if messages:
+        positions.positions(d)  # 8
     return d.groups
 
 

@@ -6,10 +6,12 @@ from falcon_ray.store.repository import (
     Fenced,
     IllegalTransition,
     Lease,
+    QueueRead,
     Store,
     Task,
     TaskEvent,
+    clip_message,
     utcnow,
 )
 
-__all__ = ["DEFAULT_DB_URL", "Cluster", "Fenced", "IllegalTransition", "Lease", "Store", "Task", "TaskEvent", "utcnow"]
+__all__ = ["DEFAULT_DB_URL", "Cluster", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "clip_message", "utcnow"]

@@ -52,6 +52,7 @@ tests) writes unguarded.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -88,6 +89,19 @@ class IllegalTransition(ValueError):
 
 
 LEADER = "controller"
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRead:
+    """One ``queue_snapshot``: the registry, the queue's task rows (all of them, or the
+    incremental part), its leases, its last granted actor, and the newest ``seq`` of
+    ``falcon_task_queue`` among the rows read."""
+
+    clusters: list[Cluster]
+    tasks: list[Task]
+    leases: list[Lease]
+    last_granted: str
+    seq: int
 
 
 class Fenced(RuntimeError):
@@ -143,6 +157,9 @@ def _clip(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
+clip_message = _clip  # the Message as the store writes it
+
+
 class Store:
     """One database, many short transactions. Safe to share between threads."""
 
@@ -154,6 +171,7 @@ class Store:
         self.disconnects = 0  # methods rerun after a disconnect
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
         self.fenced = ""  # why this Store may not write any more, once known
+        self.moved_at: dt.datetime | None = None  # the event time of the last ``transition``, if it moved
         self._fence_checked_at = 0.0
 
         # The benchmark (falcon_ray.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
@@ -428,25 +446,58 @@ class Store:
             return {cid: int(n) for cid, n in c.execute(q).all()}
 
     def queue_snapshot(
-        self, cluster_name: str, topology: str, known_specs: Iterable[int] = ()
-    ) -> tuple[list[Cluster], list[Task], list[Lease], str]:
-        """What a QueueActor reads each round, in one connection: the registry, the live
-        tasks of its cluster (``spec`` is read only for ids not in ``known_specs``; the
-        others carry an empty spec), the queue's live leases (plus the Deleted ones that
-        GKE refused for capacity, of tasks still acquiring) and its last granted actor."""
-        j, L, q = t.jobs, t.node_pool_leases, t.queue_state
+        self,
+        cluster_name: str,
+        topology: str,
+        known_specs: Iterable[int] = (),
+        delta: tuple[int, Iterable[int]] | None = None,
+        clusters: list[Cluster] | None = None,
+        with_granted: bool = True,
+    ) -> QueueRead:
+        """What a QueueActor reads each round, in one connection: the registry (unless
+        ``clusters`` is given), its queue's live tasks (``spec`` is read only for ids not in
+        ``known_specs``; the others carry an empty spec), the queue's live leases (plus the
+        Deleted ones that GKE refused for capacity, of tasks still acquiring) and its last
+        granted actor (unless ``with_granted`` is False).
+
+        The tasks are found through ``falcon_task_queue``, so only this queue's rows are
+        read. With ``delta = (seq, ids)`` the read is incremental: the queue's live tasks
+        that are not Waiting, those assigned to it after ``seq``, and the tasks ``ids``
+        (the caller's earlier slot holders and the tasks it wrote since); the caller keeps
+        the Waiting rows it has and drops every task of ``ids`` that is not returned. One
+        statement either way (a UNION ALL for the delta), plus one for new specs."""
+        j, L, q, m = t.jobs, t.node_pool_leases, t.queue_state, t.task_queue
         known = set(known_specs)
         live = [s.value for s in lc.NON_TERMINAL]
         cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
-            clusters = [_row(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
+            if clusters is None:
+                clusters = [_row(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
-                return clusters, [], [], ""
-            rows = c.execute(
-                sa.select(*cols).where(j.c.cluster_id == cluster.id, j.c.status.in_(live)).order_by(j.c.id)
-            ).all()
-            unknown = [r.id for r in rows if r.id not in known]
+                return QueueRead(clusters, [], [], "", 0)
+            def base(with_spec: bool):  # the spec text only where it is not known yet
+                spec = j.c.spec if with_spec else sa.literal("").label("spec")
+                return (
+                    sa.select(*cols, spec, m.c.seq)
+                    .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+                    .where(j.c.cluster_id == cluster.id, m.c.cluster_id == cluster.id, m.c.topology == topology, j.c.status.in_(live))
+                )
+
+            if delta is None:
+                stmt = base(not known).order_by(j.c.id)
+            else:
+                after, ids = delta[0], sorted(set(delta[1]))
+                waiting = sa.and_(j.c.status == Status.PENDING.value, j.c.reason == Reason.WAITING.value)
+                parts = [base(False).where(sa.not_(waiting)), base(True).where(m.c.seq > after)]
+                if ids:
+                    parts.append(base(False).where(j.c.id.in_(ids)))
+                stmt = sa.union_all(*parts)
+            rows = c.execute(stmt).all()
+            newest = 0
+            if delta is None:  # the queue's newest assignment, live or not (an index's last entry)
+                newest = c.execute(sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster.id, m.c.topology == topology)).scalar() or 0
+            unknown = sorted({r.id for r in rows if r.id not in known and not r.spec})
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):
                 specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
@@ -469,12 +520,53 @@ class Store:
                 )
                 .order_by(L.c.id)
             ).all()
-            granted = c.execute(
-                sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
-            ).first()
+            granted = None
+            if with_granted:
+                granted = c.execute(
+                    sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
+                ).first()
         names = [c.name for c in cols]
-        tasks = [Task(spec=specs.get(r[0], ""), **dict(zip(names, r, strict=True))) for r in rows]
-        return clusters, tasks, [_row(Lease, r) for r in leases], granted[0] if granted else ""
+        tasks: dict[int, Task] = {}
+        seq = int(newest)
+        for r in rows:
+            if r[0] not in tasks or r[-2]:
+                tasks[r[0]] = Task(spec=r[-2] or specs.get(r[0], ""), **dict(zip(names, r[:-2], strict=True)))
+            seq = max(seq, int(r[-1]))
+        return QueueRead(
+            clusters, sorted(tasks.values(), key=lambda x: x.id), [_row(Lease, r) for r in leases], granted[0] if granted else "", seq
+        )
+
+    def other_topology_waiting(self, cluster_id: str, topology: str) -> bool:
+        """Whether a task of another topology of the cluster is Pending in its queue (it
+        contends for the cluster's nodes). Stops at the first such row."""
+        j, m = t.jobs, t.task_queue
+        q = (
+            sa.select(j.c.id)
+            .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+            .where(j.c.cluster_id == cluster_id, j.c.status == Status.PENDING.value, j.c.reason != "", m.c.topology != topology)
+            .limit(1)
+        )
+        with self.engine.connect() as c:
+            return c.execute(q).first() is not None
+
+    def _enqueue(self, c, placed: Sequence[tuple[int, str, str | None]]) -> None:
+        """Record each task's queue (task id, cluster id, topology) in ``falcon_task_queue``,
+        in the caller's transaction, with a new ``seq``: the queue's incremental read finds
+        it. A topology not given is read from the task's spec."""
+        if not placed:
+            return
+        m, j = t.task_queue, t.jobs
+        missing = [tid for tid, _, top in placed if top is None]
+        tops: dict[int, str] = {}
+        if missing:
+            for tid, text in c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(missing))).all():
+                try:
+                    tops[int(tid)] = str(json.loads(text).get("topology", ""))[:16]
+                except (ValueError, AttributeError, TypeError):
+                    tops[int(tid)] = ""
+        ids = [tid for tid, _, _ in placed]
+        c.execute(m.delete().where(m.c.task_id.in_(ids)))
+        c.execute(m.insert(), [dict(task_id=tid, cluster_id=cid, topology=top if top is not None else tops.get(tid, "")) for tid, cid, top in placed])
 
     def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
         """Non-terminal tasks, of one cluster or of all, oldest first."""
@@ -509,9 +601,12 @@ class Store:
         expect: Phase | Sequence[Phase],
         to: Phase,
         message: str,
+        topology: str | None = None,
         **fields: Any,
     ) -> bool:
-        """Move a task from one of ``expect`` to ``to``; True when this write won."""
+        """Move a task from one of ``expect`` to ``to``; True when this write won. A move
+        that gives the task a cluster (``cluster_id``) records its queue in the same
+        transaction (``topology``, read from the spec when not given)."""
         expect = [expect] if isinstance(expect, Phase) else list(expect)
         for src in expect:
             if not lc.allowed(src, to):
@@ -529,12 +624,15 @@ class Store:
         moving = [p for p in expect if p != to]
         staying = len(moving) < len(expect)
         won = False
+        self.moved_at = None
         with self.engine.begin() as c:
             if moving:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
                 )
                 won = res.rowcount == 1
+                if won:
+                    self.moved_at = now  # when the won move's event row says it happened
                 if won and to == lc.ABORTED:
                     self._record_abort_request(c, task_id, now)
                 if won:
@@ -547,6 +645,8 @@ class Store:
                             message=_clip(message),
                         )
                     )
+                    if fields.get("cluster_id") is not None:
+                        self._enqueue(c, [(task_id, fields["cluster_id"], topology)])
             if not won and staying:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
@@ -554,10 +654,14 @@ class Store:
                 won = res.rowcount == 1
         return won
 
-    def transition_many(self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]]) -> list[bool]:
+    def transition_many(
+        self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]], topologies: Sequence[str | None] = ()
+    ) -> list[bool]:
         """Several ``transition``s (each one expected phase, never a self-loop, never to
         Aborted) in one transaction: one compare-and-set UPDATE per task, then the won
-        moves' event rows in one multi-row INSERT. Returns, per move, whether it won."""
+        moves' event rows in one multi-row INSERT, and the queues of the won moves that
+        give a cluster (``topologies[i]`` for move i, else read from the spec) in one
+        more. Returns, per move, whether it won."""
         for _, src, to, _, _ in moves:
             if src == to or to == lc.ABORTED or not lc.allowed(src, to):
                 raise IllegalTransition(f"{src} -> {to} is not a batchable lifecycle move")
@@ -566,8 +670,10 @@ class Store:
         now = self.clock()
         won: list[bool] = []
         events = []
+        placed: list[tuple[int, str, str | None]] = []
+        tops = list(topologies) + [None] * (len(moves) - len(topologies))
         with self.engine.begin() as c:
-            for task_id, src, to, message, fields in moves:
+            for (task_id, src, to, message, fields), topology in zip(moves, tops, strict=True):
                 values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=_clip(message), updated_at=now)
                 if to.status in lc.TERMINAL:
                     values.setdefault("finished_at", now)
@@ -576,8 +682,11 @@ class Store:
                 won.append(res.rowcount == 1)
                 if won[-1]:
                     events.append(dict(task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message)))
+                    if fields.get("cluster_id") is not None:
+                        placed.append((task_id, fields["cluster_id"], topology))
             if events:
                 c.execute(t.task_events.insert(), events)
+            self._enqueue(c, placed)
         return won
 
     @staticmethod
@@ -648,7 +757,7 @@ class Store:
         cannot serve the task's shape): the poller ranks it again."""
         return self.transition(task_id, expect, lc.NEW, message, cluster_id=None)
 
-    def move_task(self, task_id: int, from_cluster_id: str, to_cluster_id: str, message: str) -> bool:
+    def move_task(self, task_id: int, from_cluster_id: str, to_cluster_id: str, message: str, topology: str | None = None) -> bool:
         """ClusterBusy on one cluster -> Waiting on another: one compare-and-set on the
         phase and the cluster (and no pool named), with its event row in the same
         transaction. A lost one (aborted, moved or provisioning meanwhile) changes nothing."""
@@ -675,6 +784,7 @@ class Store:
                         task_id=task_id, at=now, status=lc.WAITING.status.value, reason=lc.WAITING.reason.value, message=_clip(message)
                     )
                 )
+                self._enqueue(c, [(task_id, to_cluster_id, topology)])
         return won
 
     def queue_claimants(
@@ -965,4 +1075,4 @@ for _name, _fn in list(vars(Store).items()):
         setattr(Store, _name, _rerun_on_disconnect(_fn))
 del _name, _fn
 
-__all__ = ["Store", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]
+__all__ = ["Store", "QueueRead", "clip_message", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]

@@ -26,12 +26,11 @@ observes anything or calls the port, so a stale queue neither writes nor acts.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from actors.port import Port
@@ -117,7 +116,10 @@ class QueueReconciler:
         self.full_read_at = -float("inf")
         self.last_granted = ""  # read with each full read; this queue is its only writer
         self.clusters: list[Cluster] | None = None
-        self.qtasks: dict[int, tuple[Task, dt.datetime | None, QueueTask]] = {}
+        self.qtasks: dict[int, QueueTask] = {}  # the decisions' value of each row
+        self.task_values: tuple[QueueTask, ...] = ()  # qtasks in id order
+        self.changed: set[int] = set()  # rows read or written since their value was built
+        self.values_stale = False  # a value in qtasks was replaced (a Message written)
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
 
     # ---- the loop ------------------------------------------------------------------------
@@ -180,20 +182,20 @@ class QueueReconciler:
             self.specs[task.id] = spec
         return spec
 
-    def _phase_since(self, tasks: list[tuple[Task, TaskSpec]]) -> dict[int, dt.datetime]:
-        """When each task entered its current phase: cached, else from the event log."""
-        unknown = {t.id for t, _ in tasks if self.phase_since.get(t.id, (None,))[0] != t.phase}
+    def _phase_since(self, tasks: list[Task]) -> None:
+        """When each of ``tasks`` entered its current phase: kept, else from the event log."""
+        unknown = {t.id for t in tasks if self.phase_since.get(t.id, (None,))[0] != t.phase}
         if unknown:
             entered = self.store.phase_entered(unknown)
-            for t, _ in tasks:
+            for t in tasks:
                 if t.id in unknown:
                     self.phase_since[t.id] = (t.phase, entered.get((t.id, t.phase)) or t.updated_at)
-        return {t.id: self.phase_since[t.id][1] for t, _ in tasks if t.id in self.phase_since}
 
-    def _read_tasks(self) -> tuple[list[Cluster], Cluster, list[Task], list] | None:
+    def _read_tasks(self) -> tuple[list[Cluster], Cluster, list] | None:
         """The queue's rows: all of them at the first round and every ``queue_full_read_s``,
         otherwise only what may have changed (``Store.queue_snapshot``'s delta) merged into
-        the rows kept from the last read. The registry is read once per step."""
+        the rows kept from the last read; the ids whose row changed or went are added to
+        ``changed``. The registry is read once per step."""
         now = time.monotonic()
         full = now - self.full_read_at >= self.s.queue_full_read_s
         asked = self.hot | self.dirty
@@ -208,45 +210,63 @@ class QueueReconciler:
         self.clusters = snap.clusters
         cluster = next((c for c in snap.clusters if c.name == self.cluster_name), None)
         if cluster is None:
-            self.full_read_at = -DESTINATIONS_TTL_S - self.s.queue_full_read_s  # read it all when it is back
+            self.full_read_at = -float("inf")  # read it all when it is back
             return None
         got = {t.id: t for t in snap.tasks}
+        gone = (self.rows.keys() if full else asked) - got.keys()  # ended, moved away or unassigned
+        for tid in gone:
+            self._drop(tid)
+        self.changed |= gone | got.keys()
+        self.rows.update(got)
         if full:
-            self.rows, self.last_granted, self.full_read_at = got, snap.last_granted, now
+            self.last_granted, self.full_read_at, self.seq = snap.last_granted, now, snap.seq
         else:
-            for tid in asked - got.keys():  # ended, moved away or unassigned
-                self.rows.pop(tid, None)
-            self.rows.update(got)
-        self.seq = max(self.seq, snap.seq) if not full else snap.seq
+            self.seq = max(self.seq, snap.seq)
         self.dirty.clear()
-        self.hot = {tid for tid, t in self.rows.items() if t.phase != lc.WAITING}
-        return snap.clusters, cluster, sorted(self.rows.values(), key=lambda x: x.id), snap.leases
+        self.hot = {tid for tid in self.hot | got.keys() if tid in self.rows and self.rows[tid].phase != lc.WAITING}
+        return snap.clusters, cluster, snap.leases
 
-    def _queue_task(self, t: Task, spec: TaskSpec, since: dt.datetime | None) -> QueueTask:
-        """The decisions' value of a row, reused while the row and its phase entry stay the same."""
-        kept = self.qtasks.get(t.id)
-        if kept is not None and kept[0] is t and kept[1] == since:
-            return kept[2]
-        qt = QueueTask(
-            id=t.id,
-            name=t.name,
-            actor=t.actor,
-            phase=t.phase,
-            created_at=t.created_at,
-            dispatched_at=t.dispatched_at,
-            spec=spec,
-            node_pool_name=t.node_pool_name,
-            job_uid=t.job_uid,
-            message=t.message,
-            phase_since=since,
-        )
-        self.qtasks[t.id] = (t, since, qt)
-        return qt
+    def _drop(self, tid: int) -> None:
+        """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
+        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.qtasks):
+            cache.pop(tid, None)
 
-    def _other_topology_waiting(self, cluster_id: str, mine: list[tuple[Task, TaskSpec]]) -> bool:
+    def _queue_tasks(self) -> tuple[QueueTask, ...]:
+        """The decisions' values of the queue's tasks, rebuilt only for the rows in ``changed``."""
+        changed, self.changed = self.changed, set()
+        rows = []
+        for tid in changed:
+            t = self.rows.get(tid)
+            spec = self._spec(t) if t is not None else None
+            if spec is None or spec.topology != self.topology:
+                self.qtasks.pop(tid, None)
+                continue
+            rows.append(t)
+        self._phase_since(rows)
+        for t in rows:
+            entry = self.phase_since.get(t.id)
+            self.qtasks[t.id] = QueueTask(
+                id=t.id,
+                name=t.name,
+                actor=t.actor,
+                phase=t.phase,
+                created_at=t.created_at,
+                dispatched_at=t.dispatched_at,
+                spec=self.specs[t.id],
+                node_pool_name=t.node_pool_name,
+                job_uid=t.job_uid,
+                message=t.message,
+                phase_since=entry[1] if entry else None,
+            )
+        if changed or self.values_stale:
+            self.task_values = tuple(self.qtasks[k] for k in sorted(self.qtasks))
+            self.values_stale = False
+        return self.task_values
+
+    def _other_topology_waiting(self, cluster_id: str) -> bool:
         """Read only while a task of this queue acquires (the rules ask it only then), at
         most once a second."""
-        if not any(t.phase in lc.ACQUIRING_PHASES for t, _ in mine):
+        if not any(tid in self.qtasks and self.qtasks[tid].phase in lc.ACQUIRING_PHASES for tid in self.hot):
             return False
         now = time.monotonic()
         if now - self.other_waiting_at[0] >= DESTINATIONS_TTL_S:
@@ -257,19 +277,12 @@ class QueueReconciler:
         read = self._read_tasks()
         if read is None:
             return None
-        clusters, cluster, live, queue_leases = read
+        clusters, cluster, queue_leases = read
         leases = tuple(l for l in queue_leases if l.state != LeaseState.DELETED)
         refused = tuple(l for l in queue_leases if l.refused_at is not None)
-        mine: list[tuple[Task, TaskSpec]] = []
-        for t in live:
-            spec = self._spec(t)
-            if spec is not None and spec.topology == self.topology:
-                mine.append((t, spec))
-        since = self._phase_since(mine)
-        tasks = tuple(self._queue_task(t, spec, since.get(t.id)) for t, spec in mine)
-        other_waiting = self._other_topology_waiting(cluster.id, mine)
+        tasks = self._queue_tasks()
+        other_waiting = self._other_topology_waiting(cluster.id)
         last_granted = self.last_granted
-        self._forget_ended({t.id for t in live}, {t.id for t in tasks})
         history = self._history(cluster.id, leases)
         self._account_idle_chips(cluster.tpu_type, leases)
         state = QueueState(
@@ -281,7 +294,7 @@ class QueueReconciler:
             other_topology_waiting=other_waiting,
             alternatives_exist=any(c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters),
             submit_errors=dict(self.submit_errors),
-            terminal_messages=self._terminal_messages(leases, {t.id for t in tasks}),
+            terminal_messages=self._terminal_messages(leases, self.qtasks.keys()),
             refused=refused,
             history=history,
             destinations=self._destinations(cluster, clusters, tasks),
@@ -356,19 +369,7 @@ class QueueReconciler:
         self.destinations_at = (now, tuple(out))
         return self.destinations_at[1]
 
-    def _forget_ended(self, live: set[int], mine: set[int]) -> None:
-        if len(self.specs) > len(live):
-            for tid in [tid for tid in self.specs if tid not in live]:
-                self.specs.pop(tid, None)
-                self.submit_errors.pop(tid, None)
-        if len(self.phase_since) > len(mine):
-            for tid in [tid for tid in self.phase_since if tid not in mine]:
-                del self.phase_since[tid]
-        if len(self.qtasks) > len(mine):
-            for tid in [tid for tid in self.qtasks if tid not in mine]:
-                del self.qtasks[tid]
-
-    def _terminal_messages(self, leases, live_ids: set[int]) -> dict[int, tuple[Phase, str]]:
+    def _terminal_messages(self, leases, live_ids: Collection[int]) -> dict[int, tuple[Phase, str]]:
         """Last holders of pools whose delete keeps failing (their task is terminal)."""
         failing = [
             l.task_id
@@ -488,7 +489,11 @@ class QueueReconciler:
         for tid, phase, text in updates:
             row = self.rows.get(tid)
             if row is not None and row.phase == phase:
-                self.rows[tid] = dataclasses.replace(row, message=clip_message(text))
+                text = clip_message(text)
+                self.rows[tid] = row.with_message(text)
+                if tid in self.qtasks:
+                    self.qtasks[tid] = self.qtasks[tid].with_message(text)
+                    self.values_stale = True
 
     def _move(self, e: MoveTask) -> tuple[bool, bool]:
         """The compare-and-set that moves a ClusterBusy task to another cluster's queue, then

@@ -120,6 +120,16 @@ def _enum(kind: type[StrEnum], value: Any) -> Any:
     return kind._value2member_map_.get(value, value)
 
 
+def _with_message(value: Any, message: str) -> Any:
+    """A copy of a frozen row value with another ``message`` (its cached properties kept):
+    a queue rewrites thousands of Messages per hand-over, and ``dataclasses.replace`` would
+    validate each row again."""
+    out = object.__new__(type(value))
+    out.__dict__.update(value.__dict__)
+    out.__dict__["message"] = message
+    return out
+
+
 # --- rows, as the store hands them out -----------------------------------------------------
 
 
@@ -190,6 +200,10 @@ class Task:
     @property
     def terminal(self) -> bool:
         return self.status in lc.TERMINAL
+
+    def with_message(self, message: str) -> Task:
+        """The same row with another Message (a copy: the row stays frozen for its holders)."""
+        return _with_message(self, message)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -381,6 +395,10 @@ class QueueTask:
     @property
     def priority(self) -> int:
         return self.spec.priority
+
+    def with_message(self, message: str) -> QueueTask:
+        """The same value with another Message (a copy)."""
+        return _with_message(self, message)
 
 
 @dataclass(frozen=True)

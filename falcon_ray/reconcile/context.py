@@ -58,6 +58,7 @@ class Decision:
         self.waiting = [t for t in q.tasks if t.phase == lc.WAITING]
         self.acquiring = [t for t in q.tasks if t.phase in lc.ACQUIRING_PHASES]
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
+        self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute
         ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}
         # tasks that would take an idle pool now: Waiting ones, and acquiring ones whose own
         # pool is not ready yet (they switch to an idle pool, original section 5)

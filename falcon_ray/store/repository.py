@@ -461,10 +461,10 @@ class Store:
         granted actor (unless ``with_granted`` is False).
 
         The tasks are found through ``falcon_task_queue``, so only this queue's rows are
-        read. With ``delta = (seq, ids)`` the read is incremental: the queue's live tasks
-        that are not Waiting, those assigned to it after ``seq``, and the tasks ``ids``
-        (the caller's earlier slot holders and the tasks it wrote since); the caller keeps
-        the Waiting rows it has and drops every task of ``ids`` that is not returned. One
+        read. With ``delta = (seq, ids)`` the read is incremental: the queue's Aborting and
+        Running tasks, those assigned to it after ``seq``, and the tasks ``ids`` (the
+        caller's earlier slot holders and the tasks it wrote since); the caller keeps the
+        other rows it has and drops every task of ``ids`` that is not returned. One
         statement either way (a UNION ALL for the delta), plus one for new specs."""
         j, L, q, m = t.jobs, t.node_pool_leases, t.queue_state, t.task_queue
         known = set(known_specs)
@@ -487,9 +487,12 @@ class Store:
             if delta is None:
                 stmt = base(not known).order_by(j.c.id)
             else:
+                # what others change in a queue's rows: the upper layer aborts (Aborting),
+                # the poller and other queues add Waiting tasks (a new seq); every other move
+                # is this queue's own and its ids are in ``ids``
                 after, ids = delta[0], sorted(set(delta[1]))
-                waiting = sa.and_(j.c.status == Status.PENDING.value, j.c.reason == Reason.WAITING.value)
-                parts = [base(False).where(sa.not_(waiting)), base(True).where(m.c.seq > after)]
+                others = j.c.status.in_([Status.ABORTING.value, Status.RUNNING.value])
+                parts = [base(False).where(others), base(True).where(m.c.seq > after)]
                 if ids:
                     parts.append(base(False).where(j.c.id.in_(ids)))
                 stmt = sa.union_all(*parts)
@@ -723,29 +726,35 @@ class Store:
         for tid, ph, msg in updates:
             by_phase.setdefault(ph, []).append((tid, _clip(msg)))
         changed = 0
+        # driver-level SQL with positional markers: building (or even parsing the bind names
+        # of) 500 CASE branches costs more than the statement itself
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
         with self.engine.begin() as c:
             for ph, items in by_phase.items():
                 for i in range(0, len(items), self.MESSAGE_CHUNK):
                     chunk = items[i : i + self.MESSAGE_CHUNK]
-                    # plain SQL text: building 500 CASE branches as expressions costs more
-                    # than the statement itself
-                    params: dict[str, Any] = {"now": now, "st": ph.status.value, "rs": ph.reason.value}
-                    branches, ids = [], []
-                    for n, (tid, msg) in enumerate(chunk):
-                        params[f"i{n}"], params[f"m{n}"] = tid, msg
-                        branches.append(f"WHEN :i{n} THEN :m{n}")
-                        ids.append(f":i{n}")
-                    guard = "status = :st" + (" AND reason = :rs" if ph.status in (Status.PENDING, Status.FAILED) else "")
+                    params: list[Any] = []
+                    for tid, msg in chunk:
+                        params += (tid, msg)
+                    params.append(now)
+                    params += [tid for tid, _ in chunk]
+                    params.append(ph.status.value)
+                    guard = f"status = {mark}"
+                    if ph.status in (Status.PENDING, Status.FAILED):
+                        guard += f" AND reason = {mark}"
+                        params.append(ph.reason.value)
                     if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
                         if self.fenced:
                             raise Fenced(self.fenced)
-                        guard += " AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = :leader AND epoch = :epoch)"
-                        params.update(leader=LEADER, epoch=self.epoch)
+                        guard += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
+                        params += (LEADER, self.epoch)
+                    branches = " ".join([f"WHEN {mark} THEN {mark}"] * len(chunk))
+                    ids = ", ".join([mark] * len(chunk))
                     sql = (
-                        f"UPDATE jobs SET message = CASE id {' '.join(branches)} ELSE message END, updated_at = :now "
-                        f"WHERE id IN ({', '.join(ids)}) AND {guard}"
+                        f"UPDATE jobs SET message = CASE id {branches} ELSE message END, updated_at = {mark} "
+                        f"WHERE id IN ({ids}) AND {guard}"
                     )
-                    changed += c.execute(sa.text(sql), params).rowcount
+                    changed += c.exec_driver_sql(sql, tuple(params)).rowcount
             if self.epoch is not None and changed == 0:
                 self._verify_epoch(c)
         return changed

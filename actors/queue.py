@@ -77,6 +77,7 @@ IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at o
 MAX_ROUNDS = 8
 DESTINATIONS_TTL_S = 1.0  # another cluster's state is read at most this often for a move
 IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
+LEASE_EFFECTS = (CreateLease, MoveLease, MarkReady, RecordOperation)  # the effects that write a lease row
 HISTORY_WINDOW_S = 86400.0  # starts older than this are not read back after a restart
 
 
@@ -120,6 +121,8 @@ class QueueReconciler:
         self.task_values: tuple[QueueTask, ...] = ()  # qtasks in id order
         self.changed: set[int] = set()  # rows read or written since their value was built
         self.values_stale = False  # a value in qtasks was replaced (a Message written)
+        self.lease_rows: list | None = None  # the queue's leases as last read
+        self.leases_stale = True  # an effect was carried out since they were read
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
 
     # ---- the loop ------------------------------------------------------------------------
@@ -206,6 +209,7 @@ class QueueReconciler:
             delta=None if full else (self.seq, asked),
             clusters=self.clusters,
             with_granted=full,
+            with_leases=full or self.lease_rows is None,
         )
         self.clusters = snap.clusters
         cluster = next((c for c in snap.clusters if c.name == self.cluster_name), None)
@@ -214,6 +218,12 @@ class QueueReconciler:
             return None
         got = {t.id: t for t in snap.tasks}
         gone = (self.rows.keys() if full else asked) - got.keys()  # ended, moved away or unassigned
+        if snap.leases is not None:
+            self.lease_rows, self.leases_stale = snap.leases, False
+        elif self.leases_stale or gone - self.dirty or any(self.rows.get(tid) != t for tid, t in got.items() if tid not in self.dirty):
+            # this queue is its leases' only writer (its own writes set leases_stale); which
+            # refused ones count follows its tasks, and another writer may have moved one
+            self.lease_rows, self.leases_stale = self.store.queue_leases(cluster.id, self.topology), False
         for tid in gone:
             self._drop(tid)
         self.changed |= gone | got.keys()
@@ -224,7 +234,7 @@ class QueueReconciler:
             self.seq = max(self.seq, snap.seq)
         self.dirty.clear()
         self.hot = {tid for tid in self.hot | got.keys() if tid in self.rows and self.rows[tid].phase != lc.WAITING}
-        return snap.clusters, cluster, snap.leases
+        return snap.clusters, cluster, self.lease_rows
 
     def _drop(self, tid: int) -> None:
         """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
@@ -424,6 +434,10 @@ class QueueReconciler:
     def apply(self, e: reconcile.Effect) -> tuple[bool, bool]:
         """Returns (carry on with the group, this effect moved a task or lease)."""
         st, c = self.store, self.cluster_name
+        if isinstance(e, LEASE_EFFECTS) or (self.lease_rows and any(l.refused_at is not None for l in self.lease_rows)):
+            # the next round reads the leases again: this effect writes one, or moves a task
+            # whose refused leases (read while it acquires) may drop out
+            self.leases_stale = True
         task_id = getattr(e, "task_id", None)
         if task_id is not None:
             self.dirty.add(task_id)  # the next round reads its row again, whatever happens here

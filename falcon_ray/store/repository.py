@@ -52,6 +52,7 @@ tests) writes unguarded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -59,7 +60,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -99,7 +100,7 @@ class QueueRead:
 
     clusters: list[Cluster]
     tasks: list[Task]
-    leases: list[Lease]
+    leases: list[Lease] | None
     last_granted: str
     seq: int
 
@@ -120,7 +121,10 @@ def make_engine(url: str) -> Engine:
         # No reset-on-return ROLLBACK: every Store method ends its own transaction (begin()
         # commits, connect() rolls back its read on close), so the pool's extra ROLLBACK on
         # each return was one wasted statement per call. The ping is COM_PING, not a statement.
-        kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4)
+        # Driver autocommit: a read is one statement (no ROLLBACK after it), a one-statement
+        # write is its own transaction (no COMMIT); a write of several statements runs in an
+        # explicit BEGIN ... COMMIT (``Store._tx``).
+        kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4, isolation_level="AUTOCOMMIT")
     engine = sa.create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 
@@ -206,6 +210,27 @@ class Store:
             rollback(dbapi_conn)
 
         dialect.do_commit, dialect.do_rollback = _commit, _rollback  # type: ignore[method-assign]
+        self.autocommit = self.engine.dialect.name in ("mysql", "mariadb")
+        if self.autocommit:  # the driver commits each statement; nothing to end but _tx's own
+            dialect.do_commit = dialect.do_rollback = lambda dbapi_conn: None  # type: ignore[method-assign]
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """One transaction for a write of several statements: ``engine.begin()`` on SQLite,
+        an explicit BEGIN ... COMMIT on an autocommit connection (MySQL)."""
+        if not self.autocommit:
+            with self.engine.begin() as c:
+                yield c
+            return
+        with self.engine.connect() as c:
+            c.exec_driver_sql("BEGIN")
+            try:
+                yield c
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    c.exec_driver_sql("ROLLBACK")
+                raise
+            c.exec_driver_sql("COMMIT")
 
     def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
         return {"url": self.url, "clock": self.clock, "epoch": self.epoch}
@@ -359,7 +384,7 @@ class Store:
         """Insert a Pending task exactly as the upper layer does."""
         text = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)
         now = self.clock()
-        with self.engine.begin() as c:
+        with self._tx() as c:
             res = c.execute(
                 t.jobs.insert().values(
                     name=name,
@@ -382,7 +407,7 @@ class Store:
         now = self.clock()
         live = [s.value for s in (Status.PENDING, Status.RUNNING)]
         msg = ""
-        with self.engine.begin() as c:
+        with self._tx() as c:
             res = c.execute(
                 t.jobs.update()
                 .where(t.jobs.c.id == task_id, t.jobs.c.status.in_(live))
@@ -453,12 +478,14 @@ class Store:
         delta: tuple[int, Iterable[int]] | None = None,
         clusters: list[Cluster] | None = None,
         with_granted: bool = True,
+        with_leases: bool = True,
     ) -> QueueRead:
         """What a QueueActor reads each round, in one connection: the registry (unless
         ``clusters`` is given), its queue's live tasks (``spec`` is read only for ids not in
         ``known_specs``; the others carry an empty spec), the queue's live leases (plus the
         Deleted ones that GKE refused for capacity, of tasks still acquiring) and its last
-        granted actor (unless ``with_granted`` is False).
+        granted actor (unless ``with_granted`` is False; the leases unless ``with_leases``
+        is False, then ``leases`` is None).
 
         The tasks are found through ``falcon_task_queue``, so only this queue's rows are
         read. With ``delta = (seq, ids)`` the read is incremental: the queue's Aborting and
@@ -466,7 +493,7 @@ class Store:
         caller's earlier slot holders and the tasks it wrote since); the caller keeps the
         other rows it has and drops every task of ``ids`` that is not returned. One
         statement either way (a UNION ALL for the delta), plus one for new specs."""
-        j, L, q, m = t.jobs, t.node_pool_leases, t.queue_state, t.task_queue
+        j, q, m = t.jobs, t.queue_state, t.task_queue
         known = set(known_specs)
         live = [s.value for s in lc.NON_TERMINAL]
         cols = [c for c in j.c if c.name != "spec"]
@@ -504,25 +531,7 @@ class Store:
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):
                 specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
-            # live leases, and the refused ones (Deleted too) of the cluster's acquiring tasks:
-            # those rows are the durable record of a capacity wait
-            acquiring = sa.select(j.c.id).where(
-                j.c.cluster_id == cluster.id,
-                j.c.status == Status.PENDING.value,
-                j.c.reason.in_([r.value for r in lc.ACQUIRING]),
-            )
-            leases = c.execute(
-                L.select()
-                .where(
-                    L.c.cluster_id == cluster.id,
-                    L.c.topology == topology,
-                    sa.or_(
-                        L.c.state != LeaseState.DELETED.value,
-                        sa.and_(L.c.refused_at.is_not(None), L.c.task_id.in_(acquiring)),
-                    ),
-                )
-                .order_by(L.c.id)
-            ).all()
+            leases = c.execute(self._queue_leases(cluster.id, topology)).all() if with_leases else None
             granted = None
             if with_granted:
                 granted = c.execute(
@@ -536,8 +545,40 @@ class Store:
                 tasks[r[0]] = Task(spec=r[-2] or specs.get(r[0], ""), **dict(zip(names, r[:-2], strict=True)))
             seq = max(seq, int(r[-1]))
         return QueueRead(
-            clusters, sorted(tasks.values(), key=lambda x: x.id), [_row(Lease, r) for r in leases], granted[0] if granted else "", seq
+            clusters,
+            sorted(tasks.values(), key=lambda x: x.id),
+            [_row(Lease, r) for r in leases] if leases is not None else None,
+            granted[0] if granted else "",
+            seq,
         )
+
+    @staticmethod
+    def _queue_leases(cluster_id: str, topology: str):
+        """A queue's live leases, and the refused ones (Deleted too) of the cluster's
+        acquiring tasks: those rows are the durable record of a capacity wait."""
+        j, L = t.jobs, t.node_pool_leases
+        acquiring = sa.select(j.c.id).where(
+            j.c.cluster_id == cluster_id,
+            j.c.status == Status.PENDING.value,
+            j.c.reason.in_([r.value for r in lc.ACQUIRING]),
+        )
+        return (
+            L.select()
+            .where(
+                L.c.cluster_id == cluster_id,
+                L.c.topology == topology,
+                sa.or_(
+                    L.c.state != LeaseState.DELETED.value,
+                    sa.and_(L.c.refused_at.is_not(None), L.c.task_id.in_(acquiring)),
+                ),
+            )
+            .order_by(L.c.id)
+        )
+
+    def queue_leases(self, cluster_id: str, topology: str) -> list[Lease]:
+        """``queue_snapshot``'s leases alone."""
+        with self.engine.connect() as c:
+            return [_row(Lease, r) for r in c.execute(self._queue_leases(cluster_id, topology)).all()]
 
     def other_topology_waiting(self, cluster_id: str, topology: str) -> bool:
         """Whether a task of another topology of the cluster is Pending in its queue (it
@@ -628,7 +669,7 @@ class Store:
         staying = len(moving) < len(expect)
         won = False
         self.moved_at = None
-        with self.engine.begin() as c:
+        with self._tx() as c:
             if moving:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
@@ -675,7 +716,7 @@ class Store:
         events = []
         placed: list[tuple[int, str, str | None]] = []
         tops = list(topologies) + [None] * (len(moves) - len(topologies))
-        with self.engine.begin() as c:
+        with self._tx() as c:
             for (task_id, src, to, message, fields), topology in zip(moves, tops, strict=True):
                 values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=_clip(message), updated_at=now)
                 if to.status in lc.TERMINAL:
@@ -729,7 +770,7 @@ class Store:
         # driver-level SQL with positional markers: building (or even parsing the bind names
         # of) 500 CASE branches costs more than the statement itself
         mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
-        with self.engine.begin() as c:
+        with self.engine.begin() as c:  # each chunk is guarded on its own: no transaction needed around them
             for ph, items in by_phase.items():
                 for i in range(0, len(items), self.MESSAGE_CHUNK):
                     chunk = items[i : i + self.MESSAGE_CHUNK]
@@ -785,7 +826,7 @@ class Store:
                 updated_at=now,
             )
         )
-        with self.engine.begin() as c:
+        with self._tx() as c:
             won = self._write(c, stmt).rowcount == 1
             if won:
                 c.execute(

@@ -267,7 +267,8 @@ def test_refresh_messages_is_one_statement_and_skips_moved_rows(store):
 
     before = store.statements
     changed = store.refresh_messages([(tid, lc.WAITING, f"Queue position #{i + 1}") for i, tid in enumerate(ids)])
-    assert store.statements - before == 2  # one UPDATE and its COMMIT
+    # one UPDATE, and its COMMIT where the driver does not commit each statement (SQLite)
+    assert store.statements - before == (1 if store.autocommit else 2)
     assert changed == 4
     for i, tid in enumerate(ids[:-1]):
         assert store.get_task(tid).message == f"Queue position #{i + 1}"

@@ -441,3 +441,41 @@ def test_abort_set_by_the_upper_layers_own_sql_still_gets_its_event(store):
     assert store.request_abort(tid2)
     assert store.transition(tid2, lc.ABORTING, lc.ABORTED, "Aborted by user")
     assert [e.status for e in store.events(tid2)].count("Aborting") == 1
+
+
+# --- statements sent (issue 11) ------------------------------------------------------------
+
+
+def test_statements_per_call_read_one_write_one_move_in_one_transaction(store):
+    """A read is one statement and a one-statement write is one (on MySQL the driver commits
+    it: no ROLLBACK after a read, no COMMIT after a write); a task move is its UPDATE and
+    its event row in one transaction (an explicit BEGIN ... COMMIT there, the COMMIT alone
+    on SQLite)."""
+    tid = new_task(store)
+    store.get_task(tid)  # warm the pool
+    before = store.statements
+    store.get_task(tid)
+    read = store.statements - before
+    before = store.statements
+    assert store.update_task(tid, lc.NEW, "held")
+    write = store.statements - before
+    before = store.statements
+    assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="2x4")
+    move = store.statements - before  # + the task's falcon_task_queue row: DELETE and INSERT
+    if store.autocommit:
+        assert (read, write, move) == (1, 1, 6)
+    else:
+        assert (read, write, move) == (2, 2, 5)
+    assert event_phases(store, tid)[-1] == str(lc.WAITING)
+
+
+def test_a_failed_move_leaves_neither_row_nor_event(store):
+    """The explicit transaction is rolled back whole when a statement in it fails."""
+    if not store.autocommit:
+        pytest.skip("SQLite does not check VARCHAR widths: nothing fails there; engine.begin() is its transaction")
+    tid = new_task(store)
+    events = len(store.events(tid))
+    with pytest.raises(Exception, match="too long|Data too long|1406"):
+        store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="x" * 100)  # the queue row fails
+    assert store.get_task(tid).phase == lc.NEW
+    assert len(store.events(tid)) == events

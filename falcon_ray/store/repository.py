@@ -702,36 +702,80 @@ class Store:
         self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]], topologies: Sequence[str | None] = ()
     ) -> list[bool]:
         """Several ``transition``s (each one expected phase, never a self-loop, never to
-        Aborted) in one transaction: one compare-and-set UPDATE per task, then the won
-        moves' event rows in one multi-row INSERT, and the queues of the won moves that
-        give a cluster (``topologies[i]`` for move i, else read from the spec) in one
-        more. Returns, per move, whether it won."""
+        Aborted) in one transaction: one compare-and-set UPDATE per ``MOVE_CHUNK`` moves of
+        the same kind (``id IN (...) AND`` the expected phase, each row's own Message and
+        fields by ``CASE id``), then the won moves' event rows in one multi-row INSERT, and
+        the queues of the won moves that give a cluster (``topologies[i]`` for move i, else
+        read from the spec) in one more. Returns, per move, whether it won."""
         for _, src, to, _, _ in moves:
             if src == to or to == lc.ABORTED or not lc.allowed(src, to):
                 raise IllegalTransition(f"{src} -> {to} is not a batchable lifecycle move")
         if not moves:
             return []
         now = self.clock()
-        won: list[bool] = []
-        events = []
-        placed: list[tuple[int, str, str | None]] = []
+        won = [False] * len(moves)
+        kinds: dict[tuple[Phase, Phase, tuple[str, ...]], list[int]] = {}
+        for i, (_, src, to, _, fields) in enumerate(moves):
+            kinds.setdefault((src, to, tuple(sorted(fields))), []).append(i)
         tops = list(topologies) + [None] * (len(moves) - len(topologies))
         with self._tx() as c:
-            for (task_id, src, to, message, fields), topology in zip(moves, tops, strict=True):
-                values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=_clip(message), updated_at=now)
-                if to.status in lc.TERMINAL:
-                    values.setdefault("finished_at", now)
-                values.update(fields)
-                res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([src])).values(**values))
-                won.append(res.rowcount == 1)
-                if won[-1]:
-                    events.append(dict(task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message)))
-                    if fields.get("cluster_id") is not None:
-                        placed.append((task_id, fields["cluster_id"], topology))
+            for (src, to, keys), idx in kinds.items():
+                for k in range(0, len(idx), self.MOVE_CHUNK):
+                    chunk = idx[k : k + self.MOVE_CHUNK]
+                    for i in self._move_chunk(c, [moves[i] for i in chunk], src, to, keys, now):
+                        won[chunk[i]] = True
+            events = [
+                dict(task_id=m[0], at=now, status=m[2].status.value, reason=m[2].reason.value, message=_clip(m[3]))
+                for m, w in zip(moves, won, strict=True)
+                if w
+            ]
             if events:
                 c.execute(t.task_events.insert(), events)
+            placed = [(m[0], m[4]["cluster_id"], top) for m, w, top in zip(moves, won, tops, strict=True) if w and m[4].get("cluster_id") is not None]
             self._enqueue(c, placed)
         return won
+
+    MOVE_CHUNK = 500  # moves per UPDATE in transition_many
+
+    def _move_chunk(self, c, chunk, src: Phase, to: Phase, keys: tuple[str, ...], now) -> list[int]:
+        """One compare-and-set UPDATE for moves of one kind; the positions in ``chunk`` that won."""
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        sets, params = [f"status = {mark}", f"reason = {mark}", f"updated_at = {mark}"], [to.status.value, to.reason.value, now]
+        if to.status in lc.TERMINAL and "finished_at" not in keys:
+            sets.append(f"finished_at = {mark}")
+            params.append(now)
+        for col, pick in [("message", lambda m: _clip(m[3]))] + [(key, lambda m, key=key: m[4][key]) for key in keys]:
+            if col not in t.jobs.c:
+                raise ValueError(f"jobs has no column {col!r}")
+            sets.append(f"{col} = CASE id {' '.join([f'WHEN {mark} THEN {mark}'] * len(chunk))} ELSE {col} END")
+            for m in chunk:
+                params += (m[0], pick(m))
+        ids = [m[0] for m in chunk]
+        where = f"id IN ({', '.join([mark] * len(ids))}) AND status = {mark}"
+        params += ids
+        params.append(src.status.value)
+        if src.status in (Status.PENDING, Status.FAILED):
+            where += f" AND reason = {mark}"
+            params.append(src.reason.value)
+        if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
+            if self.fenced:
+                raise Fenced(self.fenced)
+            where += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
+            params += (LEADER, self.epoch)
+        changed = c.exec_driver_sql(f"UPDATE jobs SET {', '.join(sets)} WHERE {where}", tuple(params)).rowcount
+        if changed == len(chunk):
+            return list(range(len(chunk)))
+        if changed == 0:
+            if self.epoch is not None:
+                self._verify_epoch(c)
+            return []
+        # some lost (aborted meanwhile): the rows this statement moved are in ``to`` since ``now``
+        j = t.jobs
+        moved = {
+            int(r[0])
+            for r in c.execute(sa.select(j.c.id).where(j.c.id.in_(ids), self._phase_predicate([to]), j.c.updated_at == now)).all()
+        }
+        return [i for i, m in enumerate(chunk) if m[0] in moved]
 
     @staticmethod
     def _record_abort_request(c, task_id: int, now) -> None:

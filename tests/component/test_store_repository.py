@@ -11,6 +11,7 @@ import time
 from collections import deque
 
 import pytest
+import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
@@ -479,3 +480,34 @@ def test_a_failed_move_leaves_neither_row_nor_event(store):
         store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="x" * 100)  # the queue row fails
     assert store.get_task(tid).phase == lc.NEW
     assert len(store.events(tid)) == events
+
+
+def test_transition_many_is_one_update_per_kind_and_tells_each_lost_move(store):
+    """The poller's assignments: one compare-and-set UPDATE for the batch; a task the upper
+    layer aborted meanwhile loses (no event, no queue row), the others win with their own
+    Message and cluster."""
+    from falcon_ray.store import tables as t
+
+    ids = [new_task(store) for _ in range(4)]
+    assert store.request_abort(ids[1])
+    moves = [(tid, lc.NEW, lc.WAITING, f"queued {tid}", {"cluster_id": f"c-{tid % 2}"}) for tid in ids]
+    before = store.statements
+    won = store.transition_many(moves, ["2x4"] * 4)
+    sent = store.statements - before
+    assert won == [True, False, True, True]
+    # UPDATE, the look-up of who won, events INSERT, queue rows DELETE + INSERT, and the
+    # transaction's BEGIN/COMMIT (COMMIT only on SQLite)
+    assert sent == (7 if store.autocommit else 6)
+    for tid, w in zip(ids, won, strict=True):
+        row = store.get_task(tid)
+        if w:
+            assert (row.phase, row.message, row.cluster_id) == (lc.WAITING, f"queued {tid}", f"c-{tid % 2}")
+            assert event_phases(store, tid)[-1] == str(lc.WAITING)
+        else:
+            assert row.status == Status.ABORTING and row.cluster_id is None
+    with store.engine.connect() as c:
+        queued = dict(c.execute(sa.select(t.task_queue.c.task_id, t.task_queue.c.cluster_id)).all())
+    assert queued == {tid: f"c-{tid % 2}" for tid, w in zip(ids, won, strict=True) if w}
+    before = store.statements
+    assert store.transition_many([(ids[0], lc.WAITING, lc.PROVISIONING, "picked", {})]) == [True]
+    assert store.statements - before == (4 if store.autocommit else 3)  # all won: no look-up

@@ -117,6 +117,7 @@ class QueueReconciler:
         self.full_read_at = -float("inf")
         self.last_granted = ""  # read with each full read; this queue is its only writer
         self.clusters: list[Cluster] | None = None
+        self.clusters_at = -float("inf")  # when the registry was last read
         self.qtasks: dict[int, QueueTask] = {}  # the decisions' value of each row
         self.task_values: tuple[QueueTask, ...] = ()  # qtasks in id order
         self.changed: set[int] = set()  # rows read or written since their value was built
@@ -150,7 +151,8 @@ class QueueReconciler:
             raise Fenced(self.store.fenced)
         applied = 0
         last: tuple[QueueState, ClusterView, dt.datetime] | None = None
-        self.clusters = None  # the registry is read once per step
+        if self.rows or self.lease_rows or time.monotonic() - self.clusters_at >= self.s.queue_full_read_s:
+            self.clusters = None  # the registry is read once per step (an empty queue's: once per full read)
         for _ in range(MAX_ROUNDS):
             observed = self.observe()
             if observed is None:
@@ -211,6 +213,8 @@ class QueueReconciler:
             with_granted=full,
             with_leases=full or self.lease_rows is None,
         )
+        if self.clusters is None:
+            self.clusters_at = now
         self.clusters = snap.clusters
         cluster = next((c for c in snap.clusters if c.name == self.cluster_name), None)
         if cluster is None:

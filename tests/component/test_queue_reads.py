@@ -120,3 +120,17 @@ def test_full_read_every_queue_full_read_s_heals_a_row_changed_by_hand(tmp_path)
     time.sleep(0.25)
     bench.step(advance=1)
     assert gone not in ids(bench)
+
+
+def test_an_empty_queue_step_is_one_read(bench):
+    """Nothing live and no pools: a step reads only what may have come (the registry is
+    read again with the next full read), so idle queues cost almost nothing."""
+    bench.step()
+    before = bench.store.statements
+    for _ in range(5):
+        bench.step(advance=1)
+    per_step = (bench.store.statements - before) / 5
+    assert per_step == (1 if bench.store.autocommit else 2)  # SQLite: the SELECT and its ROLLBACK
+    tid = bench.submit("alice")  # and it still sees new work at once
+    bench.step(advance=1)
+    assert tid in ids(bench)

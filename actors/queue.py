@@ -120,6 +120,7 @@ class QueueReconciler:
         self.clusters_at = -float("inf")  # when the registry was last read
         self.qtasks: dict[int, QueueTask] = {}  # the decisions' value of each row
         self.task_values: tuple[QueueTask, ...] = ()  # qtasks in id order
+        self.positions: dict[int, int] = {}  # task id -> its index in task_values
         self.changed: set[int] = set()  # rows read or written since their value was built
         self.values_stale = False  # a value in qtasks was replaced (a Message written)
         self.lease_rows: list | None = None  # the queue's leases as last read
@@ -272,9 +273,16 @@ class QueueReconciler:
                 message=t.message,
                 phase_since=entry[1] if entry else None,
             )
-        if changed or self.values_stale:
-            self.task_values = tuple(self.qtasks[k] for k in sorted(self.qtasks))
+        if self.values_stale or (changed and (len(self.positions) != len(self.qtasks) or not changed <= self.positions.keys())):
+            order = sorted(self.qtasks)
+            self.positions = {tid: i for i, tid in enumerate(order)}
+            self.task_values = tuple(self.qtasks[k] for k in order)
             self.values_stale = False
+        elif changed:  # the same tasks: replace the changed values in place
+            values = list(self.task_values)
+            for tid in changed:
+                values[self.positions[tid]] = self.qtasks[tid]
+            self.task_values = tuple(values)
         return self.task_values
 
     def _other_topology_waiting(self, cluster_id: str) -> bool:

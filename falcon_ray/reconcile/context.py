@@ -30,6 +30,8 @@ from falcon_ray.reconcile.effects import (
     UpdateTask,
 )
 
+_ACQUIRING = frozenset(lc.ACQUIRING_PHASES)
+
 # A lease in one of these belongs to its task.
 HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE)
 
@@ -55,8 +57,15 @@ class Decision:
         self.claimed: set[int] = set()  # idle leases taken (or deleted) this call
         self.kept = 0  # pools moved to Idle this call
         self.live_ids = {t.id for t in q.tasks}
-        self.waiting = [t for t in q.tasks if t.phase == lc.WAITING]
-        self.acquiring = [t for t in q.tasks if t.phase in lc.ACQUIRING_PHASES]
+        by_phase: dict[Phase, list[QueueTask]] = {}
+        self.acquiring: list[QueueTask] = []  # in the queue's order
+        for t in q.tasks:  # one pass: a long queue's tasks are many
+            by_phase.setdefault(t.phase, []).append(t)
+            if t.phase in _ACQUIRING:
+                self.acquiring.append(t)
+        self.waiting = by_phase.get(lc.WAITING, [])
+        self.aborting = by_phase.get(lc.ABORTING, [])
+        self.running = by_phase.get(lc.RUNNING, [])
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
         self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute
         ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}

@@ -49,7 +49,7 @@ def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_in: in
 def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
     if not d.q.cluster_active:
         return {}
-    running = [t for t in d.q.tasks if t.phase == lc.RUNNING]
+    running = d.running
     return eta.estimate(d.now, d.q.history, d.holders, running, order, d.q.cluster.default_reservation)
 
 

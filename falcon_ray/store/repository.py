@@ -14,7 +14,11 @@ Contract
 - Lease moves are compare-and-set on the lease state, checked against
   ``lifecycle.LEASE_TRANSITIONS``.
 - Each method is one short transaction; nothing holds a connection between calls,
-  so any process may die at any line.
+  so any process may die at any line. On MySQL the connections run in driver
+  autocommit: a read or a one-statement write is one statement on the wire (no
+  ROLLBACK or COMMIT after it), and a write of several statements (a task move and its
+  event row) is an explicit ``BEGIN ... COMMIT`` (``_tx``), rolled back whole when a
+  statement in it fails.
 - ``statements`` counts the SQL statements this Store executed (for the cost report).
 
 Database faults

@@ -14,6 +14,7 @@ reads a clock; ``now`` is given.
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages
@@ -57,12 +58,14 @@ class Decision:
         self.claimed: set[int] = set()  # idle leases taken (or deleted) this call
         self.kept = 0  # pools moved to Idle this call
         self.live_ids = {t.id for t in q.tasks}
-        by_phase: dict[Phase, list[QueueTask]] = {}
-        self.acquiring: list[QueueTask] = []  # in the queue's order
+        by_phase: defaultdict[Phase, list[QueueTask]] = defaultdict(list)
         for t in q.tasks:  # one pass: a long queue's tasks are many
-            by_phase.setdefault(t.phase, []).append(t)
-            if t.phase in _ACQUIRING:
-                self.acquiring.append(t)
+            by_phase[t.phase].append(t)
+        acquiring = [p for p in lc.ACQUIRING_PHASES if p in by_phase]
+        if len(acquiring) == 1:
+            self.acquiring: list[QueueTask] = list(by_phase[acquiring[0]])
+        else:  # in the queue's order
+            self.acquiring = [t for t in q.tasks if t.phase in _ACQUIRING] if acquiring else []
         self.waiting = by_phase.get(lc.WAITING, [])
         self.aborting = by_phase.get(lc.ABORTING, [])
         self.running = by_phase.get(lc.RUNNING, [])

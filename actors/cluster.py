@@ -198,20 +198,22 @@ class ClusterGateway:
         self._stage("loading the GCP clients")
         import google.auth
 
-        from falcon_ray.gcp import ComputeApi, GkeApi
+        from falcon_ray.gcp import ComputeApi, GkeApi, falcon_user_agent
         from falcon_ray.kube import KubeApi, api_client
 
         c = self.cluster
+        ua = falcon_user_agent(self.s.installation, self.store.epoch)  # which controller calls, in the audit logs
         self._stage("getting credentials (application default credentials)")
         creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         self._stage("reading the cluster from the GKE API")
-        gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
+        gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         ep = gke.get_cluster(c.project, c.location, c.name)
         self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = time.time()
         self._stage("building the Kubernetes and Compute clients")
-        self.kube = KubeApi(api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme))
-        self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s)
+        client = api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme, user_agent=ua)
+        self.kube = KubeApi(client, retry_timeout=self.s.api_retry_timeout_s)
+        self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         self.gke = gke
         self._stage("connected")
         took = time.time() - t0

@@ -47,7 +47,7 @@ from actors.queue import QueueReconciler
 from actors.ticker import Ticker
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView
-from falcon_ray.store import Fenced, Store
+from falcon_ray.store import DbTimeouts, Fenced, Store
 
 log = logging.getLogger("falcon.remote")
 
@@ -189,6 +189,11 @@ class RayPort:
             log.warning("hint %s: %s", name, e)
 
 
+def db_timeouts(settings: Settings) -> DbTimeouts:
+    """The database timeouts of every controller Store (a hung connection must not hang an actor)."""
+    return DbTimeouts(settings.db_connect_timeout_s, settings.db_read_timeout_s, settings.db_write_timeout_s)
+
+
 # ---- the shells ------------------------------------------------------------------------------
 
 
@@ -250,7 +255,7 @@ class _Shell(_Fencing):
 @ray.remote
 class PollerActor(_Shell):
     def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
-        self.store = Store(db_url, epoch=epoch)
+        self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
         self.core = IntakePoller(settings, self.store, RayPort(settings, db_url, epoch))
         self.ticker = Ticker(
             "poll", self.core.poll_once, self.core.interval, logging.getLogger("falcon.poller"), halted=lambda: self.store.fenced
@@ -280,7 +285,7 @@ class PollerActor(_Shell):
 @ray.remote
 class QueueActor(_Shell):
     def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
-        self.store = Store(db_url, epoch=epoch)
+        self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
         self.core = QueueReconciler(cluster_name, topology, settings, self.store, RayPort(settings, db_url, epoch))
         self.ticker = Ticker(
             f"queue {self.core.label}", self.core.step, self.core.interval, logging.getLogger("falcon.queue"),
@@ -308,7 +313,7 @@ class QueueActor(_Shell):
 @ray.remote
 class ClusterActor(_Fencing):
     def __init__(self, cluster_name: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
-        self.store = Store(db_url, epoch=epoch)
+        self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
         self.core = ClusterGateway(cluster_name, settings, self.store, RayPort(settings, db_url, epoch))
         self._start_fence(settings, "falcon.cluster")
 

@@ -54,7 +54,7 @@ class Supervisor:
     def __init__(self, settings: Settings, db_url: str, holder: str | None = None) -> None:
         self.s = settings
         self.db_url = db_url
-        self.store = Store(db_url)
+        self.store = Store(db_url, timeouts=remote.db_timeouts(settings))
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leader = False
         self.epoch: int | None = None  # the lease's epoch while this supervisor holds it
@@ -66,6 +66,8 @@ class Supervisor:
         self.retired: list[str] = []
         self.stop = threading.Event()
         self._run_stop: threading.Event | None = None
+        self._keeper: threading.Thread | None = None
+        self._keeper_lock = threading.Lock()
         self.last_registry_at: float | None = None
         self.last_error = ""
 
@@ -93,11 +95,16 @@ class Supervisor:
         while not stop.is_set():
             if self.try_lead():
                 log.info("leader lease taken by %s", self.holder)
+                self._keep_lease_from_now()
                 return True
             if not announced:
-                held = self.store.leader()
-                log.warning("waiting for the leader lease held by %s", held and held["holder"])
-                announced = True
+                try:
+                    held = self.store.leader()
+                except Exception as e:  # the database is down: try_lead said so; keep waiting
+                    log.warning("waiting for the leader lease (the database does not answer: %s)", e)
+                else:
+                    log.warning("waiting for the leader lease held by %s", held and held["holder"])
+                    announced = True
             if deadline is not None and time.monotonic() > deadline:
                 return False
             stop.wait(max(0.2, self.s.leader_ttl_s / 3))
@@ -206,18 +213,17 @@ class Supervisor:
         self._run_stop = stop  # shutdown() must end this loop too, whoever owns the event
         if not self.wait_for_lead(stop):
             return
-        self.start()
+        # the lease is renewed from the moment it was taken (wait_for_lead starts the keeper)
+        started_under = self.epoch if self._start_for_now() else None
         next_registry = time.monotonic() + self.s.registry_interval_s
-        started_under = self.epoch
-        # the lease is renewed on its own thread: a slow registry pass never lets it lapse
-        threading.Thread(target=self._keep_lease, args=(stop,), daemon=True, name="falcon-leader-lease").start()
         while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
             if not self.leader:
                 log.error("leader lease lost; waiting to take it again")
                 if not self.wait_for_lead(stop):
                     return
             if self.epoch != started_under:  # taken again after another holder: actors are fenced
-                self.start()
+                if not self._start_for_now():
+                    continue
                 started_under = self.epoch
                 next_registry = time.monotonic() + self.s.registry_interval_s
             if time.monotonic() >= next_registry:
@@ -229,10 +235,36 @@ class Supervisor:
                     log.exception("registry reconcile failed")
                 next_registry = time.monotonic() + self.s.registry_interval_s
 
-    def _keep_lease(self, stop: threading.Event) -> None:
+    def _start_for_now(self) -> bool:
+        """``start()``; False (logged, in ``last_error``) when the database or Ray fails it
+        for now: the run loop tries again next round instead of dying."""
+        try:
+            self.start()
+            return True
+        except Exception as e:
+            self.last_error = f"start: {type(e).__name__}: {e}"[:500]
+            log.exception("starting the actors under epoch %s failed", self.epoch)
+            return False
+
+    def _keep_lease_from_now(self) -> None:
+        """The lease is renewed on its own thread from the moment it is taken: neither the
+        first ``start()`` (creating every actor can take longer than the lease lives on a
+        loaded machine) nor a slow registry pass lets it lapse."""
+        with self._keeper_lock:
+            if self._keeper is None or not self._keeper.is_alive():
+                self._keeper = threading.Thread(target=self._keep_lease, daemon=True, name="falcon-leader-lease")
+                self._keeper.start()
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or (self._run_stop is not None and self._run_stop.is_set())
+
+    def _keep_lease(self) -> None:
         """Renew the lease every third of its lifetime while leading; a failed renewal
-        clears ``leader`` and the run loop waits to take the lease again."""
-        while not stop.wait(self.s.leader_ttl_s / 3):
+        clears ``leader`` and the run loop waits to take the lease again. Ends when the
+        supervisor or its run loop is told to stop."""
+        while not self.stop.wait(self.s.leader_ttl_s / 3):
+            if self._stopping():
+                return
             if self.leader:
                 self.try_lead()
 

@@ -9,9 +9,13 @@ fleet and database as ``falcon-ray demo``) while it injects, on a schedule scale
 ``scale``: GKE/Compute 503 and 429, incompatible-operation refusals, dropped watches and
 410 Expired (history compaction), tokens refused after ``60 * scale`` seconds, a random
 QueueActor or ClusterActor killed every ``10 * scale`` seconds (``ray.kill(no_restart=False)``:
-Ray restarts it), the poller killed, and, on MariaDB/MySQL, the controller's database
-connections killed (``KILL``). It then stops the kills, waits (bounded) for quiescence and
-returns one report.
+Ray restarts it), the poller killed, short bursts of node-pool creates that fail with an
+INTERNAL error (code 13: not about capacity, so the tasks they hit end NodePoolFailed and
+are counted apart, ``failed_by_injected_create_error``), and, on MariaDB/MySQL, the
+controller's database connections killed (``KILL``). It then stops the kills, waits
+(bounded) for quiescence and returns one report. The fleet (``chaos_fleet``) is issue 10's:
+``edge-a`` with a reservation of 6 hosts, ``edge-b`` flex-start with 32 chips, so the
+demand for capacity outgrows the supply and the capacity waits are exercised for real.
 
 ``check(...)`` is the report's judgement, a pure function of the database rows (tasks and
 their event logs), the Message changes the run observed and the fleet's own accounting:
@@ -24,9 +28,17 @@ their event logs), the Message changes the run observed and the fleet's own acco
 - ``aborts_overwritten``: a task whose abort landed (an Aborting event) and that the
   controller then moved anywhere but Aborted (a task that finished before the abort
   landed has no Aborting event: the upper layer's compare-and-set lost, which is fine);
-- ``capacity_overcommit``: NodePoolFailed whose message is a reservation/zone capacity
-  refusal (capacity Falcon promised that was not there);
+- ``failed_for_capacity``: NodePoolFailed whose message is a capacity refusal or a
+  reservation shortfall (a stockout, a reservation without room, a capacity budget or a
+  reservation wait that ran out), other than the soak's own injected create failures:
+  capacity that comes back must be waited for, never a failure;
 - ``illegal_transitions``: event-log steps not in the lifecycle table.
+
+The run adds ``controller_loop_died`` (1 when the controller's own loop, which keeps the
+leader lease and the registry, did not survive the play: its actors would run on without
+it) and, on MariaDB/MySQL, plays a database outage: the controller reaches the database
+through a loopback proxy that cuts and refuses its connections for ``db_outage_s`` once,
+mid-play (the upper layer's submits and the soak's reads keep a direct connection).
 
 ``ok`` is true when every one of these is zero; ``falcon-ray chaos`` exits 1 otherwise.
 """
@@ -54,13 +66,20 @@ INVARIANTS = (
     "second_job_creates",
     "pools_alive",
     "aborts_overwritten",
-    "capacity_overcommit",
+    "failed_for_capacity",
     "illegal_transitions",
 )
 CAPACITY_REFUSAL = re.compile(
-    r"does not have enough resources|ZONE_RESOURCE_POOL_EXHAUSTED|stockout|GCE_STOCKOUT", re.IGNORECASE
+    r"does not have enough resources|ZONE_RESOURCE_POOL_EXHAUSTED|stockout|GCE_STOCKOUT|resource pool exhausted"
+    r"|capacity_budget_s|reservation_wait_limit_s|reservation_remaining_slices",
+    re.IGNORECASE,
 )
+# The soak's burst of failed creates: GKE's INTERNAL (google.rpc code 13), a failure that is
+# not about capacity, so Falcon ends the task NodePoolFailed and the report counts it apart.
 CREATE_ERROR = "Internal error: the node pool could not be created (simulated burst of failed creates)."
+CREATE_ERROR_CODE = 13
+RESERVATION_HOSTS = 6  # edge-a's reservation (issue 10: 6 hosts)
+FLEX_CHIPS = 32  # edge-b, flex-start by default (issue 10: 32 chips)
 DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few seconds
 
 # The soak's fleet timings (seconds): the e2e harness's fast profile.
@@ -114,8 +133,9 @@ def make_plan(n: int, seed: int, play_s: float) -> list[dict[str, Any]]:
 
 
 def chaos_fleet(seed: int):
-    """Two v6e clusters: ``edge-a`` with a reservation (reservation by default), ``edge-b``
-    flex-start by default; both with on-demand chips."""
+    """Two v6e clusters: ``edge-a`` with a reservation of ``RESERVATION_HOSTS`` hosts
+    (reservation by default; 64 chips for on-demand and flex-start tasks), ``edge-b``
+    flex-start by default with ``FLEX_CHIPS`` chips."""
     from falcon_ray.sim.fleet import FleetConfig
 
     return FleetConfig(
@@ -127,7 +147,7 @@ def chaos_fleet(seed: int):
                 "location": "us-east5-b",
                 "tpu_type": "v6e",
                 "gcs_bucket": "logs-a",
-                "reservation": {"name": "res-a", "count": 8},
+                "reservation": {"name": "res-a", "count": RESERVATION_HOSTS},
                 "chips": 64,
                 "timings": dict(TIMINGS),
             },
@@ -137,7 +157,7 @@ def chaos_fleet(seed: int):
                 "location": "us-central1-b",
                 "tpu_type": "v6e",
                 "gcs_bucket": "logs-b",
-                "chips": 64,
+                "chips": FLEX_CHIPS,
                 "timings": dict(TIMINGS),
             },
         ],
@@ -226,8 +246,8 @@ def check(
         over = _abort_overwritten(phases, phase)
         if over:
             out["aborts_overwritten"].append({"id": t.id, "events": [str(p) for p in phases], "final": str(phase)})
-        if phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and CAPACITY_REFUSAL.search(t.message or ""):
-            out["capacity_overcommit"].append({"id": t.id, "message": t.message})
+        if failed_for_capacity(phase, t.message or ""):
+            out["failed_for_capacity"].append({"id": t.id, "message": t.message})
     for cname, c in fleet.get("clusters", {}).items():
         for j in c.get("jobs", []):
             if j.get("creates", 0) > 1:
@@ -237,6 +257,15 @@ def check(
                 out["pools_alive"].append({"cluster": cname, "pool": p["name"], "status": p.get("status")})
     counts = {k: len(v) for k, v in out.items()}
     return {"ok": not any(counts.values()), "invariants": counts, "details": {k: v for k, v in out.items() if v}}
+
+
+def failed_for_capacity(phase: lc.Phase, message: str) -> bool:
+    """NodePoolFailed for capacity that comes back, not by the soak's injected create errors."""
+    return phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and bool(CAPACITY_REFUSAL.search(message)) and CREATE_ERROR not in message
+
+
+def failed_by_injection(phase: lc.Phase, message: str) -> bool:
+    return phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and CREATE_ERROR in message
 
 
 def _timeout_of(t: Any) -> float | None:
@@ -293,10 +322,15 @@ class ChaosRun:
         db_kills: bool = True,
         settings_overrides: dict[str, Any] | None = None,
         progress=None,
+        db_outage_s: float = 30.0,
     ) -> None:
         self.n, self.play_s, self.seed, self.db_url, self.scale = tasks, minutes * 60.0, seed, db_url, scale
         self.drain_s = drain_s if drain_s is not None else max(90.0, 0.5 * self.play_s)
         self.kills, self.faults, self.db_kills = kills, faults, db_kills
+        # MariaDB/MySQL: the controller reaches the database through a proxy that refuses
+        # every connection for this long once, mid-play (0: no outage)
+        self.db_outage_s = db_outage_s if db_kills else 0.0
+        self.proxy = None
         self.overrides = settings_overrides or {}
         self.progress = progress
         self.rng = random.Random(seed * 7919 + 1)
@@ -363,6 +397,35 @@ class ChaosRun:
         except Exception as e:
             log.warning("chaos: compact %s: %s", c, e)
 
+    def _controller_url(self) -> str | None:
+        """With an outage to play, the controller's URL goes through a loopback proxy."""
+        if not self.db_outage_s or not self.db_url or not self.db_url.startswith("mysql"):
+            return None
+        from sqlalchemy.engine import make_url
+
+        from falcon_ray.sim.tcp_proxy import TcpProxy
+
+        u = make_url(self.db_url)
+        self.proxy = TcpProxy(u.port or 3306, u.host or "127.0.0.1")
+        port = self.proxy.start()
+        return u.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+
+    def _outage_step(self, outage: list, now: float) -> list | None:
+        """Start the outage when due (every controller connection cut, new ones refused),
+        end it ``db_outage_s`` later; None once it is over."""
+        start_at, end_at = outage
+        if end_at is None and now >= start_at:
+            self.proxy.stop()
+            self.counts["db_outages"] += 1
+            self.counts["db_outage_s"] += int(self.db_outage_s)
+            log.info("chaos: the database refuses the controller's connections for %.0fs", self.db_outage_s)
+            return [start_at, now + self.db_outage_s]
+        if end_at is not None and now >= end_at:
+            self.proxy.start()
+            log.info("chaos: the database is back")
+            return None
+        return outage
+
     def _kill_db_connections(self) -> None:
         n = kill_db_connections(self.db_url, self.rng)
         if n:
@@ -390,7 +453,7 @@ class ChaosRun:
         from falcon_ray.demo import DemoRun, Schedule
 
         plan = make_plan(self.n, self.seed, self.play_s)
-        self.run = DemoRun(chaos_fleet(self.seed), self._settings(), self.db_url)
+        self.run = DemoRun(chaos_fleet(self.seed), self._settings(), self.db_url, controller_db_url=self._controller_url())
         started = time.monotonic()
         self.run.start()
         try:
@@ -419,6 +482,7 @@ class ChaosRun:
             }
             burst_end: dict[str, float] = {}
             due = {k: self._t0 + v for k, v in every.items()}
+            outage = [self._t0 + 0.4 * self.play_s, None] if self.proxy is not None else None  # [start at, end at]
             last_print = 0.0
             while not sched.empty() or self._now() < self.play_s:
                 now = time.monotonic()
@@ -439,7 +503,7 @@ class ChaosRun:
                 if self.faults and now >= due["create_error"]:
                     # a short burst of failed creates (pool in ERROR, 0 nodes) on one cluster
                     c = self.rng.choice(("edge-a", "edge-b"))
-                    self.run.sim.set_faults(c, create_error=CREATE_ERROR)
+                    self.run.sim.set_faults(c, create_error=CREATE_ERROR, create_error_code=CREATE_ERROR_CODE)
                     burst_end[c] = now + max(1.0, 3.0 * s)
                     self.counts["create_error_bursts"] += 1
                     due["create_error"] = now + every["create_error"]
@@ -450,6 +514,8 @@ class ChaosRun:
                 if self.db_kills and now >= due["db"]:
                     self._kill_db_connections()
                     due["db"] = now + every["db"]
+                if outage is not None:
+                    outage = self._outage_step(outage, now)
                 self._observe()
                 if self.progress and self._now() - last_print >= 10:
                     last_print = self._now()
@@ -457,6 +523,8 @@ class ChaosRun:
                 time.sleep(0.25)
             for c in burst_end:
                 self.run.sim.set_faults(c, create_error=None)
+            if outage is not None and outage[1] is not None:  # the play ended inside the outage
+                self._outage_step(outage, float("inf"))
             # quiescence: no more kills or create failures; API faults stay on until the end
             deadline = time.monotonic() + self.drain_s
             while time.monotonic() < deadline:
@@ -479,6 +547,8 @@ class ChaosRun:
             return report
         finally:
             self.run.stop()
+            if self.proxy is not None:
+                self.proxy.stop()
 
     def _actor_snapshots(self) -> dict[str, Any]:
         """What the ClusterActors and QueueActors say at the end (for a broken invariant)."""
@@ -516,12 +586,17 @@ class ChaosRun:
         fleet = self.run.sim.stats()
         limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s))
         verdict = check(tasks, events, self.observed, end_at, fleet, limits)
+        # the controller's own loop (lease, registry) must outlive every fault, as its actors do
+        loop_alive = self.run.thread is not None and self.run.thread.is_alive()
+        verdict["invariants"]["controller_loop_died"] = 0 if loop_alive else 1
+        verdict["ok"] = verdict["ok"] and loop_alive
         injected = Counter(self.counts)
         for c in fleet["clusters"].values():
             for k, v in (c.get("fault_counts") or {}).items():
                 injected[k] += v
             injected["pool_ops_refused_as_concurrent"] += c.get("rejected_pool_ops", 0)
         outcomes = Counter(str(_phase(t.status, t.reason)) for t in tasks)
+        injected["failed_by_injected_create_error"] = sum(1 for t in tasks if failed_by_injection(_phase(t.status, t.reason), t.message or ""))
         return {
             "ok": verdict["ok"],
             "seed": self.seed,
@@ -535,6 +610,8 @@ class ChaosRun:
             "details": verdict["details"],
             "faults_injected": dict(sorted(injected.items())),
             "outcomes": dict(sorted(outcomes.items())),
+            # tasks that waited in ClusterBusy (reservation headroom or a stockout) at least once
+            "waited_cluster_busy": sum(1 for evs in events.values() if any(_phase(e.status, e.reason) == lc.CLUSTER_BUSY for e in evs)),
             "kinds": dict(sorted(Counter(i["kind"] for i in plan).items())),
             "job_creates": sum(j["creates"] for c in fleet["clusters"].values() for j in c["jobs"]),
             "pools_created": sum(1 for c in fleet["clusters"].values() for p in c["node_pools"] if p["name"].startswith("falcon-")),
@@ -592,7 +669,8 @@ def summarize(report: dict[str, Any]) -> str:
         f"quiet after {report['quiet_at_s']}s (wall {report['wall_s']}s): {'OK' if report['ok'] else 'INVARIANT BROKEN'}",
         "invariants: " + ", ".join(f"{k}={v}" for k, v in report["invariants"].items()),
         "faults injected: " + ", ".join(f"{k}={v}" for k, v in report["faults_injected"].items()),
-        "outcomes: " + ", ".join(f"{k}={v}" for k, v in report["outcomes"].items()),
+        "outcomes: " + ", ".join(f"{k}={v}" for k, v in report["outcomes"].items())
+        + f"; waited in ClusterBusy: {report.get('waited_cluster_busy', 0)}",
     ]
     for k, v in report["details"].items():
         for d in v[:10]:

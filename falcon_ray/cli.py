@@ -527,6 +527,7 @@ def _timeline(store: Store, task: Task) -> list[dict[str, Any]]:
                 "message": e.message,
                 "seconds": None if ended is None else round((ended - e.at).total_seconds(), 3),
                 "ongoing": ended is not None and i + 1 == len(events),
+                "epoch": e.epoch,  # the writer's leader epoch (None: the upper layer)
             }
         )
     return steps

@@ -73,6 +73,12 @@ class Settings(BaseModel):
     submit_call_timeout_s: float = Field(
         120.0, gt=0, description="QueueActor: longest wait for one Job submission through its ClusterActor"
     )
+    # --- database
+    db_connect_timeout_s: float = Field(10.0, gt=0, description="MySQL/MariaDB: longest wait to open a connection")
+    db_read_timeout_s: float = Field(
+        30.0, gt=0, description="MySQL/MariaDB: longest wait for one answer of the server (a hung connection fails, is replaced and the call retried)"
+    )
+    db_write_timeout_s: float = Field(30.0, gt=0, description="MySQL/MariaDB: longest wait to send one statement to the server")
     # --- Kubernetes
     watch_timeout_s: int = Field(300, gt=0, description="server-side timeout of one Job watch request")
     # --- endpoints (empty: Google's production endpoints)
@@ -82,7 +88,7 @@ class Settings(BaseModel):
         None, description="GCE/GKE metadata server host:port override for google.auth.default()"
     )
     kubernetes_scheme: str = Field("https", pattern="^https?$", description="scheme of the edge clusters' API")
-    api_retry_timeout_s: float = Field(30.0, gt=0, description="total retry budget of one GKE/Compute call")
+    api_retry_timeout_s: float = Field(30.0, gt=0, description="total retry budget of one GKE, Compute or Kubernetes call")
     # --- process
     installation: str = Field(
         "default",

@@ -153,14 +153,16 @@ def register(main: click.Group) -> None:
     @click.option("--drain", "drain_s", default=None, type=float, help="Seconds to wait for quiescence after the play (default: max(90, half the play)).")
     @click.option("--no-kills", is_flag=True, help="Inject no actor kills.")
     @click.option("--no-faults", is_flag=True, help="Inject no API faults, watch cuts, 410s or token refusals.")
-    @click.option("--no-db-kills", is_flag=True, help="Kill no database connections (MariaDB/MySQL).")
+    @click.option("--no-db-kills", is_flag=True, help="Kill no database connections and play no outage (MariaDB/MySQL).")
+    @click.option("--db-outage", "db_outage_s", default=30.0, show_default=True, type=click.FloatRange(min=0),
+                  help="MariaDB/MySQL: seconds the database refuses the controller's connections, once mid-play (0: none).")  # fmt: skip
     @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
-    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, as_json):
+    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, db_outage_s, as_json):
         """Soak the controller on the simulated fleet under faults and kills; report the invariants.
 
         Exit code 1 when a task was lost or stuck, a Job created twice, a Falcon pool left
-        alive, an abort overwritten, a capacity refusal Falcon should have foreseen, or an
-        illegal lifecycle step; 0 when every invariant holds.
+        alive, an abort overwritten, a task failed for capacity that comes back (a stockout
+        or a reservation shortfall), or an illegal lifecycle step; 0 when every invariant holds.
         """
         from falcon_ray.chaos import ChaosRun, summarize
 
@@ -168,7 +170,8 @@ def register(main: click.Group) -> None:
             click.echo(line, err=True)
 
         soak = ChaosRun(
-            n_tasks, minutes, seed, db_url, scale=scale, drain_s=drain_s, kills=not no_kills, faults=not no_faults, db_kills=not no_db_kills, progress=say
+            n_tasks, minutes, seed, db_url, scale=scale, drain_s=drain_s, kills=not no_kills, faults=not no_faults, db_kills=not no_db_kills, progress=say,
+            db_outage_s=db_outage_s,
         )
         report = soak.run_soak()
         if as_json:

@@ -12,6 +12,10 @@ Contract
   find nothing return ``None`` instead of raising NOT_FOUND where the caller expects
   absence (``get_node_pool``, ``delete_node_pool``).
 - Results are frozen dataclasses of plain values, safe to pickle across Ray actors.
+- ``user_agent`` (``falcon_user_agent(installation, epoch)``) names the installation and
+  the leader epoch the caller acts under; the Google REST clients send it first in the
+  ``x-goog-api-client`` header of every request, so a request can be traced to the
+  controller that made it (the fencing test reads the simulated fleet's record of it).
 
 Retries (google.api_core.retry.Retry, exponential with jitter, configurable)
 ----------------------------------------------------------------------------
@@ -43,6 +47,7 @@ from typing import Any, TypeVar
 
 import google.auth
 from google.api_core.client_options import ClientOptions
+from google.api_core.gapic_v1.client_info import ClientInfo
 from google.api_core.retry import Retry
 from google.cloud import compute_v1, container_v1
 
@@ -52,6 +57,11 @@ from falcon_ray.errors import CloudError, ErrorKind, classify, from_rpc_status, 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 T = TypeVar("T")
+
+
+def falcon_user_agent(installation: str, epoch: int | None) -> str:
+    """The product token Falcon's GKE, Compute and Kubernetes requests carry."""
+    return f"falcon-ray/{installation or 'default'} epoch/{'none' if epoch is None else epoch}"
 
 
 def default_credentials():
@@ -202,12 +212,15 @@ class _RestApi:
         multiplier: float | None = None,
         timeout: float | None = None,
         request_timeout: float | None = None,
+        user_agent: str | None = None,
     ) -> None:
         self.retry = _retry_settings(retry, initial, maximum, multiplier, timeout, request_timeout)
+        extra = {"client_info": ClientInfo(user_agent=user_agent)} if user_agent else {}
         self.client = self.CLIENT(
             credentials=credentials or default_credentials(),
             transport="rest",
             client_options=_client_options(endpoint),
+            **extra,
         )
 
 

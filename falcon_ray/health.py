@@ -145,6 +145,9 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
                 entry.update(
                     connected=snap.get("connected"),
                     connect_error=snap.get("connect_error"),
+                    connect_stage=snap.get("connect_stage"),
+                    connect_stage_since=snap.get("connect_stage_since"),
+                    connect_timings=snap.get("connect_timings"),
                     last_gke_ok_age_s=round(now - last["gke"], 1) if last.get("gke") else None,
                     last_kubernetes_ok_age_s=round(now - last["kubernetes"], 1) if last.get("kubernetes") else None,
                     watch_age_s=round(now - watch["last_ok_at"], 1) if watch.get("last_ok_at") else None,

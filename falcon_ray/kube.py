@@ -8,7 +8,8 @@ Contract
   google-auth no longer calls them valid; a 401 additionally forces a refresh before the
   call is retried. The endpoint is ``host[:port]`` as GKE reports it; an endpoint that
   already has a scheme keeps it, otherwise ``scheme`` (https, or http for the simulated
-  fleet) is used, and the cluster CA verifies https.
+  fleet) is used, and the cluster CA verifies https. ``user_agent`` replaces the client's
+  default ``User-Agent`` (Falcon sends ``gcp.falcon_user_agent(...)``).
 - :class:`KubeApi` raises :class:`falcon_ray.errors.CloudError` only, returns plain
   values and frozen, picklable dataclasses, and is idempotent where the controller needs
   it: ``create_job`` meeting 409 adopts the existing Job when it carries the same task-id
@@ -91,7 +92,7 @@ class BearerTokenHook:
 
 
 def api_client(
-    endpoint: str, ca_certificate_pem: str | None, credentials, *, scheme: str = "https"
+    endpoint: str, ca_certificate_pem: str | None, credentials, *, scheme: str = "https", user_agent: str | None = None
 ) -> client.ApiClient:
     if credentials is None:
         from falcon_ray.gcp import default_credentials
@@ -106,7 +107,10 @@ def api_client(
     if host.startswith("https://") and ca_certificate_pem:
         configuration.ca_cert_data = ca_certificate_pem
     configuration.refresh_api_key_hook = BearerTokenHook(credentials)
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    if user_agent:  # the Kubernetes audit log records it (``userAgent``)
+        api.user_agent = user_agent
+    return api
 
 
 # --- results ---------------------------------------------------------------------------

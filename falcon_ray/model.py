@@ -246,6 +246,7 @@ class TaskEvent:
     status: str
     reason: str
     message: str
+    epoch: int | None = None  # leader epoch of the controller that wrote it; None: upper layer, CLI
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

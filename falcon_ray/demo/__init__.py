@@ -103,6 +103,7 @@ class DemoRun:
         ray_address: str | None = None,
         namespace: str | None = None,
         dashboard: bool = False,
+        controller_db_url: str | None = None,
     ) -> None:
         """``namespace``: the Ray namespace to claim (``falcon-ray demo`` passes ``falcon``):
         used unless a controller already runs there (actors in the Ray this run joins, or
@@ -110,7 +111,10 @@ class DemoRun:
         and why are in ``namespace_note``. Without it the settings' namespace is kept,
         except the default ``falcon``, which becomes a private ``falcon-demo-<hex>``: the
         tests share one Ray and stay isolated that way. ``dashboard``: start the local Ray
-        with its dashboard and a metrics export port (``falcon-ray demo``)."""
+        with its dashboard and a metrics export port (``falcon-ray demo``).
+        ``controller_db_url``: the same database by another way for the controller (its
+        supervisor and actors), e.g. through a proxy the chaos soak cuts; the run's own
+        store (the upper layer: submits, aborts, reads) keeps ``db_url``."""
         from falcon_ray.sim.fleet import FleetConfig, load_fleet
 
         self.fleet_config = fleet if isinstance(fleet, FleetConfig) else load_fleet(fleet)
@@ -122,6 +126,7 @@ class DemoRun:
             self._tmp = tempfile.mkdtemp(prefix="falcon-demo-")
             db_url = f"sqlite:///{os.path.join(self._tmp, 'falcon.db')}"
         self.db_url = db_url
+        self.controller_db_url = controller_db_url or db_url
         self.ray_address = ray_address
         self.namespace_request = namespace
         self.namespace_note = ""
@@ -190,7 +195,7 @@ class DemoRun:
         if self.namespace_request:
             ns, self.namespace_note = choose_namespace(self.namespace_request)
             self.settings = self.settings.model_copy(update={"namespace": ns})
-        self.supervisor = Supervisor(self.settings, self.db_url)
+        self.supervisor = Supervisor(self.settings, self.controller_db_url)
         if not self.supervisor.wait_for_lead(timeout=60):
             raise RuntimeError("could not take the leader lease")
         self.supervisor.start()

@@ -17,6 +17,11 @@ Contract
   ``.../email``, ``.../scopes``, ``.../token`` (GET, or POST for bound tokens)
   and ``.../identity?audience=`` (an unsigned JWT). Every answer carries
   ``Metadata-Flavor: Google``; a request without that header gets 403, as on GCE.
+* :class:`CallerBook` remembers who called: per caller (the ``x-goog-api-client``
+  header the Google client libraries send, else ``User-Agent``, which the Kubernetes
+  audit log records as ``userAgent``), how many requests and how many changes (any
+  method but GET/HEAD/OPTIONS) reached each API, and when the last ones came. Its
+  middleware goes on every app; the control endpoints are not recorded.
 * :func:`use_sim_metadata` points an already running Python process's
   google-auth at the simulator (google-auth reads ``GCE_METADATA_HOST`` once,
   at import).
@@ -30,6 +35,7 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -83,6 +89,42 @@ class TokenBook:
         if max_age is not None and now - issued.issued_at >= max_age:
             return "bearer token older than this cluster accepts"
         return None
+
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class CallerBook:
+    def __init__(self) -> None:
+        self.callers: dict[str, dict] = {}
+
+    def record(self, user_agent: str, api: str, change: bool) -> None:
+        now = time.time()
+        c = self.callers.setdefault(
+            user_agent, {"requests": 0, "changes": 0, "apis": {}, "first_at": now, "last_at": now, "last_change_at": None}
+        )
+        c["requests"] += 1
+        c["apis"][api] = c["apis"].get(api, 0) + 1
+        c["last_at"] = now
+        if change:
+            c["changes"] += 1
+            c["last_change_at"] = now
+
+    def middleware(self, api_of: Callable[[web.Request], str | None]):
+        """Record each request whose ``api_of(request)`` is not None, before it is served."""
+
+        @web.middleware
+        async def record_caller(request: web.Request, handler: Callable) -> web.StreamResponse:
+            api = api_of(request)
+            if api is not None:
+                caller = request.headers.get("x-goog-api-client") or request.headers.get("User-Agent", "")
+                self.record(caller, api, request.method not in READ_METHODS)
+            return await handler(request)
+
+        return record_caller
+
+    def stats(self) -> dict[str, dict]:
+        return {ua: {**c, "apis": dict(c["apis"])} for ua, c in self.callers.items()}
 
 
 def _text(body: str) -> web.Response:

@@ -66,6 +66,8 @@ class SimCluster:
             "watch_cut": 0,
             "watch_410": 0,
             "token_rejected": 0,
+            "create_error": 0,
+            "webhook_unavailable": 0,
         }
         self.store = ObjectStore(config.watch_history)
         self.pools = NodePools(self)

@@ -115,6 +115,18 @@ class Faults(_Strict):
     create_error: str | None = Field(
         None, description="when set, every node-pool create ends as a DONE operation with this error"
     )
+    create_error_code: int = Field(
+        8,
+        ge=1,
+        le=16,
+        description="the google.rpc code of the create_error (8 RESOURCE_EXHAUSTED, as a stockout or quota; "
+        "13 INTERNAL for a failure that is not about capacity)",
+    )
+    webhook_unavailable: bool = Field(
+        False,
+        description="the policy admission webhook (failurePolicy Fail) cannot be reached: every Job and Pod "
+        "create is answered 500 InternalError 'failed calling webhook'",
+    )
     watch_drop_every: float | None = Field(
         None, gt=0, description="cut every watch stream this many seconds after it opened"
     )

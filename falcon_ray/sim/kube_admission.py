@@ -19,7 +19,10 @@ in-cluster controllers:
   init containers) and Node ``status.capacity`` / ``allocatable`` go through it.
 * ``default_job`` / ``default_pod`` / ``default_service`` fill what the apiserver
   fills (Job selector on its uid, parallelism, completions, backoffLimit...).
-* ``deny_images`` is the policy webhook driven by the ``deny_images`` fault (403).
+* ``deny_images`` is the policy webhook driven by the ``deny_images`` fault (403);
+  ``webhook_unreachable`` is the same webhook with its endpoints gone (the
+  ``webhook_unavailable`` fault): with ``failurePolicy: Fail`` the apiserver answers
+  500 ``InternalError`` "failed calling webhook", a refusal for now.
 * ``not_found``, ``conflict``, ``qualified`` and ``group`` build the usual messages.
 """
 
@@ -378,3 +381,18 @@ def deny_images(rk: ResourceKind, name: str, pod_spec: dict[str, Any], prefixes:
                         "Forbidden",
                         {"name": name, "group": group(rk), "kind": rk.plural},
                     )
+
+
+WEBHOOK_URL = "https://policy-webhook.policy.svc:443/validate?timeout=10s"
+WEBHOOK_ADDRESS = "10.96.0.42:443"
+
+
+def webhook_unreachable(rk: ResourceKind, name: str) -> None:
+    """The policy webhook has no endpoint: the apiserver fails the create (failurePolicy Fail)
+    with a 500 whose one cause is the call's error."""
+    cause = (
+        f'failed calling webhook "{WEBHOOK}": failed to call webhook: '
+        f'Post "{WEBHOOK_URL}": dial tcp {WEBHOOK_ADDRESS}: connect: connection refused'
+    )
+    details = {"name": name, "group": group(rk), "kind": rk.plural, "causes": [{"message": cause}]}
+    raise KubeError(500, f"Internal error occurred: {cause}", "InternalError", details)

@@ -30,7 +30,9 @@ semantics the official ``kubernetes`` client relies on:
   connection mid-stream that many seconds after the watch opened.
 * Admission (:mod:`falcon_ray.sim.kube_admission`): wrongly typed bodies get 400,
   invalid ones 422, and a Job or Pod whose container image starts with a prefix
-  in the ``deny_images`` fault is refused 403 with an admission-webhook message.
+  in the ``deny_images`` fault is refused 403 with an admission-webhook message;
+  with the ``webhook_unavailable`` fault every Job and Pod create is answered 500
+  ``InternalError`` (the webhook cannot be called and its failurePolicy is Fail).
   Patch bodies are applied by :mod:`falcon_ray.sim.kube_patch`.
 * Authentication: ``Authorization: Bearer <token issued by the fleet>``; the
   cluster's ``token_ttl`` fault caps the accepted token age. ``/version``,
@@ -329,6 +331,9 @@ class KubeApi:
         name = admission.validate_name(rk, md["name"])
         uid = str(uuid.uuid4())
         deny = self.cluster.faults.deny_images
+        if rk.plural in ("jobs", "pods") and self.cluster.faults.webhook_unavailable:
+            self.cluster.fault_counts["webhook_unavailable"] += 1
+            admission.webhook_unreachable(rk, name)
         if rk.plural == "jobs":
             admission.default_job(body, name, uid)
             admission.deny_images(rk, name, body["spec"]["template"]["spec"], deny)
@@ -720,9 +725,9 @@ class KubeApi:
         )
 
 
-def kube_app(cluster: SimCluster, book: TokenBook, closing: asyncio.Event) -> web.Application:
+def kube_app(cluster: SimCluster, book: TokenBook, closing: asyncio.Event, middlewares: tuple = ()) -> web.Application:
     api = KubeApi(cluster, book, closing)
-    app = web.Application(middlewares=[kube_errors, api.authenticate], client_max_size=16 * 1024 * 1024)
+    app = web.Application(middlewares=[*middlewares, kube_errors, api.authenticate], client_max_size=16 * 1024 * 1024)
     app.router.add_get("/version", api.version)
     for path in ("/healthz", "/livez", "/readyz"):
         app.router.add_get(path, api.health)

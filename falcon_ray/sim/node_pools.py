@@ -530,7 +530,8 @@ class NodePools:
         """The error this create will end with (None if it fits)."""
         faults = self.cluster.faults
         if faults.create_error:
-            return {"code": CODE_RESOURCE_EXHAUSTED, "message": faults.create_error}
+            self.cluster.fault_counts["create_error"] += 1
+            return {"code": faults.create_error_code, "message": faults.create_error}
         if pool.supply == "reservation":
             error = self._reservation_error(pool)
             if error is not None:

@@ -40,12 +40,24 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from .auth import TokenBook, metadata_routes
+from .auth import CallerBook, TokenBook, metadata_routes
 from .cluster import SimCluster
 from .errors import GoogleError, google_errors, json_response, read_json_object
 from .fleet import AuthConfig, FleetConfig
 from .gcp_api import gcp_routes
 from .kube_api import kube_app
+
+
+def _front_api(request: web.Request) -> str | None:
+    """Which API of the shared port a request is for (None: a control endpoint)."""
+    path = request.path
+    if path.startswith("/sim/"):
+        return None
+    if path.startswith("/compute/"):
+        return "compute"
+    if path.startswith("/computeMetadata/") or path == "/":
+        return "metadata"
+    return "gke"
 
 
 def _fake_ca_pem() -> str:
@@ -60,6 +72,7 @@ class SimFleet:
         self.host = host
         self.port = port
         self.book = TokenBook(config.auth)
+        self.callers = CallerBook()
         self.ca_pem = _fake_ca_pem()
         self.ca_b64 = base64.b64encode(self.ca_pem.encode()).decode()
         self.clusters: dict[str, SimCluster] = {}
@@ -123,7 +136,7 @@ class SimFleet:
 
         runners: list[web.AppRunner] = []
         try:
-            front = web.Application(middlewares=[google_errors], client_max_size=16 * 1024 * 1024)
+            front = web.Application(middlewares=[self.callers.middleware(_front_api), google_errors], client_max_size=16 * 1024 * 1024)
             front.add_routes(metadata_routes(self.book, self.config.metadata))
             front.add_routes(gcp_routes(self))
             front.add_routes(self._control_routes())
@@ -131,7 +144,8 @@ class SimFleet:
             base = f"http://{self.host}:{port}"
             clusters: dict[str, Any] = {}
             for cluster in self.clusters.values():
-                kport = await self._listen(kube_app(cluster, self.book, self._closing), 0, runners)
+                record = self.callers.middleware(lambda _r, name=cluster.config.name: f"kubernetes/{name}")
+                kport = await self._listen(kube_app(cluster, self.book, self._closing, (record,)), 0, runners)
                 cluster.kube_url = f"http://{self.host}:{kport}"
                 clusters[cluster.config.name] = {
                     "project": cluster.config.project,
@@ -192,6 +206,7 @@ class SimFleet:
             "clusters": {name: c.stats() for name, c in self.clusters.items()},
             "tokens_issued": self.book.issued_count,
             "auth": {"required": self.book.required, "token_ttl": self.book.ttl},
+            "callers": self.callers.stats(),
         }
 
     def set_faults(self, cluster: str, **faults: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from falcon_ray.store.repository import (
     DEFAULT_DB_URL,
     Cluster,
+    DbTimeouts,
     Fenced,
     IllegalTransition,
     Lease,
@@ -14,4 +15,4 @@ from falcon_ray.store.repository import (
     utcnow,
 )
 
-__all__ = ["DEFAULT_DB_URL", "Cluster", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "clip_message", "utcnow"]
+__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "clip_message", "utcnow"]

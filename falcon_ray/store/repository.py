@@ -10,7 +10,8 @@ Contract
 - Because no Falcon move starts from Aborting except Aborting -> Aborted, a
   controller write can never overwrite the upper layer's abort.
 - Every status or reason change appends a row to ``falcon_task_events`` in the same
-  transaction; message refreshes (``refresh_messages``) do not.
+  transaction, with the writer's leader epoch (NULL without one); message refreshes
+  (``refresh_messages``) do not.
 - Lease moves are compare-and-set on the lease state, checked against
   ``lifecycle.LEASE_TRANSITIONS``.
 - Each method is one short transaction; nothing holds a connection between calls,
@@ -23,7 +24,11 @@ Contract
 
 Database faults
 ---------------
-MySQL connections are checked out with ``pool_pre_ping`` (a connection the server
+MySQL connections are opened and used with timeouts (``DbTimeouts``: connect, read,
+write; the actors take them from Settings ``db_*_timeout_s``): a server that stops
+answering mid-statement (a hung connection, a network partition) fails the statement
+with a disconnect instead of blocking its thread forever. Connections are checked out
+with ``pool_pre_ping`` (a connection the server
 killed or dropped while idle is replaced before use). A method whose statement meets
 a disconnect anyway (``DBAPIError.connection_invalidated``: the connection was
 killed mid-use, the server restarted) is run again, whole, on a fresh connection,
@@ -65,6 +70,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -117,11 +123,24 @@ def _row(cls, row) -> Any:
     return cls(**{k: row._mapping[k] for k in cls.__dataclass_fields__})
 
 
-def make_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class DbTimeouts:
+    """Seconds a MySQL/MariaDB connection may take to open, to answer, to take a statement."""
+
+    connect_s: float = 10.0
+    read_s: float = 30.0
+    write_s: float = 30.0
+
+
+def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
     kwargs: dict[str, Any] = {"future": True, "pool_reset_on_return": None}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
+        if url.startswith(("mysql+pymysql", "mariadb+pymysql")):
+            t = timeouts or DbTimeouts()
+            # pymysql waits forever by default: a hung server would hang the actor's thread
+            kwargs["connect_args"] = {"connect_timeout": t.connect_s, "read_timeout": t.read_s, "write_timeout": t.write_s}
         # No reset-on-return ROLLBACK: every Store method ends its own transaction (begin()
         # commits, connect() rolls back its read on close), so the pool's extra ROLLBACK on
         # each return was one wasted statement per call. The ping is COM_PING, not a statement.
@@ -171,9 +190,10 @@ clip_message = _clip  # the Message as the store writes it
 class Store:
     """One database, many short transactions. Safe to share between threads."""
 
-    def __init__(self, url: str, clock=utcnow, epoch: int | None = None) -> None:
+    def __init__(self, url: str, clock=utcnow, epoch: int | None = None, timeouts: DbTimeouts | None = None) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.timeouts = timeouts
+        self.engine = make_engine(url, timeouts)
         self.clock = clock
         self.statements = 0
         self.disconnects = 0  # methods rerun after a disconnect
@@ -237,10 +257,10 @@ class Store:
             c.exec_driver_sql("COMMIT")
 
     def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
-        return {"url": self.url, "clock": self.clock, "epoch": self.epoch}
+        return {"url": self.url, "clock": self.clock, "epoch": self.epoch, "timeouts": self.timeouts}
 
     def __setstate__(self, state):
-        self.__init__(state["url"], state["clock"], state.get("epoch"))
+        self.__init__(state["url"], state["clock"], state.get("epoch"), state.get("timeouts"))
 
     # --- fencing -------------------------------------------------------------------
 
@@ -682,7 +702,7 @@ class Store:
                 if won:
                     self.moved_at = now  # when the won move's event row says it happened
                 if won and to == lc.ABORTED:
-                    self._record_abort_request(c, task_id, now)
+                    self._record_abort_request(c, task_id, now, self.epoch)
                 if won:
                     c.execute(
                         t.task_events.insert().values(
@@ -691,6 +711,7 @@ class Store:
                             status=to.status.value,
                             reason=to.reason.value,
                             message=_clip(message),
+                            epoch=self.epoch,
                         )
                     )
                     if fields.get("cluster_id") is not None:
@@ -729,7 +750,7 @@ class Store:
                     for i in self._move_chunk(c, [moves[i] for i in chunk], src, to, keys, now):
                         won[chunk[i]] = True
             events = [
-                dict(task_id=m[0], at=now, status=m[2].status.value, reason=m[2].reason.value, message=_clip(m[3]))
+                dict(task_id=m[0], at=now, status=m[2].status.value, reason=m[2].reason.value, message=_clip(m[3]), epoch=self.epoch)
                 for m, w in zip(moves, won, strict=True)
                 if w
             ]
@@ -782,7 +803,7 @@ class Store:
         return [i for i, m in enumerate(chunk) if m[0] in moved]
 
     @staticmethod
-    def _record_abort_request(c, task_id: int, now) -> None:
+    def _record_abort_request(c, task_id: int, now, epoch: int | None) -> None:
         """The upper layer may set Aborting with its own SQL, writing no event; the audit
         trail still gets its Aborting step, at ``aborting_at``, before the Aborted one."""
         e = t.task_events
@@ -791,7 +812,7 @@ class Store:
         ).first()
         if seen is None:
             at = c.execute(sa.select(t.jobs.c.aborting_at).where(t.jobs.c.id == task_id)).scalar() or now
-            c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message=""))
+            c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message="", epoch=epoch))
 
     def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> bool:
         """Change message and/or bookkeeping columns without changing the phase (CAS on phase)."""
@@ -879,7 +900,12 @@ class Store:
             if won:
                 c.execute(
                     t.task_events.insert().values(
-                        task_id=task_id, at=now, status=lc.WAITING.status.value, reason=lc.WAITING.reason.value, message=_clip(message)
+                        task_id=task_id,
+                        at=now,
+                        status=lc.WAITING.status.value,
+                        reason=lc.WAITING.reason.value,
+                        message=_clip(message),
+                        epoch=self.epoch,
                     )
                 )
                 self._enqueue(c, [(task_id, to_cluster_id, topology)])
@@ -1173,4 +1199,6 @@ for _name, _fn in list(vars(Store).items()):
         setattr(Store, _name, _rerun_on_disconnect(_fn))
 del _name, _fn
 
-__all__ = ["Store", "QueueRead", "clip_message", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]
+__all__ = [
+    "Store", "QueueRead", "DbTimeouts", "clip_message", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason",
+]

@@ -163,6 +163,7 @@ task_events = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("reason", sa.String(32), nullable=False, server_default=""),
     sa.Column("message", sa.String(MESSAGE_WIDTH), nullable=False, server_default=""),
+    sa.Column("epoch", sa.BigInteger, nullable=True, comment="leader epoch of the writer; NULL: the upper layer or the CLI"),
     sa.Index("ix_events_task", "task_id", "id"),
     sa.Index("ix_events_at", "at"),
 )

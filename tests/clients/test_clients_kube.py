@@ -180,6 +180,22 @@ def test_admission_denial_is_permanent_with_the_webhooks_message(sim, kube, pool
     assert "denied" in info.value.message
 
 
+def test_an_unreachable_admission_webhook_is_a_refusal_for_now_then_the_job_is_accepted(sim, kube, pools):
+    before = sim.stats()["clusters"][CLUSTER]["fault_counts"]["webhook_unavailable"]
+    sim.set_faults(CLUSTER, webhook_unavailable=True)
+    task_id, manifest = submit(kube, pools)
+    with pytest.raises(CloudError) as info:
+        kube.create_job(manifest)  # retried for the client's budget (3 s), then surfaced
+    assert info.value.kind == ErrorKind.TRANSIENT and info.value.status_code == 500
+    assert 'failed calling webhook "policy.example.com"' in info.value.message
+    refused = sim.stats()["clusters"][CLUSTER]["fault_counts"]["webhook_unavailable"] - before
+    assert refused >= 2, refused  # the client asked again before giving up
+    assert not [j for j in sim.stats()["clusters"][CLUSTER]["jobs"] if j["name"] == render.job_name(task_id)]
+    sim.set_faults(CLUSTER, webhook_unavailable=False)
+    assert kube.create_job(manifest).created
+    kube.delete_job(NAMESPACE, render.job_name(task_id))
+
+
 def test_transient_kubernetes_errors_surface_after_the_retry_budget(kube, pools):
     unreachable = KubeApi(
         api_client("127.0.0.1:9", None, default_credentials(), scheme="http"),

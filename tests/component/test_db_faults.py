@@ -24,11 +24,11 @@ from actors.ticker import Ticker
 from falcon_ray import health
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
+from falcon_ray.sim.tcp_proxy import TcpProxy
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from tests.harness.db import MYSQL_SERVER_URL, fresh_mysql_database
 from tests.harness.fakes import FakePort
-from tests.harness.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.mysql
 SPEC = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["run"]}
@@ -146,3 +146,38 @@ def _until(cond, timeout: float) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def test_a_server_that_never_answers_fails_the_call_within_the_read_timeout():
+    """A connection the server (or the network) leaves hanging: the driver's default is to
+    wait forever, which would stop an actor's loop for good. With the timeouts it fails,
+    as a lost connection, and the actor's next tick tries again."""
+    import socket
+    import threading
+
+    from falcon_ray.store import DbTimeouts
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections (the kernel does), never says a word
+    port = silent.getsockname()[1]
+    store = Store(f"mysql+pymysql://falcon@127.0.0.1:{port}/falcon", timeouts=DbTimeouts(connect_s=1, read_s=0.5, write_s=0.5))
+    outcome: list[BaseException | bool] = []
+
+    def call() -> None:
+        try:
+            outcome.append(store.ping())
+        except Exception as e:
+            outcome.append(e)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(10)
+    try:
+        assert not worker.is_alive(), "the call hung on a server that never answers"
+        assert isinstance(outcome[0], Exception) and "timed out" in str(outcome[0]).lower(), outcome
+        assert time.monotonic() - started < 5
+    finally:
+        silent.close()
+        store.dispose()

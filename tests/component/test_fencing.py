@@ -9,6 +9,8 @@ queue and the poller built on it stop without calling any other actor.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import sqlalchemy as sa
 
@@ -143,3 +145,63 @@ def test_a_fenced_queue_and_poller_stop_and_call_nobody(tmp_path):
     assert b.phase(tid) == str(lc.WAITING)
     assert other.get_task(t2).phase == lc.NEW  # the stale poller did not take the new task
     other.dispose()
+
+
+def test_the_lease_is_renewed_from_the_moment_it_is_taken(store):
+    """Before the run loop starts (``DemoRun.start``, or a first ``start()`` that creates
+    every actor on a loaded machine and takes longer than the lease lives), the lease must
+    already be renewed: a second controller must not take it meanwhile. It once did, in
+    a full test run at load 13."""
+    from actors.supervisor import Supervisor
+    from falcon_ray.config import Settings
+
+    settings = Settings(leader_ttl_s=0.6)
+    first, second = Supervisor(settings, store.url, holder="first"), Supervisor(settings, store.url, holder="second")
+    try:
+        assert first.wait_for_lead(timeout=5)
+        time.sleep(3 * settings.leader_ttl_s)  # no run loop yet: only the keeper renews
+        assert not second.wait_for_lead(timeout=1.5), "the first holder's lease lapsed before its run loop began"
+        assert store.leader()["holder"] == "first"
+    finally:
+        first.shutdown(drain=False, kill=False)
+        second.stop.set()
+        first.store.dispose()
+        second.store.dispose()
+
+
+def test_the_lease_is_renewed_while_the_first_start_is_still_creating_actors(tmp_path):
+    """Creating (or adopting) every actor can take longer than the lease's TTL on a busy
+    Ray cluster; the lease must not lapse meanwhile, or a waiting controller takes it and
+    the first one's actors are fenced before they ever ran (found by the two-controller test)."""
+    import threading
+    import time
+
+    from actors.supervisor import Supervisor
+    from falcon_ray.config import Settings
+    from falcon_ray.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/lease.db"
+    upgrade(url, with_jobs_table=True)
+    ttl = 0.6
+    sup = Supervisor(Settings(leader_ttl_s=ttl, registry_interval_s=60), url, holder="first")
+    rival = Store(url)
+    stop = threading.Event()
+    taken: list[bool] = []
+
+    def slow_start() -> None:  # stands in for actor creation that outlasts the TTL
+        for _ in range(6):
+            time.sleep(ttl / 2)
+            taken.append(rival.acquire_leader("second", ttl_s=ttl))
+        stop.set()
+
+    sup.start = slow_start  # type: ignore[method-assign]
+    runner = threading.Thread(target=sup.run, args=(stop,), daemon=True)
+    runner.start()
+    runner.join(15)
+    try:
+        assert not runner.is_alive()
+        assert taken and not any(taken), "a rival took the lease while the first start was still running"
+        assert rival.leader()["holder"] == "first" and rival.leader()["epoch"] == 1
+    finally:
+        rival.dispose()
+        sup.store.dispose()

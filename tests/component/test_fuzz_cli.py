@@ -76,6 +76,9 @@ def guarded(monkeypatch):
         raise _Started()
 
     monkeypatch.setattr(ray, "init", started)
+    # a Ray this worker joined for an earlier test must not be found either (xdist order):
+    # `queues --watch` against a live Ray redraws until Ctrl-C
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(demo.DemoRun, "__init__", started)
     monkeypatch.setattr(server.SimFleet, "start", started)
     monkeypatch.setattr(bench, "run_bench", started)

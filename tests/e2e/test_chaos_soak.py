@@ -1,29 +1,27 @@
 """The soak of issue 12 in CI: 200 mixed tasks under API faults, incompatible-operation
-refusals, watch cuts, 410s, token refusals and actor kills (``falcon_ray.chaos``), on the
-session's Ray and a SQLite database. Every invariant must report zero.
+refusals, watch cuts, 410s, token refusals, bursts of INTERNAL create failures and actor
+kills (``falcon_ray.chaos``), on the session's Ray and a SQLite database, on issue 10's
+fleet (a reservation of 6 hosts and a flex-start cluster of 32 chips). Every invariant must
+report zero; ``failed_for_capacity`` is issue 10's "no task ends NodePoolFailed for capacity".
 
 ``make soak`` runs the long one (1,000 tasks on MariaDB, its connections killed too).
 
-Out of ``make test`` until its last stall is fixed: on a fresh clone it once reported three
-tasks quiet for 50 s in Dispatching ("Kubernetes Job submission refused for now ...: cluster
-not connected") after ClusterActor kills, i.e. a restarted ClusterActor that took that long
-to reach its cluster. A flaky gate is worse than none; ``make soak-ci`` runs it
-(``FALCON_SOAK=1``) and must report zero once that is fixed.
+It once reported three tasks quiet for 50 s in Dispatching ("Kubernetes Job submission
+refused for now ...: cluster not connected") after ClusterActor kills on a loaded machine: a
+restarted ClusterActor that had not connected yet. Its Message now says which step of the
+connect is running and since when, and a connect slower than 10 s is logged with its steps;
+``make soak-ci`` runs this file alone.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from falcon_ray.chaos import ChaosRun, summarize
 
-pytestmark = [
-    pytest.mark.timeout(420),
-    pytest.mark.skipif(os.environ.get("FALCON_SOAK") != "1", reason="the 200-task soak runs with `make soak-ci` (FALCON_SOAK=1)"),
-]
+pytestmark = pytest.mark.timeout(420)
 
 
 def test_soak_200_tasks_with_faults_and_kills(ray_session, capsys):

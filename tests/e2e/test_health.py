@@ -52,11 +52,14 @@ def _get(url: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-@pytest.fixture
-def live(ray_session, tmp_path):
-    """A controller with a running task, one holding the slot (ClusterBusy) and one waiting."""
+@pytest.fixture(scope="module")
+def live(ray_session, tmp_path_factory):
+    """A controller with a running task, one holding the slot (ClusterBusy) and one waiting.
+    One serves the module: the read-only tests come first, the one that backdates the event
+    log and releases the lease comes last (pytest keeps file order)."""
     fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=11)
-    run = DemoRun(fleet, demo_settings(**LIMITS), f"sqlite:///{tmp_path / 'falcon.db'}").start()
+    db = tmp_path_factory.mktemp("health") / "falcon.db"
+    run = DemoRun(fleet, demo_settings(**LIMITS), f"sqlite:///{db}").start()
     try:
         ids = {
             "running": run.submit("alice", spec("2x2", 300, supply_mode="reservation"), "hc-running"),
@@ -79,61 +82,6 @@ def _backdate(run: DemoRun, task_ids: list[int], seconds: float) -> None:
             ),
             {"at": run.store.clock().replace(microsecond=0) - dt.timedelta(seconds=seconds)},
         )
-
-
-def test_health_check_serve_overdue_tasks_and_readiness_after_the_lease_is_released(live):
-    run, ids = live
-    sup = run.supervisor
-
-    report = health.check(sup)
-    assert report["healthy"] and report["ready"], report
-    assert report["database"] == {"ok": True}
-    assert report["leader"]["held"] and report["leader"]["holder"] == sup.holder == report["holder"]
-    assert set(report["actors"]) >= {"poller", "cluster/edge-a", "queue/edge-a/2x2"}, report["actors"]
-    assert all(a["ok"] for a in report["actors"].values()), report["actors"]
-    edge = report["actors"]["cluster/edge-a"]
-    assert edge["connected"] and not edge["connect_error"]
-    assert 0 <= edge["last_gke_ok_age_s"] < 30 and 0 <= edge["last_kubernetes_ok_age_s"] < 30, edge
-    assert edge["watch_age_s"] is not None and 0 <= edge["watch_age_s"] < 60, edge
-    assert report["overdue_tasks"] == []
-    json.dumps(report)  # the probe's body
-
-    # a live task past the limit of its wait is overdue; a running one never is
-    _backdate(run, [ids["waiting"], ids["running"]], 7200)
-    overdue = {t["id"]: t for t in health.check(sup)["overdue_tasks"]}
-    assert ids["waiting"] in overdue, overdue
-    row = overdue[ids["waiting"]]
-    assert row["reason"] == "Waiting" and row["wait"] == "queue" and row["age_s"] > 7000 and row["limit_s"] == 600
-    assert ids["running"] not in overdue and ids["busy"] not in overdue
-
-    port = _free_port()
-    server = health.serve(sup, port=port, host="127.0.0.1")
-    try:
-        status, body = _get(f"http://127.0.0.1:{port}/healthz")
-        assert status == 200 and body["healthy"], body
-        status, body = _get(f"http://127.0.0.1:{port}/readyz")
-        assert status == 200 and body["ready"] and body["leader"]["held"], body
-        with pytest.raises(urllib.error.HTTPError) as nf:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
-        assert nf.value.code == 404
-
-        # stop leading: the supervisor loop ends, then the lease is released (actors stay up)
-        run.stop_event.set()
-        run.thread.join(15)
-        sup.shutdown(drain=False, kill=False)
-        assert run.store.leader() is None
-        deadline = time.monotonic() + 10  # the server caches a report for 2 s
-        while time.monotonic() < deadline:
-            status, body = _get(f"http://127.0.0.1:{port}/readyz")
-            if status == 503:
-                break
-            time.sleep(0.5)
-        assert status == 503 and not body["ready"] and not body["leader"]["held"], body
-        status, body = _get(f"http://127.0.0.1:{port}/healthz")
-        assert status == 200 and body["healthy"], body  # a controller waiting for the lease is alive
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_health_cli_as_its_own_process(live, tmp_path):
@@ -177,3 +125,59 @@ def test_queues_cli_shows_the_slot_holder_and_the_waiting_task(live):
     assert [t["id"] for t in queue["acquiring"]] == [ids["busy"]] and queue["acquiring"][0]["reason"] == "ClusterBusy"
     assert [(t["id"], t["position"]) for t in queue["waiting"]] == [(ids["waiting"], 1)]
     assert any(l["state"] == "InUse" for l in queue["leases"])
+
+
+def test_health_check_serve_overdue_tasks_and_readiness_after_the_lease_is_released(live):
+    run, ids = live
+    sup = run.supervisor
+
+    report = health.check(sup)
+    assert report["healthy"] and report["ready"], report
+    assert report["database"] == {"ok": True}
+    assert report["leader"]["held"] and report["leader"]["holder"] == sup.holder == report["holder"]
+    assert set(report["actors"]) >= {"poller", "cluster/edge-a", "queue/edge-a/2x2"}, report["actors"]
+    assert all(a["ok"] for a in report["actors"].values()), report["actors"]
+    edge = report["actors"]["cluster/edge-a"]
+    assert edge["connected"] and not edge["connect_error"] and edge["connect_stage"] == "connected"
+    assert len(edge["connect_timings"]) == 4, edge  # the seconds of each step of its connect
+    assert 0 <= edge["last_gke_ok_age_s"] < 30 and 0 <= edge["last_kubernetes_ok_age_s"] < 30, edge
+    assert edge["watch_age_s"] is not None and 0 <= edge["watch_age_s"] < 60, edge
+    assert report["overdue_tasks"] == []
+    json.dumps(report)  # the probe's body
+
+    # a live task past the limit of its wait is overdue; a running one never is
+    _backdate(run, [ids["waiting"], ids["running"]], 7200)
+    overdue = {t["id"]: t for t in health.check(sup)["overdue_tasks"]}
+    assert ids["waiting"] in overdue, overdue
+    row = overdue[ids["waiting"]]
+    assert row["reason"] == "Waiting" and row["wait"] == "queue" and row["age_s"] > 7000 and row["limit_s"] == 600
+    assert ids["running"] not in overdue and ids["busy"] not in overdue
+
+    port = _free_port()
+    server = health.serve(sup, port=port, host="127.0.0.1")
+    try:
+        status, body = _get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200 and body["healthy"], body
+        status, body = _get(f"http://127.0.0.1:{port}/readyz")
+        assert status == 200 and body["ready"] and body["leader"]["held"], body
+        with pytest.raises(urllib.error.HTTPError) as nf:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert nf.value.code == 404
+
+        # stop leading: the supervisor loop ends, then the lease is released (actors stay up)
+        run.stop_event.set()
+        run.thread.join(15)
+        sup.shutdown(drain=False, kill=False)
+        assert run.store.leader() is None
+        deadline = time.monotonic() + 10  # the server caches a report for 2 s
+        while time.monotonic() < deadline:
+            status, body = _get(f"http://127.0.0.1:{port}/readyz")
+            if status == 503:
+                break
+            time.sleep(0.5)
+        assert status == 503 and not body["ready"] and not body["leader"]["held"], body
+        status, body = _get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200 and body["healthy"], body  # a controller waiting for the lease is alive
+    finally:
+        server.shutdown()
+        server.server_close()

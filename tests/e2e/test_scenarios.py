@@ -273,6 +273,8 @@ def test_unreachable_cluster_is_reported_then_fails_the_task_with_node_pool_time
     tid = run.submit("alice", spec("2x2", 1))
     t = wait_for(run, tid, lambda t: t.message.startswith("Cannot reach cluster ghost") and "Permission denied" in t.message, timeout=30)
     assert t.phase == lc.PROVISIONING
+    # the connect's error names the step that failed and the attempt
+    assert "cannot connect to cluster ghost (attempt " in t.message and "reading the cluster from the GKE API" in t.message, t.message
     t = wait_for(run, tid, lambda t: t.terminal, timeout=30)
     assert (t.status, t.reason) == ("Failed", "NodePoolTimeout")
     assert "GKE API of cluster ghost unreachable" in t.message

@@ -2,7 +2,7 @@
 
 ``ray_session`` starts Ray once (2 CPUs, no dashboard UI, metrics export on a free
 port so the metrics test can scrape it) and shuts it down at the end of the
-session. Scenario tests share it and isolate themselves with a Ray namespace of
+session (one per xdist worker: `make test` runs two). Scenario tests share it and isolate themselves with a Ray namespace of
 their own, killing their actors when they finish.
 """
 
@@ -26,6 +26,8 @@ def ray_session():
 
     port = _free_port()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if ray.is_initialized():  # a test that joined some Ray of its own ran first (xdist order)
+        ray.shutdown()
     ray.init(
         num_cpus=2,
         include_dashboard=False,

@@ -217,6 +217,16 @@ def test_create_error_fault_ends_in_a_done_operation_with_error_and_an_error_poo
     delete_and_wait(gke, B, "falcon-quota")
 
 
+def test_create_error_fault_takes_the_code_it_is_given(sim):
+    gke = gke_client(sim)
+    before = sim.stats()["clusters"]["sim-b"]["fault_counts"]["create_error"]
+    sim.set_faults("sim-b", create_error="Internal error while creating the node pool.", create_error_code=13)
+    done = wait_done(gke, B, gke.create_node_pool(parent=parent(B), node_pool=tpu_pool("falcon-internal")))
+    assert done.error.code == 13 and done.error.message == "Internal error while creating the node pool."
+    assert sim.stats()["clusters"]["sim-b"]["fault_counts"]["create_error"] == before + 1
+    delete_and_wait(gke, B, "falcon-internal")
+
+
 def test_stockout_beyond_cluster_chips(sim):
     gke = gke_client(sim)
     op = gke.create_node_pool(parent=parent(B), node_pool=tpu_pool("falcon-big", hosts=4, topology="4x4"))

@@ -101,15 +101,27 @@ def test_abort_overwritten_reads_the_event_log_order():
     assert r["invariants"]["lost"] == 1
 
 
-def test_capacity_overcommit_is_a_capacity_refusal_not_any_node_pool_failure():
+def test_failed_for_capacity_is_a_capacity_refusal_not_any_node_pool_failure_nor_the_injected_ones():
     tasks = [
-        task(1, "Failed", "NodePoolFailed", "Node pool failed: Reservation res-a does not have enough resources: 4 VM(s) requested, 0 of 8 available."),
-        task(2, "Failed", "NodePoolFailed", "Node pool failed: ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'us-east5-b' does not have enough resources"),
-        task(3, "Failed", "NodePoolFailed", "Node pool failed: " + chaos.CREATE_ERROR),
+        task(1, "Failed", "NodePoolFailed", "Node pool creation failed: Reservation res-a does not have enough resources: 4 VM(s) requested, 0 of 6 available."),
+        task(2, "Failed", "NodePoolFailed", "Node pool creation failed: ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'us-east5-b' does not have enough resources"),
+        task(3, "Failed", "NodePoolFailed", "Node pool creation failed: " + chaos.CREATE_ERROR),
         task(4, "Failed", "JobFailed", "does not have enough resources"),
+        task(5, "Failed", "NodePoolFailed", "Node pool creation failed: no capacity within capacity_budget_s=6m00s: waited 6m over 5 refusal(s); last answer from GKE: GCE_STOCKOUT"),
+        task(6, "Failed", "NodePoolFailed", "Node pool creation failed: no free slice in the reservation for 1h (reservation_wait_limit_s); reservation_remaining_slices=0 ..."),
+        task(7, "Failed", "NodePoolFailed", "Node pool creation failed: Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0 in region us-east5."),
     ]
     r = check(tasks, {}, {}, 10, FLEET_CLEAN, LIMITS)
-    assert sorted(d["id"] for d in r["details"]["capacity_overcommit"]) == [1, 2]
+    assert sorted(d["id"] for d in r["details"]["failed_for_capacity"]) == [1, 2, 5, 6]
+    assert not r["ok"] and r["invariants"]["failed_for_capacity"] == 4
+
+
+def test_the_soak_fleet_is_a_reservation_of_6_hosts_and_a_flex_start_cluster_of_32_chips():
+    fleet = chaos.chaos_fleet(1)
+    a, b = fleet.cluster("edge-a"), fleet.cluster("edge-b")
+    assert a.reservation is not None and a.reservation.count == 6
+    assert b.reservation is None and b.chips == 32  # no reservation: flex-start by default
+    assert chaos.CREATE_ERROR_CODE == 13  # INTERNAL: the injected failures are not capacity
 
 
 def test_illegal_transitions_are_counted():

@@ -1,4 +1,5 @@
-"""A TCP proxy on loopback that a test can stop and start: a database outage on demand.
+"""A TCP proxy on loopback that a test or the chaos soak can stop and start: a database
+outage on demand.
 
 ``TcpProxy(target_port)`` listens on 127.0.0.1 (a free port) and forwards every
 connection to ``127.0.0.1:target_port``. ``stop()`` closes the listener and every
@@ -39,6 +40,7 @@ class TcpProxy:
                 return  # listener closed
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)  # the 5 s were for the connect; an idle pooled connection stays
             except OSError:
                 client.close()
                 continue

@@ -1,7 +1,7 @@
 """falcon_task_queue: which queue (cluster, topology) each assigned task belongs to.
 
-Revision ID: falcon_0006
-Revises: falcon_0005
+Revision ID: falcon_0007
+Revises: falcon_0006
 
 The ``jobs`` table belongs to the upper layer, so the topology of a task lives only in
 its spec text. A QueueActor that had to find its own tasks read and parsed every live
@@ -19,8 +19,8 @@ import json
 import sqlalchemy as sa
 from alembic import op
 
-revision = "falcon_0006"
-down_revision = "falcon_0005"
+revision = "falcon_0007"
+down_revision = "falcon_0006"
 branch_labels = None
 depends_on = None
 

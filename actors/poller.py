@@ -96,7 +96,9 @@ class IntakePoller:
             (task.id, lc.NEW, lc.WAITING, self.msg("waiting_first", cluster=target.name, topology=topology), {"cluster_id": target.id})
             for task, target, topology in pending
         ]
-        for (task, target, topology), won in zip(pending, self.store.transition_many(moves), strict=True):
+        # each task's queue (falcon_task_queue) is written in the same transaction
+        outcomes = self.store.transition_many(moves, [topology for _, _, topology in pending])
+        for (task, target, topology), won in zip(pending, outcomes, strict=True):
             if not won:
                 counts["assigned"] -= 1
                 counts["lost"] = counts.get("lost", 0) + 1

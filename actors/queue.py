@@ -30,7 +30,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from actors.port import Port
@@ -70,13 +70,14 @@ from falcon_ray.reconcile import (
     eta,
 )
 from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
-from falcon_ray.store import Fenced, Store, utcnow
+from falcon_ray.store import Fenced, Store, clip_message, utcnow
 
 log = logging.getLogger("falcon.queue")
 IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
 MAX_ROUNDS = 8
 DESTINATIONS_TTL_S = 1.0  # another cluster's state is read at most this often for a move
 IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
+LEASE_EFFECTS = (CreateLease, MoveLease, MarkReady, RecordOperation)  # the effects that write a lease row
 HISTORY_WINDOW_S = 86400.0  # starts older than this are not read back after a restart
 
 
@@ -108,6 +109,23 @@ class QueueReconciler:
         self.history: list[StartSample] | None = None  # None: not read yet
         self.started: set[int] = set()  # reached Running since the history was brought up to date
         self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
+        # the queue's rows as last read (soft state: a full read rebuilds them, see _read_tasks)
+        self.rows: dict[int, Task] = {}
+        self.hot: set[int] = set()  # rows not Waiting at the last read: asked again each round
+        self.dirty: set[int] = set()  # tasks this queue wrote since the last read
+        self.seq = 0  # the newest falcon_task_queue.seq read
+        self.full_read_at = -float("inf")
+        self.last_granted = ""  # read with each full read; this queue is its only writer
+        self.clusters: list[Cluster] | None = None
+        self.clusters_at = -float("inf")  # when the registry was last read
+        self.qtasks: dict[int, QueueTask] = {}  # the decisions' value of each row
+        self.task_values: tuple[QueueTask, ...] = ()  # qtasks in id order
+        self.positions: dict[int, int] = {}  # task id -> its index in task_values
+        self.changed: set[int] = set()  # rows read or written since their value was built
+        self.values_stale = False  # a value in qtasks was replaced (a Message written)
+        self.lease_rows: list | None = None  # the queue's leases as last read
+        self.leases_stale = True  # an effect was carried out since they were read
+        self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -133,7 +151,9 @@ class QueueReconciler:
         if self.store.fenced:  # a newer controller leads: observe nothing, call nobody
             raise Fenced(self.store.fenced)
         applied = 0
-        messages: list[reconcile.EffectGroup] = []
+        last: tuple[QueueState, ClusterView, dt.datetime] | None = None
+        if self.rows or self.lease_rows or time.monotonic() - self.clusters_at >= self.s.queue_full_read_s:
+            self.clusters = None  # the registry is read once per step (an empty queue's: once per full read)
         for _ in range(MAX_ROUNDS):
             observed = self.observe()
             if observed is None:
@@ -141,9 +161,8 @@ class QueueReconciler:
             state, view = observed
             with self.lock:
                 self.last_state, self.last_view = state, view
-            groups = reconcile.decide(state, view, self.clock(), self.s)
-            messages = [g for g in groups if all(isinstance(e, RefreshMessages) for e in g.effects)]
-            groups = [g for g in groups if not all(isinstance(e, RefreshMessages) for e in g.effects)]
+            last = (state, view, self.clock())
+            groups = reconcile.decide(*last, self.s, messages=False)
             if not groups:
                 break
             progressed = self.act(groups)
@@ -151,8 +170,10 @@ class QueueReconciler:
             self.rounds += 1
             if not progressed:
                 break
-        if messages:
-            self.act(messages)
+        if last is not None:  # rule 8 as the last round decides it, written once
+            messages = [g for g in reconcile.decide(*last, self.s) if all(isinstance(e, RefreshMessages) for e in g.effects)]
+            if messages:
+                self.act(messages)
         return applied
 
     # ---- observe ---------------------------------------------------------------------------
@@ -167,51 +188,123 @@ class QueueReconciler:
             self.specs[task.id] = spec
         return spec
 
-    def _phase_since(self, tasks: list[tuple[Task, TaskSpec]]) -> dict[int, dt.datetime]:
-        """When each task entered its current phase: cached, else from the event log."""
-        unknown = {t.id for t, _ in tasks if self.phase_since.get(t.id, (None,))[0] != t.phase}
+    def _phase_since(self, tasks: list[Task]) -> None:
+        """When each of ``tasks`` entered its current phase: kept, else from the event log."""
+        unknown = {t.id for t in tasks if self.phase_since.get(t.id, (None,))[0] != t.phase}
         if unknown:
             entered = self.store.phase_entered(unknown)
-            for t, _ in tasks:
+            for t in tasks:
                 if t.id in unknown:
                     self.phase_since[t.id] = (t.phase, entered.get((t.id, t.phase)) or t.updated_at)
-        return {t.id: self.phase_since[t.id][1] for t, _ in tasks if t.id in self.phase_since}
 
-    def observe(self) -> tuple[QueueState, ClusterView] | None:
-        clusters, live, queue_leases, last_granted = self.store.queue_snapshot(self.cluster_name, self.topology, self.specs)
-        cluster = next((c for c in clusters if c.name == self.cluster_name), None)
+    def _read_tasks(self) -> tuple[list[Cluster], Cluster, list] | None:
+        """The queue's rows: all of them at the first round and every ``queue_full_read_s``,
+        otherwise only what may have changed (``Store.queue_snapshot``'s delta) merged into
+        the rows kept from the last read; the ids whose row changed or went are added to
+        ``changed``. The registry is read once per step."""
+        now = time.monotonic()
+        full = now - self.full_read_at >= self.s.queue_full_read_s
+        asked = self.hot | self.dirty
+        snap = self.store.queue_snapshot(
+            self.cluster_name,
+            self.topology,
+            self.specs,
+            delta=None if full else (self.seq, asked),
+            clusters=self.clusters,
+            with_granted=full,
+            with_leases=full or self.lease_rows is None,
+        )
+        if self.clusters is None:
+            self.clusters_at = now
+        self.clusters = snap.clusters
+        cluster = next((c for c in snap.clusters if c.name == self.cluster_name), None)
         if cluster is None:
+            self.full_read_at = -float("inf")  # read it all when it is back
             return None
-        leases = tuple(l for l in queue_leases if l.state != LeaseState.DELETED)
-        refused = tuple(l for l in queue_leases if l.refused_at is not None)
-        mine: list[tuple[Task, TaskSpec]] = []
-        other_waiting = False
-        for t in live:
-            spec = self._spec(t)
-            if spec is None:
+        got = {t.id: t for t in snap.tasks}
+        gone = (self.rows.keys() if full else asked) - got.keys()  # ended, moved away or unassigned
+        if snap.leases is not None:
+            self.lease_rows, self.leases_stale = snap.leases, False
+        elif self.leases_stale or gone - self.dirty or any(self.rows.get(tid) != t for tid, t in got.items() if tid not in self.dirty):
+            # this queue is its leases' only writer (its own writes set leases_stale); which
+            # refused ones count follows its tasks, and another writer may have moved one
+            self.lease_rows, self.leases_stale = self.store.queue_leases(cluster.id, self.topology), False
+        for tid in gone:
+            self._drop(tid)
+        self.changed |= gone | got.keys()
+        self.rows.update(got)
+        if full:
+            self.last_granted, self.full_read_at, self.seq = snap.last_granted, now, snap.seq
+        else:
+            self.seq = max(self.seq, snap.seq)
+        self.dirty.clear()
+        self.hot = {tid for tid in self.hot | got.keys() if tid in self.rows and self.rows[tid].phase != lc.WAITING}
+        return snap.clusters, cluster, self.lease_rows
+
+    def _drop(self, tid: int) -> None:
+        """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
+        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.qtasks):
+            cache.pop(tid, None)
+
+    def _queue_tasks(self) -> tuple[QueueTask, ...]:
+        """The decisions' values of the queue's tasks, rebuilt only for the rows in ``changed``."""
+        changed, self.changed = self.changed, set()
+        rows = []
+        for tid in changed:
+            t = self.rows.get(tid)
+            spec = self._spec(t) if t is not None else None
+            if spec is None or spec.topology != self.topology:
+                self.qtasks.pop(tid, None)
                 continue
-            if spec.topology == self.topology:
-                mine.append((t, spec))
-            elif t.status == Status.PENDING and t.reason:
-                other_waiting = True
-        since = self._phase_since(mine)
-        tasks = tuple(
-            QueueTask(
+            rows.append(t)
+        self._phase_since(rows)
+        for t in rows:
+            entry = self.phase_since.get(t.id)
+            self.qtasks[t.id] = QueueTask(
                 id=t.id,
                 name=t.name,
                 actor=t.actor,
                 phase=t.phase,
                 created_at=t.created_at,
                 dispatched_at=t.dispatched_at,
-                spec=spec,
+                spec=self.specs[t.id],
                 node_pool_name=t.node_pool_name,
                 job_uid=t.job_uid,
                 message=t.message,
-                phase_since=since.get(t.id),
+                phase_since=entry[1] if entry else None,
             )
-            for t, spec in mine
-        )
-        self._forget_ended({t.id for t in live}, {t.id for t in tasks})
+        if self.values_stale or (changed and (len(self.positions) != len(self.qtasks) or not changed <= self.positions.keys())):
+            order = sorted(self.qtasks)
+            self.positions = {tid: i for i, tid in enumerate(order)}
+            self.task_values = tuple(self.qtasks[k] for k in order)
+            self.values_stale = False
+        elif changed:  # the same tasks: replace the changed values in place
+            values = list(self.task_values)
+            for tid in changed:
+                values[self.positions[tid]] = self.qtasks[tid]
+            self.task_values = tuple(values)
+        return self.task_values
+
+    def _other_topology_waiting(self, cluster_id: str) -> bool:
+        """Read only while a task of this queue acquires (the rules ask it only then), at
+        most once a second."""
+        if not any(tid in self.qtasks and self.qtasks[tid].phase in lc.ACQUIRING_PHASES for tid in self.hot):
+            return False
+        now = time.monotonic()
+        if now - self.other_waiting_at[0] >= DESTINATIONS_TTL_S:
+            self.other_waiting_at = (now, self.store.other_topology_waiting(cluster_id, self.topology))
+        return self.other_waiting_at[1]
+
+    def observe(self) -> tuple[QueueState, ClusterView] | None:
+        read = self._read_tasks()
+        if read is None:
+            return None
+        clusters, cluster, queue_leases = read
+        leases = tuple(l for l in queue_leases if l.state != LeaseState.DELETED)
+        refused = tuple(l for l in queue_leases if l.refused_at is not None)
+        tasks = self._queue_tasks()
+        other_waiting = self._other_topology_waiting(cluster.id)
+        last_granted = self.last_granted
         history = self._history(cluster.id, leases)
         self._account_idle_chips(cluster.tpu_type, leases)
         state = QueueState(
@@ -223,7 +316,7 @@ class QueueReconciler:
             other_topology_waiting=other_waiting,
             alternatives_exist=any(c.name != cluster.name and c.tpu_type == cluster.tpu_type and c.active for c in clusters),
             submit_errors=dict(self.submit_errors),
-            terminal_messages=self._terminal_messages(leases, {t.id for t in tasks}),
+            terminal_messages=self._terminal_messages(leases, self.qtasks.keys()),
             refused=refused,
             history=history,
             destinations=self._destinations(cluster, clusters, tasks),
@@ -298,14 +391,7 @@ class QueueReconciler:
         self.destinations_at = (now, tuple(out))
         return self.destinations_at[1]
 
-    def _forget_ended(self, live_anywhere: set[int], mine: set[int]) -> None:
-        for tid in [tid for tid in self.specs if tid not in live_anywhere]:
-            self.specs.pop(tid, None)
-            self.submit_errors.pop(tid, None)
-        for tid in [tid for tid in self.phase_since if tid not in mine]:
-            del self.phase_since[tid]
-
-    def _terminal_messages(self, leases, live_ids: set[int]) -> dict[int, tuple[Phase, str]]:
+    def _terminal_messages(self, leases, live_ids: Collection[int]) -> dict[int, tuple[Phase, str]]:
         """Last holders of pools whose delete keeps failing (their task is terminal)."""
         failing = [
             l.task_id
@@ -360,19 +446,30 @@ class QueueReconciler:
     def apply(self, e: reconcile.Effect) -> tuple[bool, bool]:
         """Returns (carry on with the group, this effect moved a task or lease)."""
         st, c = self.store, self.cluster_name
+        if isinstance(e, LEASE_EFFECTS) or (self.lease_rows and any(l.refused_at is not None for l in self.lease_rows)):
+            # the next round reads the leases again: this effect writes one, or moves a task
+            # whose refused leases (read while it acquires) may drop out
+            self.leases_stale = True
+        task_id = getattr(e, "task_id", None)
+        if task_id is not None:
+            self.dirty.add(task_id)  # the next round reads its row again, whatever happens here
         match e:
             case Transition():
                 won = st.transition(e.task_id, e.expect, e.to, e.message, **e.fields)
                 if won:
+                    if st.moved_at is not None:  # its event row is the phase entry: no re-read
+                        self.phase_since[e.task_id] = (e.to, st.moved_at)
                     self._transitioned(e)
                 return won, won
             case UpdateTask():
                 return st.update_task(e.task_id, e.expect, e.message, **e.fields) or not e.fields, False
             case RefreshMessages():
                 st.refresh_messages(e.updates)
+                self._messages_written(e.updates)
                 return True, False
             case SetLastGranted():
                 st.set_last_granted(self._cluster_id(), self.topology, e.actor)
+                self.last_granted = e.actor
                 return True, False
             case CreateLease():
                 st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
@@ -412,11 +509,23 @@ class QueueReconciler:
                 return self._move(e)
         raise TypeError(f"unknown effect {e!r}")
 
+    def _messages_written(self, updates) -> None:
+        """The kept rows carry the Messages just written (a row whose phase moved meanwhile
+        kept its old one, and is read again as a row that is not Waiting any more)."""
+        for tid, phase, text in updates:
+            row = self.rows.get(tid)
+            if row is not None and row.phase == phase:
+                text = clip_message(text)
+                self.rows[tid] = row.with_message(text)
+                if tid in self.qtasks:
+                    self.qtasks[tid] = self.qtasks[tid].with_message(text)
+                    self.values_stale = True
+
     def _move(self, e: MoveTask) -> tuple[bool, bool]:
         """The compare-and-set that moves a ClusterBusy task to another cluster's queue, then
         both wake-ups. A crash after the write leaves a Waiting task there that its queue's
         periodic re-read finds; a lost write (aborted, moved meanwhile) changes nothing."""
-        won = self.store.move_task(e.task_id, e.from_cluster_id, e.to_cluster_id, e.message)
+        won = self.store.move_task(e.task_id, e.from_cluster_id, e.to_cluster_id, e.message, e.topology)
         if won:
             log.info(
                 "task %s: %s -> %s/%s on %s: %s", e.task_id, lc.CLUSTER_BUSY, lc.WAITING, e.topology, e.to_cluster, e.message,

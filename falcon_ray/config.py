@@ -28,6 +28,9 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(1.0, gt=0, description="PollerActor: seconds between polls of the jobs table")
     intake_batch: int = Field(500, gt=0, description="PollerActor: most new or aborting rows read per poll")
     queue_tick_s: float = Field(1.0, gt=0, description="QueueActor: seconds between reconciles without a hint")
+    queue_full_read_s: float = Field(
+        10.0, gt=0, description="QueueActor: seconds between full re-reads of its tasks; the rounds in between read only what changed"
+    )
     # --- node pools
     node_pool_timeout_s: float = Field(
         600.0, gt=0, description="control plane not RUNNING within this many seconds -> Failed/NodePoolTimeout"

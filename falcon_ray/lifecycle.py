@@ -171,11 +171,22 @@ def sources_of(dst: Phase) -> tuple[Phase, ...]:
 _REASONED = frozenset({Status.PENDING, Status.FAILED})
 
 
+_STATUSES: dict[str, Status] = {s.value: s for s in Status}  # a look-up, not Status(x): rows are many
+_REASONS: dict[str, Reason] = {r.value: r for r in Reason}
+
+
 def phase_of(status: str, reason: str | None) -> Phase:
     """The phase of a stored row. A reason left behind in a status that carries none
     (the upper layer sets Aborting without clearing Reason) is ignored."""
-    st = Status(status)
-    return Phase(st, Reason(reason or "") if st in _REASONED else Reason.NONE)
+    st = _STATUSES.get(status)
+    if st is None:
+        raise ValueError(f"{status!r} is not a valid Status")
+    if st not in _REASONED:
+        return Phase(st, Reason.NONE)
+    rs = _REASONS.get(reason or "")
+    if rs is None:
+        raise ValueError(f"{reason!r} is not a valid Reason")
+    return Phase(st, rs)
 
 
 # --- node-pool leases --------------------------------------------------------------

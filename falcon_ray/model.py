@@ -19,6 +19,7 @@ in ``pyproject.toml`` keeps it that way.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum, auto
 from typing import Any
@@ -112,11 +113,21 @@ class PoolStatus(StrEnum):
 
 
 def _enum(kind: type[StrEnum], value: Any) -> Any:
-    """The enum member for a stored value; text no member knows is kept as it is."""
-    try:
-        return kind(value)
-    except ValueError:
+    """The enum member for a stored value; text no member knows is kept as it is. A dict
+    look-up, not ``kind(value)``: a queue builds thousands of rows per read."""
+    if isinstance(value, kind):
         return value
+    return kind._value2member_map_.get(value, value)
+
+
+def _with_message(value: Any, message: str) -> Any:
+    """A copy of a frozen row value with another ``message`` (its cached properties kept):
+    a queue rewrites thousands of Messages per hand-over, and ``dataclasses.replace`` would
+    validate each row again."""
+    out = object.__new__(type(value))
+    out.__dict__.update(value.__dict__)
+    out.__dict__["message"] = message
+    return out
 
 
 # --- rows, as the store hands them out -----------------------------------------------------
@@ -182,13 +193,17 @@ class Task:
         object.__setattr__(self, "status", _enum(Status, self.status))
         object.__setattr__(self, "reason", _enum(Reason, self.reason or ""))
 
-    @property
-    def phase(self) -> Phase:
+    @functools.cached_property
+    def phase(self) -> Phase:  # computed once per row (the row is frozen)
         return lc.phase_of(self.status, self.reason)
 
     @property
     def terminal(self) -> bool:
         return self.status in lc.TERMINAL
+
+    def with_message(self, message: str) -> Task:
+        """The same row with another Message (a copy: the row stays frozen for its holders)."""
+        return _with_message(self, message)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -381,6 +396,10 @@ class QueueTask:
     @property
     def priority(self) -> int:
         return self.spec.priority
+
+    def with_message(self, message: str) -> QueueTask:
+        """The same value with another Message (a copy)."""
+        return _with_message(self, message)
 
 
 @dataclass(frozen=True)

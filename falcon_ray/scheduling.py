@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,8 +53,7 @@ class Pickable(Protocol):
 T = TypeVar("T", bound="Pickable")
 
 
-def _age_key(t: Pickable) -> tuple[dt.datetime, int]:
-    return (t.created_at, t.id)
+_age_key: Callable[[Pickable], tuple[dt.datetime, int]] = operator.attrgetter("created_at", "id")  # oldest first
 
 
 def _heads(waiting: Sequence[T]) -> dict[str, T]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
 from falcon_ray.reconcile import acquire, finish, pick, pools, positions
@@ -69,21 +68,22 @@ from falcon_ray.reconcile.effects import (
 )
 
 
-def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings) -> list[EffectGroup]:
+def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings, messages: bool = True) -> list[EffectGroup]:
+    """The rules 1-8; without ``messages`` rule 8 is left out, for a caller that runs
+    several rounds and writes the positions once, as its last round decides them."""
     d = Decision(q, view, now, settings)
-    for t in q.tasks:  # 1
-        if t.phase == lc.ABORTING:
-            finish.abort(d, t)
-    for t in q.tasks:  # 2
-        if t.phase == lc.RUNNING:
-            finish.execute(d, t)
+    for t in d.aborting:  # 1
+        finish.abort(d, t)
+    for t in d.running:  # 2
+        finish.execute(d, t)
     pick.rerank(d)  # 3
     for t in d.acquiring:  # 4
         acquire.acquire(d, t)
     pick.pick(d)  # 5
     pools.leases(d)  # 6
     pools.stale_jobs(d)  # 7
-    positions.positions(d)  # 8
+    if messages:
+        positions.positions(d)  # 8
     return d.groups
 
 

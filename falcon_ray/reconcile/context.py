@@ -14,6 +14,7 @@ reads a clock; ``now`` is given.
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages
@@ -29,6 +30,8 @@ from falcon_ray.reconcile.effects import (
     Transition,
     UpdateTask,
 )
+
+_ACQUIRING = frozenset(lc.ACQUIRING_PHASES)
 
 # A lease in one of these belongs to its task.
 HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE)
@@ -55,9 +58,19 @@ class Decision:
         self.claimed: set[int] = set()  # idle leases taken (or deleted) this call
         self.kept = 0  # pools moved to Idle this call
         self.live_ids = {t.id for t in q.tasks}
-        self.waiting = [t for t in q.tasks if t.phase == lc.WAITING]
-        self.acquiring = [t for t in q.tasks if t.phase in lc.ACQUIRING_PHASES]
+        by_phase: defaultdict[Phase, list[QueueTask]] = defaultdict(list)
+        for t in q.tasks:  # one pass: a long queue's tasks are many
+            by_phase[t.phase].append(t)
+        acquiring = [p for p in lc.ACQUIRING_PHASES if p in by_phase]
+        if len(acquiring) == 1:
+            self.acquiring: list[QueueTask] = list(by_phase[acquiring[0]])
+        else:  # in the queue's order
+            self.acquiring = [t for t in q.tasks if t.phase in _ACQUIRING] if acquiring else []
+        self.waiting = by_phase.get(lc.WAITING, [])
+        self.aborting = by_phase.get(lc.ABORTING, [])
+        self.running = by_phase.get(lc.RUNNING, [])
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
+        self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute
         ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}
         # tasks that would take an idle pool now: Waiting ones, and acquiring ones whose own
         # pool is not ready yet (they switch to an idle pool, original section 5)

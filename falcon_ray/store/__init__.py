@@ -7,10 +7,12 @@ from falcon_ray.store.repository import (
     Fenced,
     IllegalTransition,
     Lease,
+    QueueRead,
     Store,
     Task,
     TaskEvent,
+    clip_message,
     utcnow,
 )
 
-__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "Store", "Task", "TaskEvent", "utcnow"]
+__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "clip_message", "utcnow"]

@@ -15,7 +15,11 @@ Contract
 - Lease moves are compare-and-set on the lease state, checked against
   ``lifecycle.LEASE_TRANSITIONS``.
 - Each method is one short transaction; nothing holds a connection between calls,
-  so any process may die at any line.
+  so any process may die at any line. On MySQL the connections run in driver
+  autocommit: a read or a one-statement write is one statement on the wire (no
+  ROLLBACK or COMMIT after it), and a write of several statements (a task move and its
+  event row) is an explicit ``BEGIN ... COMMIT`` (``_tx``), rolled back whole when a
+  statement in it fails.
 - ``statements`` counts the SQL statements this Store executed (for the cost report).
 
 Database faults
@@ -57,13 +61,15 @@ tests) writes unguarded.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +102,19 @@ class IllegalTransition(ValueError):
 LEADER = "controller"
 
 
+@dataclasses.dataclass(frozen=True)
+class QueueRead:
+    """One ``queue_snapshot``: the registry, the queue's task rows (all of them, or the
+    incremental part), its leases, its last granted actor, and the newest ``seq`` of
+    ``falcon_task_queue`` among the rows read."""
+
+    clusters: list[Cluster]
+    tasks: list[Task]
+    leases: list[Lease] | None
+    last_granted: str
+    seq: int
+
+
 class Fenced(RuntimeError):
     """A newer controller holds the leader lease: this Store's epoch may not write any more."""
 
@@ -125,7 +144,10 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
         # No reset-on-return ROLLBACK: every Store method ends its own transaction (begin()
         # commits, connect() rolls back its read on close), so the pool's extra ROLLBACK on
         # each return was one wasted statement per call. The ping is COM_PING, not a statement.
-        kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4)
+        # Driver autocommit: a read is one statement (no ROLLBACK after it), a one-statement
+        # write is its own transaction (no COMMIT); a write of several statements runs in an
+        # explicit BEGIN ... COMMIT (``Store._tx``).
+        kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4, isolation_level="AUTOCOMMIT")
     engine = sa.create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 
@@ -162,6 +184,9 @@ def _clip(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
+clip_message = _clip  # the Message as the store writes it
+
+
 class Store:
     """One database, many short transactions. Safe to share between threads."""
 
@@ -174,6 +199,7 @@ class Store:
         self.disconnects = 0  # methods rerun after a disconnect
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
         self.fenced = ""  # why this Store may not write any more, once known
+        self.moved_at: dt.datetime | None = None  # the event time of the last ``transition``, if it moved
         self._fence_checked_at = 0.0
 
         # The benchmark (falcon_ray.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
@@ -208,6 +234,27 @@ class Store:
             rollback(dbapi_conn)
 
         dialect.do_commit, dialect.do_rollback = _commit, _rollback  # type: ignore[method-assign]
+        self.autocommit = self.engine.dialect.name in ("mysql", "mariadb")
+        if self.autocommit:  # the driver commits each statement; nothing to end but _tx's own
+            dialect.do_commit = dialect.do_rollback = lambda dbapi_conn: None  # type: ignore[method-assign]
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """One transaction for a write of several statements: ``engine.begin()`` on SQLite,
+        an explicit BEGIN ... COMMIT on an autocommit connection (MySQL)."""
+        if not self.autocommit:
+            with self.engine.begin() as c:
+                yield c
+            return
+        with self.engine.connect() as c:
+            c.exec_driver_sql("BEGIN")
+            try:
+                yield c
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    c.exec_driver_sql("ROLLBACK")
+                raise
+            c.exec_driver_sql("COMMIT")
 
     def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
         return {"url": self.url, "clock": self.clock, "epoch": self.epoch, "timeouts": self.timeouts}
@@ -361,7 +408,7 @@ class Store:
         """Insert a Pending task exactly as the upper layer does."""
         text = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)
         now = self.clock()
-        with self.engine.begin() as c:
+        with self._tx() as c:
             res = c.execute(
                 t.jobs.insert().values(
                     name=name,
@@ -384,7 +431,7 @@ class Store:
         now = self.clock()
         live = [s.value for s in (Status.PENDING, Status.RUNNING)]
         msg = ""
-        with self.engine.begin() as c:
+        with self._tx() as c:
             res = c.execute(
                 t.jobs.update()
                 .where(t.jobs.c.id == task_id, t.jobs.c.status.in_(live))
@@ -448,53 +495,146 @@ class Store:
             return {cid: int(n) for cid, n in c.execute(q).all()}
 
     def queue_snapshot(
-        self, cluster_name: str, topology: str, known_specs: Iterable[int] = ()
-    ) -> tuple[list[Cluster], list[Task], list[Lease], str]:
-        """What a QueueActor reads each round, in one connection: the registry, the live
-        tasks of its cluster (``spec`` is read only for ids not in ``known_specs``; the
-        others carry an empty spec), the queue's live leases (plus the Deleted ones that
-        GKE refused for capacity, of tasks still acquiring) and its last granted actor."""
-        j, L, q = t.jobs, t.node_pool_leases, t.queue_state
+        self,
+        cluster_name: str,
+        topology: str,
+        known_specs: Iterable[int] = (),
+        delta: tuple[int, Iterable[int]] | None = None,
+        clusters: list[Cluster] | None = None,
+        with_granted: bool = True,
+        with_leases: bool = True,
+    ) -> QueueRead:
+        """What a QueueActor reads each round, in one connection: the registry (unless
+        ``clusters`` is given), its queue's live tasks (``spec`` is read only for ids not in
+        ``known_specs``; the others carry an empty spec), the queue's live leases (plus the
+        Deleted ones that GKE refused for capacity, of tasks still acquiring) and its last
+        granted actor (unless ``with_granted`` is False; the leases unless ``with_leases``
+        is False, then ``leases`` is None).
+
+        The tasks are found through ``falcon_task_queue``, so only this queue's rows are
+        read. With ``delta = (seq, ids)`` the read is incremental: the queue's Aborting and
+        Running tasks, those assigned to it after ``seq``, and the tasks ``ids`` (the
+        caller's earlier slot holders and the tasks it wrote since); the caller keeps the
+        other rows it has and drops every task of ``ids`` that is not returned. One
+        statement either way (a UNION ALL for the delta), plus one for new specs."""
+        j, q, m = t.jobs, t.queue_state, t.task_queue
         known = set(known_specs)
         live = [s.value for s in lc.NON_TERMINAL]
         cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
-            clusters = [_row(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
+            if clusters is None:
+                clusters = [_row(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
-                return clusters, [], [], ""
-            rows = c.execute(
-                sa.select(*cols).where(j.c.cluster_id == cluster.id, j.c.status.in_(live)).order_by(j.c.id)
-            ).all()
-            unknown = [r.id for r in rows if r.id not in known]
+                return QueueRead(clusters, [], [], "", 0)
+            def base(with_spec: bool):  # the spec text only where it is not known yet
+                spec = j.c.spec if with_spec else sa.literal("").label("spec")
+                return (
+                    sa.select(*cols, spec, m.c.seq)
+                    .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+                    .where(j.c.cluster_id == cluster.id, m.c.cluster_id == cluster.id, m.c.topology == topology, j.c.status.in_(live))
+                )
+
+            if delta is None:
+                stmt = base(not known).order_by(j.c.id)
+            else:
+                # what others change in a queue's rows: the upper layer aborts (Aborting),
+                # the poller and other queues add Waiting tasks (a new seq); every other move
+                # is this queue's own and its ids are in ``ids``
+                after, ids = delta[0], sorted(set(delta[1]))
+                others = j.c.status.in_([Status.ABORTING.value, Status.RUNNING.value])
+                parts = [base(False).where(others), base(True).where(m.c.seq > after)]
+                if ids:
+                    parts.append(base(False).where(j.c.id.in_(ids)))
+                stmt = sa.union_all(*parts)
+            rows = c.execute(stmt).all()
+            newest = 0
+            if delta is None:  # the queue's newest assignment, live or not (an index's last entry)
+                newest = c.execute(sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster.id, m.c.topology == topology)).scalar() or 0
+            unknown = sorted({r.id for r in rows if r.id not in known and not r.spec})
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):
                 specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
-            # live leases, and the refused ones (Deleted too) of the cluster's acquiring tasks:
-            # those rows are the durable record of a capacity wait
-            acquiring = sa.select(j.c.id).where(
-                j.c.cluster_id == cluster.id,
-                j.c.status == Status.PENDING.value,
-                j.c.reason.in_([r.value for r in lc.ACQUIRING]),
-            )
-            leases = c.execute(
-                L.select()
-                .where(
-                    L.c.cluster_id == cluster.id,
-                    L.c.topology == topology,
-                    sa.or_(
-                        L.c.state != LeaseState.DELETED.value,
-                        sa.and_(L.c.refused_at.is_not(None), L.c.task_id.in_(acquiring)),
-                    ),
-                )
-                .order_by(L.c.id)
-            ).all()
-            granted = c.execute(
-                sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
-            ).first()
+            leases = c.execute(self._queue_leases(cluster.id, topology)).all() if with_leases else None
+            granted = None
+            if with_granted:
+                granted = c.execute(
+                    sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
+                ).first()
         names = [c.name for c in cols]
-        tasks = [Task(spec=specs.get(r[0], ""), **dict(zip(names, r, strict=True))) for r in rows]
-        return clusters, tasks, [_row(Lease, r) for r in leases], granted[0] if granted else ""
+        tasks: dict[int, Task] = {}
+        seq = int(newest)
+        for r in rows:
+            if r[0] not in tasks or r[-2]:
+                tasks[r[0]] = Task(spec=r[-2] or specs.get(r[0], ""), **dict(zip(names, r[:-2], strict=True)))
+            seq = max(seq, int(r[-1]))
+        return QueueRead(
+            clusters,
+            sorted(tasks.values(), key=lambda x: x.id),
+            [_row(Lease, r) for r in leases] if leases is not None else None,
+            granted[0] if granted else "",
+            seq,
+        )
+
+    @staticmethod
+    def _queue_leases(cluster_id: str, topology: str):
+        """A queue's live leases, and the refused ones (Deleted too) of the cluster's
+        acquiring tasks: those rows are the durable record of a capacity wait."""
+        j, L = t.jobs, t.node_pool_leases
+        acquiring = sa.select(j.c.id).where(
+            j.c.cluster_id == cluster_id,
+            j.c.status == Status.PENDING.value,
+            j.c.reason.in_([r.value for r in lc.ACQUIRING]),
+        )
+        return (
+            L.select()
+            .where(
+                L.c.cluster_id == cluster_id,
+                L.c.topology == topology,
+                sa.or_(
+                    L.c.state != LeaseState.DELETED.value,
+                    sa.and_(L.c.refused_at.is_not(None), L.c.task_id.in_(acquiring)),
+                ),
+            )
+            .order_by(L.c.id)
+        )
+
+    def queue_leases(self, cluster_id: str, topology: str) -> list[Lease]:
+        """``queue_snapshot``'s leases alone."""
+        with self.engine.connect() as c:
+            return [_row(Lease, r) for r in c.execute(self._queue_leases(cluster_id, topology)).all()]
+
+    def other_topology_waiting(self, cluster_id: str, topology: str) -> bool:
+        """Whether a task of another topology of the cluster is Pending in its queue (it
+        contends for the cluster's nodes). Stops at the first such row."""
+        j, m = t.jobs, t.task_queue
+        q = (
+            sa.select(j.c.id)
+            .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+            .where(j.c.cluster_id == cluster_id, j.c.status == Status.PENDING.value, j.c.reason != "", m.c.topology != topology)
+            .limit(1)
+        )
+        with self.engine.connect() as c:
+            return c.execute(q).first() is not None
+
+    def _enqueue(self, c, placed: Sequence[tuple[int, str, str | None]]) -> None:
+        """Record each task's queue (task id, cluster id, topology) in ``falcon_task_queue``,
+        in the caller's transaction, with a new ``seq``: the queue's incremental read finds
+        it. A topology not given is read from the task's spec."""
+        if not placed:
+            return
+        m, j = t.task_queue, t.jobs
+        missing = [tid for tid, _, top in placed if top is None]
+        tops: dict[int, str] = {}
+        if missing:
+            for tid, text in c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(missing))).all():
+                try:
+                    tops[int(tid)] = str(json.loads(text).get("topology", ""))[:16]
+                except (ValueError, AttributeError, TypeError):
+                    tops[int(tid)] = ""
+        ids = [tid for tid, _, _ in placed]
+        c.execute(m.delete().where(m.c.task_id.in_(ids)))
+        c.execute(m.insert(), [dict(task_id=tid, cluster_id=cid, topology=top if top is not None else tops.get(tid, "")) for tid, cid, top in placed])
 
     def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
         """Non-terminal tasks, of one cluster or of all, oldest first."""
@@ -529,9 +669,12 @@ class Store:
         expect: Phase | Sequence[Phase],
         to: Phase,
         message: str,
+        topology: str | None = None,
         **fields: Any,
     ) -> bool:
-        """Move a task from one of ``expect`` to ``to``; True when this write won."""
+        """Move a task from one of ``expect`` to ``to``; True when this write won. A move
+        that gives the task a cluster (``cluster_id``) records its queue in the same
+        transaction (``topology``, read from the spec when not given)."""
         expect = [expect] if isinstance(expect, Phase) else list(expect)
         for src in expect:
             if not lc.allowed(src, to):
@@ -549,12 +692,15 @@ class Store:
         moving = [p for p in expect if p != to]
         staying = len(moving) < len(expect)
         won = False
-        with self.engine.begin() as c:
+        self.moved_at = None
+        with self._tx() as c:
             if moving:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
                 )
                 won = res.rowcount == 1
+                if won:
+                    self.moved_at = now  # when the won move's event row says it happened
                 if won and to == lc.ABORTED:
                     self._record_abort_request(c, task_id, now, self.epoch)
                 if won:
@@ -568,6 +714,8 @@ class Store:
                             epoch=self.epoch,
                         )
                     )
+                    if fields.get("cluster_id") is not None:
+                        self._enqueue(c, [(task_id, fields["cluster_id"], topology)])
             if not won and staying:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
@@ -575,33 +723,84 @@ class Store:
                 won = res.rowcount == 1
         return won
 
-    def transition_many(self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]]) -> list[bool]:
+    def transition_many(
+        self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]], topologies: Sequence[str | None] = ()
+    ) -> list[bool]:
         """Several ``transition``s (each one expected phase, never a self-loop, never to
-        Aborted) in one transaction: one compare-and-set UPDATE per task, then the won
-        moves' event rows in one multi-row INSERT. Returns, per move, whether it won."""
+        Aborted) in one transaction: one compare-and-set UPDATE per ``MOVE_CHUNK`` moves of
+        the same kind (``id IN (...) AND`` the expected phase, each row's own Message and
+        fields by ``CASE id``), then the won moves' event rows in one multi-row INSERT, and
+        the queues of the won moves that give a cluster (``topologies[i]`` for move i, else
+        read from the spec) in one more. Returns, per move, whether it won."""
         for _, src, to, _, _ in moves:
             if src == to or to == lc.ABORTED or not lc.allowed(src, to):
                 raise IllegalTransition(f"{src} -> {to} is not a batchable lifecycle move")
         if not moves:
             return []
         now = self.clock()
-        won: list[bool] = []
-        events = []
-        with self.engine.begin() as c:
-            for task_id, src, to, message, fields in moves:
-                values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=_clip(message), updated_at=now)
-                if to.status in lc.TERMINAL:
-                    values.setdefault("finished_at", now)
-                values.update(fields)
-                res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([src])).values(**values))
-                won.append(res.rowcount == 1)
-                if won[-1]:
-                    events.append(
-                        dict(task_id=task_id, at=now, status=to.status.value, reason=to.reason.value, message=_clip(message), epoch=self.epoch)
-                    )
+        won = [False] * len(moves)
+        kinds: dict[tuple[Phase, Phase, tuple[str, ...]], list[int]] = {}
+        for i, (_, src, to, _, fields) in enumerate(moves):
+            kinds.setdefault((src, to, tuple(sorted(fields))), []).append(i)
+        tops = list(topologies) + [None] * (len(moves) - len(topologies))
+        with self._tx() as c:
+            for (src, to, keys), idx in kinds.items():
+                for k in range(0, len(idx), self.MOVE_CHUNK):
+                    chunk = idx[k : k + self.MOVE_CHUNK]
+                    for i in self._move_chunk(c, [moves[i] for i in chunk], src, to, keys, now):
+                        won[chunk[i]] = True
+            events = [
+                dict(task_id=m[0], at=now, status=m[2].status.value, reason=m[2].reason.value, message=_clip(m[3]), epoch=self.epoch)
+                for m, w in zip(moves, won, strict=True)
+                if w
+            ]
             if events:
                 c.execute(t.task_events.insert(), events)
+            placed = [(m[0], m[4]["cluster_id"], top) for m, w, top in zip(moves, won, tops, strict=True) if w and m[4].get("cluster_id") is not None]
+            self._enqueue(c, placed)
         return won
+
+    MOVE_CHUNK = 500  # moves per UPDATE in transition_many
+
+    def _move_chunk(self, c, chunk, src: Phase, to: Phase, keys: tuple[str, ...], now) -> list[int]:
+        """One compare-and-set UPDATE for moves of one kind; the positions in ``chunk`` that won."""
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        sets, params = [f"status = {mark}", f"reason = {mark}", f"updated_at = {mark}"], [to.status.value, to.reason.value, now]
+        if to.status in lc.TERMINAL and "finished_at" not in keys:
+            sets.append(f"finished_at = {mark}")
+            params.append(now)
+        for col, pick in [("message", lambda m: _clip(m[3]))] + [(key, lambda m, key=key: m[4][key]) for key in keys]:
+            if col not in t.jobs.c:
+                raise ValueError(f"jobs has no column {col!r}")
+            sets.append(f"{col} = CASE id {' '.join([f'WHEN {mark} THEN {mark}'] * len(chunk))} ELSE {col} END")
+            for m in chunk:
+                params += (m[0], pick(m))
+        ids = [m[0] for m in chunk]
+        where = f"id IN ({', '.join([mark] * len(ids))}) AND status = {mark}"
+        params += ids
+        params.append(src.status.value)
+        if src.status in (Status.PENDING, Status.FAILED):
+            where += f" AND reason = {mark}"
+            params.append(src.reason.value)
+        if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
+            if self.fenced:
+                raise Fenced(self.fenced)
+            where += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
+            params += (LEADER, self.epoch)
+        changed = c.exec_driver_sql(f"UPDATE jobs SET {', '.join(sets)} WHERE {where}", tuple(params)).rowcount
+        if changed == len(chunk):
+            return list(range(len(chunk)))
+        if changed == 0:
+            if self.epoch is not None:
+                self._verify_epoch(c)
+            return []
+        # some lost (aborted meanwhile): the rows this statement moved are in ``to`` since ``now``
+        j = t.jobs
+        moved = {
+            int(r[0])
+            for r in c.execute(sa.select(j.c.id).where(j.c.id.in_(ids), self._phase_predicate([to]), j.c.updated_at == now)).all()
+        }
+        return [i for i, m in enumerate(chunk) if m[0] in moved]
 
     @staticmethod
     def _record_abort_request(c, task_id: int, now, epoch: int | None) -> None:
@@ -637,29 +836,35 @@ class Store:
         for tid, ph, msg in updates:
             by_phase.setdefault(ph, []).append((tid, _clip(msg)))
         changed = 0
-        with self.engine.begin() as c:
+        # driver-level SQL with positional markers: building (or even parsing the bind names
+        # of) 500 CASE branches costs more than the statement itself
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        with self.engine.begin() as c:  # each chunk is guarded on its own: no transaction needed around them
             for ph, items in by_phase.items():
                 for i in range(0, len(items), self.MESSAGE_CHUNK):
                     chunk = items[i : i + self.MESSAGE_CHUNK]
-                    # plain SQL text: building 500 CASE branches as expressions costs more
-                    # than the statement itself
-                    params: dict[str, Any] = {"now": now, "st": ph.status.value, "rs": ph.reason.value}
-                    branches, ids = [], []
-                    for n, (tid, msg) in enumerate(chunk):
-                        params[f"i{n}"], params[f"m{n}"] = tid, msg
-                        branches.append(f"WHEN :i{n} THEN :m{n}")
-                        ids.append(f":i{n}")
-                    guard = "status = :st" + (" AND reason = :rs" if ph.status in (Status.PENDING, Status.FAILED) else "")
+                    params: list[Any] = []
+                    for tid, msg in chunk:
+                        params += (tid, msg)
+                    params.append(now)
+                    params += [tid for tid, _ in chunk]
+                    params.append(ph.status.value)
+                    guard = f"status = {mark}"
+                    if ph.status in (Status.PENDING, Status.FAILED):
+                        guard += f" AND reason = {mark}"
+                        params.append(ph.reason.value)
                     if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
                         if self.fenced:
                             raise Fenced(self.fenced)
-                        guard += " AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = :leader AND epoch = :epoch)"
-                        params.update(leader=LEADER, epoch=self.epoch)
+                        guard += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
+                        params += (LEADER, self.epoch)
+                    branches = " ".join([f"WHEN {mark} THEN {mark}"] * len(chunk))
+                    ids = ", ".join([mark] * len(chunk))
                     sql = (
-                        f"UPDATE jobs SET message = CASE id {' '.join(branches)} ELSE message END, updated_at = :now "
-                        f"WHERE id IN ({', '.join(ids)}) AND {guard}"
+                        f"UPDATE jobs SET message = CASE id {branches} ELSE message END, updated_at = {mark} "
+                        f"WHERE id IN ({ids}) AND {guard}"
                     )
-                    changed += c.execute(sa.text(sql), params).rowcount
+                    changed += c.exec_driver_sql(sql, tuple(params)).rowcount
             if self.epoch is not None and changed == 0:
                 self._verify_epoch(c)
         return changed
@@ -671,7 +876,7 @@ class Store:
         cannot serve the task's shape): the poller ranks it again."""
         return self.transition(task_id, expect, lc.NEW, message, cluster_id=None)
 
-    def move_task(self, task_id: int, from_cluster_id: str, to_cluster_id: str, message: str) -> bool:
+    def move_task(self, task_id: int, from_cluster_id: str, to_cluster_id: str, message: str, topology: str | None = None) -> bool:
         """ClusterBusy on one cluster -> Waiting on another: one compare-and-set on the
         phase and the cluster (and no pool named), with its event row in the same
         transaction. A lost one (aborted, moved or provisioning meanwhile) changes nothing."""
@@ -690,7 +895,7 @@ class Store:
                 updated_at=now,
             )
         )
-        with self.engine.begin() as c:
+        with self._tx() as c:
             won = self._write(c, stmt).rowcount == 1
             if won:
                 c.execute(
@@ -703,6 +908,7 @@ class Store:
                         epoch=self.epoch,
                     )
                 )
+                self._enqueue(c, [(task_id, to_cluster_id, topology)])
         return won
 
     def queue_claimants(
@@ -993,4 +1199,6 @@ for _name, _fn in list(vars(Store).items()):
         setattr(Store, _name, _rerun_on_disconnect(_fn))
 del _name, _fn
 
-__all__ = ["Store", "DbTimeouts", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason"]
+__all__ = [
+    "Store", "QueueRead", "DbTimeouts", "clip_message", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason",
+]

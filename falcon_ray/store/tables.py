@@ -15,6 +15,10 @@ Indexes and the queries they serve (docs/schema.md shows the SQL):
 - ``ix_jobs_cluster_status`` (cluster_id, status): a QueueActor's re-read of its
   cluster's live tasks.
 - ``ix_jobs_updated`` (updated_at): operators' "what changed" queries.
+- ``falcon_task_queue`` maps a task to its queue (cluster, topology); written with the
+  compare-and-set that sets the task's cluster. ``ix_task_queue_queue`` (cluster_id,
+  topology, seq): a QueueActor reads only its own rows, and between full reads only the
+  assignments newer than the last ``seq`` it saw.
 """
 
 from __future__ import annotations
@@ -164,5 +168,16 @@ task_events = sa.Table(
     sa.Index("ix_events_at", "at"),
 )
 
-FALCON_TABLES = (clusters, node_pool_leases, queue_state, leader_lease, task_events)
+task_queue = sa.Table(
+    "falcon_task_queue",
+    metadata,
+    sa.Column("seq", BigId, primary_key=True, autoincrement=True, comment="grows with each (re)assignment: a queue reads the new ones past the last it saw"),
+    sa.Column("task_id", sa.BigInteger, nullable=False),
+    sa.Column("cluster_id", sa.String(36), nullable=False),
+    sa.Column("topology", sa.String(16), nullable=False),
+    sa.UniqueConstraint("task_id", name="uq_task_queue_task"),
+    sa.Index("ix_task_queue_queue", "cluster_id", "topology", "seq"),
+)
+
+FALCON_TABLES = (clusters, node_pool_leases, queue_state, leader_lease, task_events, task_queue)
 UPPER_LAYER_TABLES = (jobs,)

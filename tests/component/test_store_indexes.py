@@ -16,6 +16,8 @@ POLL_SQL = {
     "queue re-read": "SELECT * FROM jobs WHERE cluster_id = 'c-1' "
     "AND status IN ('Pending', 'Running', 'Aborting') ORDER BY id",
     "events": "SELECT * FROM falcon_task_events WHERE task_id = 7 ORDER BY id",
+    "queue newest seq": "SELECT MAX(seq) FROM falcon_task_queue WHERE cluster_id = 'c-1' AND topology = '2x2'",
+    "queue new assignments": "SELECT * FROM falcon_task_queue WHERE cluster_id = 'c-1' AND topology = '2x2' AND seq > 2900",
 }
 
 
@@ -40,10 +42,11 @@ def _fill(engine: sa.Engine, n: int = 3000) -> None:
         conn.execute(
             t.task_events.insert(), [{"task_id": i % 500, "at": now, "status": "Pending"} for i in range(n)]
         )
+        conn.execute(t.task_queue.insert(), [{"task_id": i + 1, "cluster_id": f"c-{i % 4}", "topology": "2x2"} for i in range(n)])
         # MySQL: fresh statistics, as a long-running server has. SQLite: none, as Falcon
         # never runs ANALYZE there (docs/schema.md says why).
         if engine.dialect.name != "sqlite":
-            conn.exec_driver_sql("ANALYZE TABLE jobs, falcon_task_events")
+            conn.exec_driver_sql("ANALYZE TABLE jobs, falcon_task_events, falcon_task_queue")
 
 
 @pytest.mark.parametrize("query", list(POLL_SQL), ids=str)
@@ -55,10 +58,12 @@ def test_poll_statements_use_an_index(store, query):
         if engine.dialect.name == "sqlite":
             plan = [r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
             assert any(p.startswith("SEARCH") and "USING" in p for p in plan), plan
-            assert not any(p.startswith("SCAN jobs") or p.startswith("SCAN falcon_task_events") for p in plan), plan
+            assert not any(p.startswith(("SCAN jobs", "SCAN falcon_task_events", "SCAN falcon_task_queue")) for p in plan), plan
         else:
             plan = [dict(r._mapping) for r in conn.exec_driver_sql("EXPLAIN " + sql)]
             assert len(plan) == 1, plan
+            if "optimized away" in (plan[0].get("Extra") or ""):  # MAX over an index prefix: read from the index
+                return
             assert plan[0]["type"] in ("ref", "range", "eq_ref", "const"), plan
             assert plan[0]["key"], plan
 

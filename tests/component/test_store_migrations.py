@@ -30,7 +30,7 @@ def _exec(url: str, sql: str) -> None:
 
 def test_full_upgrade_matches_metadata(db_url):
     applied = migrate.upgrade(db_url, with_jobs_table=True)
-    assert applied == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005", "falcon_0006", "jobs_0001"]  # every revision, in order
+    assert applied == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005", "falcon_0006", "falcon_0007", "jobs_0001"]  # every revision, in order
     assert set(migrate.heads().values()) <= set(applied)
     assert _tables(db_url) == FALCON | {"jobs", migrate.VERSION_TABLE}
     assert migrate.drift(db_url) == []
@@ -98,3 +98,31 @@ def test_existing_jobs_table_is_not_overwritten(db_url):
 def test_revisions_are_two_independent_branches():
     heads = migrate.heads()
     assert set(heads) == {"falcon", "jobs"}
+
+
+def test_task_queue_backfilled_from_live_assigned_tasks(db_url):
+    """falcon_0007 records the queue of every live task that already has a cluster (from
+    its spec), and of no other task, so a queue's first read after the upgrade finds them."""
+    import datetime as dt
+    import json
+
+    engine = sa.create_engine(db_url)
+    now = dt.datetime(2026, 1, 1)
+    try:
+        t.jobs.create(engine)
+        rows = [
+            ("Pending", "Waiting", "c-1", "2x4"),
+            ("Running", "", "c-1", "2x2"),
+            ("Succeeded", "", "c-1", "2x2"),  # finished: no row
+            ("Pending", "", None, "2x2"),  # not assigned yet: the poller writes it
+        ]
+        with engine.begin() as c:
+            for status, reason, cid, top in rows:
+                spec = json.dumps({"tpu_type": "v6e", "topology": top, "image": "i", "command": ["x"]})
+                c.execute(t.jobs.insert().values(actor="a", spec=spec, status=status, reason=reason, cluster_id=cid, created_at=now, updated_at=now))
+        migrate.upgrade(db_url)
+        with engine.connect() as c:
+            got = c.execute(sa.select(t.task_queue.c.task_id, t.task_queue.c.cluster_id, t.task_queue.c.topology).order_by(t.task_queue.c.task_id)).all()
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in got] == [(1, "c-1", "2x4"), (2, "c-1", "2x2")]

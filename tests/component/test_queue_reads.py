@@ -1,0 +1,136 @@
+"""The queue's read path (issue 11): a QueueReconciler reads only its own queue's rows, and
+between full reads only what may have changed, without missing what others change.
+
+A QueueReconciler on SQLite with a fake port and clock; ``queue_full_read_s`` is set so long
+that every round after the first is an incremental one unless a test says otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import Reason
+from tests.harness.fakes import QueueBench
+
+
+@pytest.fixture
+def bench(tmp_path) -> QueueBench:
+    return QueueBench(f"sqlite:///{tmp_path / 'q.db'}", queue_full_read_s=3600)
+
+
+class Reads:
+    """Records how many task rows each of the queue's reads returned, and whether it was full."""
+
+    def __init__(self, bench: QueueBench) -> None:
+        self.calls: list[tuple[bool, int]] = []
+        store = bench.store
+        inner = store.queue_snapshot
+
+        def counted(*a, **kw):
+            snap = inner(*a, **kw)
+            self.calls.append((kw.get("delta") is None, len(snap.tasks)))
+            return snap
+
+        store.queue_snapshot = counted  # type: ignore[method-assign]
+
+
+def ids(bench: QueueBench, phase=None) -> set[int]:
+    st = bench.queue.last_state
+    return {t.id for t in st.tasks if phase is None or t.phase == phase} if st else set()
+
+
+def test_incremental_rounds_read_what_changed_not_every_waiting_task(bench):
+    first = bench.submit("alice")
+    waiting = [bench.submit(f"u{i}") for i in range(30)]
+    reads = Reads(bench)
+    bench.step()
+    assert bench.phase(first) == str(lc.PROVISIONING)
+    assert ids(bench, lc.WAITING) == set(waiting)
+    reads.calls.clear()
+    for _ in range(3):
+        bench.step(advance=1)
+    assert reads.calls and not any(full for full, _ in reads.calls)
+    assert max(n for _, n in reads.calls) <= 2  # the slot holder (and nothing of the 30 waiting)
+    assert ids(bench, lc.WAITING) == set(waiting)  # kept from the first read
+
+
+def test_upper_layer_abort_of_a_waiting_task_is_seen_between_full_reads(bench):
+    bench.submit("alice")
+    victim = bench.submit("bob")
+    bench.step()
+    assert bench.phase(victim) == str(lc.WAITING)
+    full_at = bench.queue.full_read_at
+    assert bench.store.request_abort(victim)
+    bench.step(advance=1)
+    assert bench.queue.full_read_at == full_at  # no full read happened
+    assert bench.task(victim).status == lc.Status.ABORTED
+    assert victim not in ids(bench)
+
+
+def test_task_assigned_after_the_first_read_joins_the_queue(bench):
+    bench.submit("alice")
+    bench.step()
+    late = bench.submit("carol")  # the poller's assignment writes its falcon_task_queue row
+    bench.step(advance=1)
+    assert late in ids(bench, lc.WAITING)
+    assert "position" in bench.task(late).message.lower() or bench.task(late).message
+
+
+def test_other_topologies_of_the_cluster_are_not_read(bench):
+    mine = bench.submit("alice")
+    other = [bench.submit("bob", topology="2x4") for _ in range(5)]
+    reads = Reads(bench)
+    bench.queue.full_read_at = -float("inf")
+    bench.step()
+    assert reads.calls[0] == (True, 1)
+    assert ids(bench) == {mine} and not set(other) & ids(bench)
+
+
+def test_a_queue_that_was_restarted_reads_everything_again(bench):
+    first = bench.submit("alice")
+    waiting = [bench.submit(f"u{i}") for i in range(4)]
+    bench.step()
+    bench.restart()
+    bench.step(advance=1)
+    assert ids(bench) == {first, *waiting}
+
+
+def test_cluster_set_by_hand_without_topology_records_the_queue_from_the_spec(bench):
+    """A transition that gives a cluster without naming the topology (tests, tools) reads it
+    from the spec, so the queue still finds the task."""
+    tid = bench.store.submit_task("dave", {"tpu_type": "v6e", "topology": "2x2", "image": "i:1", "command": ["x"]})
+    assert bench.store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=bench.cluster.id)
+    bench.queue.full_read_at = -float("inf")
+    bench.step()
+    assert tid in ids(bench)
+
+
+def test_full_read_every_queue_full_read_s_heals_a_row_changed_by_hand(tmp_path):
+    """A Waiting row finished by hand (no path of Falcon's) is dropped at the next full read."""
+    import time
+
+    bench = QueueBench(f"sqlite:///{tmp_path / 'q.db'}", queue_full_read_s=0.2)
+    bench.submit("alice")
+    gone = bench.submit("bob")
+    bench.step()
+    with bench.store.engine.begin() as c:
+        from falcon_ray.store import tables as t
+
+        c.execute(t.jobs.update().where(t.jobs.c.id == gone).values(status="Failed", reason=Reason.JOB_FAILED.value))
+    time.sleep(0.25)
+    bench.step(advance=1)
+    assert gone not in ids(bench)
+
+
+def test_an_empty_queue_step_is_one_read(bench):
+    """Nothing live and no pools: a step reads only what may have come (the registry is
+    read again with the next full read), so idle queues cost almost nothing."""
+    bench.step()
+    before = bench.store.statements
+    for _ in range(5):
+        bench.step(advance=1)
+    per_step = (bench.store.statements - before) / 5
+    assert per_step == (1 if bench.store.autocommit else 2)  # SQLite: the SELECT and its ROLLBACK
+    tid = bench.submit("alice")  # and it still sees new work at once
+    bench.step(advance=1)
+    assert tid in ids(bench)

@@ -760,6 +760,20 @@ class Store:
             self._enqueue(c, placed)
         return won
 
+    def _raw_phase_guard(self, ph: Phase, mark: str) -> tuple[str, list[Any]]:
+        """The WHERE clause of a driver-level compare-and-set on a row's phase, with the
+        leader fence as ``_fenced()`` adds it to every UPDATE, and its parameters."""
+        guard, params = f"status = {mark}", [ph.status.value]
+        if ph.status in (Status.PENDING, Status.FAILED):
+            guard += f" AND reason = {mark}"
+            params.append(ph.reason.value)
+        if self.epoch is not None:
+            if self.fenced:
+                raise Fenced(self.fenced)
+            guard += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
+            params += [LEADER, self.epoch]
+        return guard, params
+
     MOVE_CHUNK = 500  # moves per UPDATE in transition_many
 
     def _move_chunk(self, c, chunk, src: Phase, to: Phase, keys: tuple[str, ...], now) -> list[int]:
@@ -776,17 +790,9 @@ class Store:
             for m in chunk:
                 params += (m[0], pick(m))
         ids = [m[0] for m in chunk]
-        where = f"id IN ({', '.join([mark] * len(ids))}) AND status = {mark}"
-        params += ids
-        params.append(src.status.value)
-        if src.status in (Status.PENDING, Status.FAILED):
-            where += f" AND reason = {mark}"
-            params.append(src.reason.value)
-        if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
-            if self.fenced:
-                raise Fenced(self.fenced)
-            where += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
-            params += (LEADER, self.epoch)
+        guard, guard_params = self._raw_phase_guard(src, mark)
+        where = f"id IN ({', '.join([mark] * len(ids))}) AND {guard}"
+        params += [*ids, *guard_params]
         changed = c.exec_driver_sql(f"UPDATE jobs SET {', '.join(sets)} WHERE {where}", tuple(params)).rowcount
         if changed == len(chunk):
             return list(range(len(chunk)))
@@ -847,17 +853,8 @@ class Store:
                     for tid, msg in chunk:
                         params += (tid, msg)
                     params.append(now)
-                    params += [tid for tid, _ in chunk]
-                    params.append(ph.status.value)
-                    guard = f"status = {mark}"
-                    if ph.status in (Status.PENDING, Status.FAILED):
-                        guard += f" AND reason = {mark}"
-                        params.append(ph.reason.value)
-                    if self.epoch is not None:  # the leader fence, as _fenced() adds it to every UPDATE
-                        if self.fenced:
-                            raise Fenced(self.fenced)
-                        guard += f" AND EXISTS (SELECT 1 FROM falcon_leader_lease WHERE name = {mark} AND epoch = {mark})"
-                        params += (LEADER, self.epoch)
+                    guard, guard_params = self._raw_phase_guard(ph, mark)
+                    params += [*(tid for tid, _ in chunk), *guard_params]
                     branches = " ".join([f"WHEN {mark} THEN {mark}"] * len(chunk))
                     ids = ", ".join([mark] * len(chunk))
                     sql = (

@@ -34,13 +34,26 @@ Retries (google.api_core.retry.Retry, exponential with jitter, configurable)
   thread and hammer the API.
 - STOCKOUT, QUOTA_EXCEEDED and PERMANENT are never retried here (a stockout is waited
   out by the QueueActor, with its own backoff).
+
+Import cost
+-----------
+``google.cloud.compute_v1``'s package ``__init__`` imports every one of its more than 100
+service clients (about 1 CPU-second); Falcon uses one, ``ReservationsClient``, and every
+ClusterActor process (started again after each restart) pays the import.
+``_lean_compute_v1`` registers the package without running its ``__init__`` so that only
+the reservations service and the shared types load; the first access to any other name
+of the package (``compute_v1.Instance``) runs the real ``__init__`` then, so other code in
+the same process sees the whole package as usual.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import importlib
+import importlib.util
 import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,10 +62,42 @@ import google.auth
 from google.api_core.client_options import ClientOptions
 from google.api_core.gapic_v1.client_info import ClientInfo
 from google.api_core.retry import Retry
-from google.cloud import compute_v1, container_v1
+from google.cloud import container_v1
 
 from falcon_ray import render
 from falcon_ray.errors import CloudError, ErrorKind, classify, from_rpc_status, request_not_sent
+
+
+def _lean_compute_v1() -> None:
+    """Register ``google.cloud.compute_v1`` unexecuted; its ``__init__`` runs on the first
+    access of a name that is not a submodule (see "Import cost")."""
+    name = "google.cloud.compute_v1"
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return  # not installed: the import below fails with the usual error
+    pkg = importlib.util.module_from_spec(spec)
+
+    def load_on_access(attr: str) -> Any:
+        if importlib.util.find_spec(f"{name}.{attr}") is not None:
+            return importlib.import_module(f"{name}.{attr}")  # a submodule: no need for the rest
+        del pkg.__getattr__  # type: ignore[attr-defined]
+        spec.loader.exec_module(pkg)  # the whole package, as a plain import would have
+        return getattr(pkg, attr)
+
+    pkg.__getattr__ = load_on_access  # type: ignore[attr-defined]
+    sys.modules[name] = pkg
+    import google.cloud
+
+    google.cloud.compute_v1 = pkg  # type: ignore[attr-defined]
+    from google.cloud.compute_v1.services.reservations import ReservationsClient
+
+    pkg.ReservationsClient = ReservationsClient  # what the full __init__ would bind it to
+
+
+_lean_compute_v1()
+from google.cloud import compute_v1  # noqa: E402  (lean: only the reservations service loaded)
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 

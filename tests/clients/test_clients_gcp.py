@@ -261,3 +261,25 @@ def test_invalid_request_is_permanent(sim):
         api.create_node_pool(c.project, c.location, c.name, request)
     assert info.value.kind == ErrorKind.PERMANENT and info.value.status_code == 400
     assert "needs 2 node" in info.value.message
+
+
+def test_importing_the_adapter_loads_one_compute_service_and_the_package_stays_whole():
+    """Every ClusterActor process imports falcon_ray.gcp: it must not pay for compute_v1's
+    other 100-odd services, and other code of the process still sees the whole package."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, falcon_ray.gcp as g\n"
+        "loaded = {m for m in sys.modules if m.startswith('google.cloud.compute_v1.services.')}\n"
+        "assert 'google.cloud.compute_v1.services.reservations' in loaded, loaded\n"
+        "assert not any(m.startswith('google.cloud.compute_v1.services.instances') for m in loaded), loaded\n"
+        "assert g.ComputeApi.CLIENT.__name__ == 'ReservationsClient'\n"
+        "from google.cloud import compute_v1\n"
+        "assert compute_v1.Instance.__name__ == 'Instance'\n"  # the first other name loads the rest
+        "assert compute_v1.ReservationsClient is g.ComputeApi.CLIENT\n"
+        "from google.cloud.compute_v1 import InstancesClient\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

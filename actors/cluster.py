@@ -28,7 +28,9 @@ idempotent and may be retried.
   claims are derived from the lease rows (reservation pools being created, ready, in
   use or idle, counted for the hosts GKE does not count yet, i.e. their missing nodes)
   plus grants whose lease row is not written yet, so the ledger survives a restart and
-  two queues never both take the last free slice.
+  two queues never both take the last free slice. A claim reads the lease rows afresh;
+  the view that ``observe`` hands to decisions reuses a read up to ``LEDGER_READ_TTL_S``
+  old (a view a moment stale can only make a claim wait, never grant one).
 - The reservation's machine type (``specificReservation.instanceProperties.machineType``)
   and the ledger's figures are written on the cluster row whenever they change (the
   reservation is read right after connecting), so the poller places a task only where
@@ -85,6 +87,7 @@ from falcon_ray.tpu import NODEPOOL_LABEL
 log = logging.getLogger("falcon.cluster")
 
 GAUGE_PERIOD_S = 10.0
+LEDGER_READ_TTL_S = 1.0  # the lease rows behind the ledger's view are read at most this often
 GRANT_TTL_S = 120.0  # a granted claim whose lease row never appeared is dropped after this
 # lease states whose pool holds (or is about to hold) reservation capacity
 CLAIMING = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE, LeaseState.IDLE)
@@ -150,6 +153,7 @@ class ClusterGateway:
         self.reservation_zone = ""  # where the reservation was found
         self.ledger_recorded: tuple[Any, ...] | None = None  # the figures last written on the cluster row
         self.claim_lock = threading.Lock()
+        self.ledger_rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows)
         self.grants: dict[str, tuple[int, float]] = {}  # pool -> (hosts, granted at): claims not yet in a lease row
         self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
@@ -412,12 +416,23 @@ class ClusterGateway:
 
     # ---- the capacity ledger ------------------------------------------------------------
 
-    def _claimed(self, exclude: str = "") -> int:
+    def _lease_rows(self, fresh: bool) -> list:
+        """The cluster's lease rows for the ledger: read again for a claim (the claim is the
+        arbiter), at most every ``LEDGER_READ_TTL_S`` for the view a decision reads (a view
+        a moment old only delays a claim, it never grants one)."""
+        at, rows = self.ledger_rows
+        now = time.monotonic()
+        if fresh or rows is None or now - at >= LEDGER_READ_TTL_S:
+            rows = self.store.leases(self.cluster.id)
+            self.ledger_rows = (now, rows)
+        return rows
+
+    def _claimed(self, exclude: str = "", fresh: bool = False) -> int:
         """Hosts of the reservation that Falcon's pools hold and GKE does not count yet."""
         now = time.monotonic()
         counted: set[str] = set()
         total = 0
-        for lease in self.store.leases(self.cluster.id):
+        for lease in self._lease_rows(fresh):
             if lease.supply_mode != SupplyMode.RESERVATION or lease.state not in CLAIMING or lease.name == exclude:
                 continue
             counted.add(lease.name)
@@ -444,9 +459,9 @@ class ClusterGateway:
             r = self.reservation
             if r is None:
                 return False
-            if name in self.grants or any(l.name == name for l in self.store.leases(self.cluster.id)):
+            if name in self.grants or any(l.name == name for l in self._lease_rows(fresh=True)):
                 return True
-            free = r.count - r.in_use - self._claimed(exclude=name)
+            free = r.count - r.in_use - self._claimed(exclude=name)  # the rows just read
             if free < hosts:
                 log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, free)
                 return False

@@ -18,8 +18,9 @@ Contract
   so any process may die at any line. On MySQL the connections run in driver
   autocommit: a read or a one-statement write is one statement on the wire (no
   ROLLBACK or COMMIT after it), and a write of several statements (a task move and its
-  event row) is an explicit ``BEGIN ... COMMIT`` (``_tx``), rolled back whole when a
-  statement in it fails.
+  event row) runs on a second pool whose connections are not in autocommit (``_tx``):
+  its first statement opens the transaction, one COMMIT ends it (no BEGIN is sent), and
+  it is rolled back whole when a statement in it fails.
 - ``statements`` counts the SQL statements this Store executed (for the cost report).
 
 Database faults
@@ -132,7 +133,9 @@ class DbTimeouts:
     write_s: float = 30.0
 
 
-def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
+def make_engine(url: str, timeouts: DbTimeouts | None = None, autocommit: bool = True) -> Engine:
+    """An engine for ``url``; on MySQL in driver autocommit unless ``autocommit`` is False
+    (the Store's second pool, for its writes of several statements)."""
     kwargs: dict[str, Any] = {"future": True, "pool_reset_on_return": None}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -145,9 +148,14 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
         # commits, connect() rolls back its read on close), so the pool's extra ROLLBACK on
         # each return was one wasted statement per call. The ping is COM_PING, not a statement.
         # Driver autocommit: a read is one statement (no ROLLBACK after it), a one-statement
-        # write is its own transaction (no COMMIT); a write of several statements runs in an
-        # explicit BEGIN ... COMMIT (``Store._tx``).
-        kwargs.update(pool_pre_ping=True, pool_recycle=1800, pool_size=4, max_overflow=4, isolation_level="AUTOCOMMIT")
+        # write is its own transaction (no COMMIT). A write of several statements runs on the
+        # other pool, whose connections are not in autocommit: its first statement opens the
+        # transaction (no BEGIN on the wire) and one COMMIT ends it (``Store._tx``).
+        kwargs.update(pool_pre_ping=True, pool_recycle=1800)
+        if autocommit:
+            kwargs.update(pool_size=4, max_overflow=4, isolation_level="AUTOCOMMIT")
+        else:
+            kwargs.update(pool_size=2, max_overflow=4)
     engine = sa.create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 
@@ -211,50 +219,50 @@ class Store:
             path = os.path.join(counts_dir, f"{os.getpid()}-{id(self)}.cnt")
             self._count_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
 
-        def _bump() -> None:
-            self.statements += 1
-            if self._count_fd is not None:
-                os.pwrite(self._count_fd, b"%20d\n" % self.statements, 0)
+        self.autocommit = self.engine.dialect.name in ("mysql", "mariadb")
+        self.tx_engine = make_engine(url, timeouts, autocommit=False) if self.autocommit else self.engine
+        self._count_statements(self.engine, commits=not self.autocommit)
+        if self.tx_engine is not self.engine:
+            self._count_statements(self.tx_engine, commits=True)
 
-        @event.listens_for(self.engine, "before_cursor_execute")
+    def _bump(self) -> None:
+        self.statements += 1
+        if self._count_fd is not None:
+            os.pwrite(self._count_fd, b"%20d\n" % self.statements, 0)
+
+    def _count_statements(self, engine: Engine, commits: bool) -> None:
+        """Count every statement ``engine`` sends; with ``commits`` its COMMITs and ROLLBACKs
+        too (MySQL's ``Questions`` counts them; a ping is not a statement). On an autocommit
+        engine the driver commits each statement itself and SQLAlchemy's ends are no-ops.
+        The dialect instance belongs to this engine alone."""
+
+        @event.listens_for(engine, "before_cursor_execute")
         def _count(*_a, **_k):
-            _bump()
+            self._bump()
 
-        # COMMIT and ROLLBACK are statements too (MySQL's ``Questions`` counts them); a
-        # ping is not. The dialect instance belongs to this engine alone.
-        dialect = self.engine.dialect
+        dialect = engine.dialect
+        if not commits:
+            dialect.do_commit = dialect.do_rollback = lambda dbapi_conn: None  # type: ignore[method-assign]
+            return
         commit, rollback = dialect.do_commit, dialect.do_rollback
 
         def _commit(dbapi_conn):
-            _bump()
+            self._bump()
             commit(dbapi_conn)
 
         def _rollback(dbapi_conn):
-            _bump()
+            self._bump()
             rollback(dbapi_conn)
 
         dialect.do_commit, dialect.do_rollback = _commit, _rollback  # type: ignore[method-assign]
-        self.autocommit = self.engine.dialect.name in ("mysql", "mariadb")
-        if self.autocommit:  # the driver commits each statement; nothing to end but _tx's own
-            dialect.do_commit = dialect.do_rollback = lambda dbapi_conn: None  # type: ignore[method-assign]
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Any]:
-        """One transaction for a write of several statements: ``engine.begin()`` on SQLite,
-        an explicit BEGIN ... COMMIT on an autocommit connection (MySQL)."""
-        if not self.autocommit:
-            with self.engine.begin() as c:
-                yield c
-            return
-        with self.engine.connect() as c:
-            c.exec_driver_sql("BEGIN")
-            try:
-                yield c
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    c.exec_driver_sql("ROLLBACK")
-                raise
-            c.exec_driver_sql("COMMIT")
+        """One transaction for a write of several statements, committed at the end and rolled
+        back whole when a statement in it fails: on MySQL a connection of the pool that is not
+        in autocommit (its first statement opens the transaction, so no BEGIN is sent)."""
+        with self.tx_engine.begin() as c:
+            yield c
 
     def __getstate__(self):  # Ray pickles actors' constructor arguments, not engines
         return {"url": self.url, "clock": self.clock, "epoch": self.epoch, "timeouts": self.timeouts}
@@ -314,6 +322,8 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self.tx_engine is not self.engine:
+            self.tx_engine.dispose()
 
     def ping(self) -> bool:
         with self.engine.connect() as c:

@@ -68,7 +68,7 @@ def test_a_connection_killed_mid_method_is_rerun_on_a_fresh_one(mysql_url):
     tid = st.submit_task("alice", SPEC)
     killed = []
 
-    @sa.event.listens_for(st.engine, "before_cursor_execute")
+    @sa.event.listens_for(st.tx_engine, "before_cursor_execute")  # a task move's transaction
     def _kill_once(conn, cursor, statement, *_a):
         if not killed and statement.lstrip().upper().startswith("UPDATE JOBS"):
             cid = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar()

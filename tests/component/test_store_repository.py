@@ -450,8 +450,8 @@ def test_abort_set_by_the_upper_layers_own_sql_still_gets_its_event(store):
 def test_statements_per_call_read_one_write_one_move_in_one_transaction(store):
     """A read is one statement and a one-statement write is one (on MySQL the driver commits
     it: no ROLLBACK after a read, no COMMIT after a write); a task move is its UPDATE and
-    its event row in one transaction (an explicit BEGIN ... COMMIT there, the COMMIT alone
-    on SQLite)."""
+    its event row in one transaction ended by its COMMIT alone: no BEGIN is sent (on MySQL
+    the transaction's pool is not in autocommit, its first statement opens it)."""
     tid = new_task(store)
     store.get_task(tid)  # warm the pool
     before = store.statements
@@ -464,7 +464,7 @@ def test_statements_per_call_read_one_write_one_move_in_one_transaction(store):
     assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="2x4")
     move = store.statements - before  # + the task's falcon_task_queue row: DELETE and INSERT
     if store.autocommit:
-        assert (read, write, move) == (1, 1, 6)
+        assert (read, write, move) == (1, 1, 5)
     else:
         assert (read, write, move) == (2, 2, 5)
     assert event_phases(store, tid)[-1] == str(lc.WAITING)
@@ -496,8 +496,8 @@ def test_transition_many_is_one_update_per_kind_and_tells_each_lost_move(store):
     sent = store.statements - before
     assert won == [True, False, True, True]
     # UPDATE, the look-up of who won, events INSERT, queue rows DELETE + INSERT, and the
-    # transaction's BEGIN/COMMIT (COMMIT only on SQLite)
-    assert sent == (7 if store.autocommit else 6)
+    # transaction's COMMIT (no BEGIN is sent)
+    assert sent == 6
     for tid, w in zip(ids, won, strict=True):
         row = store.get_task(tid)
         if w:
@@ -510,4 +510,4 @@ def test_transition_many_is_one_update_per_kind_and_tells_each_lost_move(store):
     assert queued == {tid: f"c-{tid % 2}" for tid, w in zip(ids, won, strict=True) if w}
     before = store.statements
     assert store.transition_many([(ids[0], lc.WAITING, lc.PROVISIONING, "picked", {})]) == [True]
-    assert store.statements - before == (4 if store.autocommit else 3)  # all won: no look-up
+    assert store.statements - before == 3  # all won: no look-up

@@ -31,6 +31,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import fields as dc_fields
+from dataclasses import replace
 from typing import Any
 
 from actors.port import Port
@@ -44,6 +46,7 @@ from falcon_ray.model import (
     ClusterView,
     Destination,
     ErrorKind,
+    Lease,
     QueueHistory,
     QueueState,
     QueueTask,
@@ -77,8 +80,9 @@ IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at o
 MAX_ROUNDS = 8
 DESTINATIONS_TTL_S = 1.0  # another cluster's state is read at most this often for a move
 IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
-LEASE_EFFECTS = (CreateLease, MoveLease, MarkReady, RecordOperation)  # the effects that write a lease row
 HISTORY_WINDOW_S = 86400.0  # starts older than this are not read back after a restart
+TASK_COLUMNS = frozenset(f.name for f in dc_fields(Task))
+LEASE_COLUMNS = frozenset(f.name for f in dc_fields(Lease))
 
 
 class QueueReconciler:
@@ -108,6 +112,9 @@ class QueueReconciler:
         self.idle_accounted_at = time.monotonic()
         self.history: list[StartSample] | None = None  # None: not read yet
         self.started: set[int] = set()  # reached Running since the history was brought up to date
+        # the phases (and when) of the tasks this queue picked, from its own won moves: a start's
+        # sample is built from them instead of its event log (a restart loses them: then it is read)
+        self.trails: dict[int, list[tuple[Phase, dt.datetime]]] = {}
         self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
         # the queue's rows as last read (soft state: a full read rebuilds them, see _read_tasks)
         self.rows: dict[int, Task] = {}
@@ -152,10 +159,13 @@ class QueueReconciler:
             raise Fenced(self.store.fenced)
         applied = 0
         last: tuple[QueueState, ClusterView, dt.datetime] | None = None
-        if self.rows or self.lease_rows or time.monotonic() - self.clusters_at >= self.s.queue_full_read_s:
-            self.clusters = None  # the registry is read once per step (an empty queue's: once per full read)
+        age = time.monotonic() - self.clusters_at
+        if age >= (self.s.registry_interval_s if self.rows or self.lease_rows else self.s.queue_full_read_s):
+            self.clusters = None  # read with the rows, as often as the supervisor reads it (an empty queue's: once per full read)
+        self.must_read = True  # a step's first round reads the database
         for _ in range(MAX_ROUNDS):
-            observed = self.observe()
+            observed = self.observe(fresh=self.must_read)
+            self.must_read = False  # later rounds: the rows as kept, with this queue's own won writes
             if observed is None:
                 break
             state, view = observed
@@ -243,7 +253,7 @@ class QueueReconciler:
 
     def _drop(self, tid: int) -> None:
         """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
-        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.qtasks):
+        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.qtasks, self.trails):
             cache.pop(tid, None)
 
     def _queue_tasks(self) -> tuple[QueueTask, ...]:
@@ -295,8 +305,21 @@ class QueueReconciler:
             self.other_waiting_at = (now, self.store.other_topology_waiting(cluster_id, self.topology))
         return self.other_waiting_at[1]
 
-    def observe(self) -> tuple[QueueState, ClusterView] | None:
-        read = self._read_tasks()
+    def _kept(self) -> tuple[list[Cluster], Cluster, list] | None:
+        """The rows as kept, for a round after the step's first when every write of the
+        round before won (each was applied to them): no read but the leases' when one of
+        their writes could not be applied."""
+        cluster = next((c for c in self.clusters or () if c.name == self.cluster_name), None)
+        if cluster is None or self.lease_rows is None:
+            return self._read_tasks()
+        if self.leases_stale:
+            self.lease_rows, self.leases_stale = self.store.queue_leases(cluster.id, self.topology), False
+        return self.clusters, cluster, self.lease_rows
+
+    def observe(self, fresh: bool = True) -> tuple[QueueState, ClusterView] | None:
+        """The queue as the database says (read when ``fresh``, else as kept) and the
+        cluster as its ClusterActor says (always asked)."""
+        read = self._read_tasks() if fresh else self._kept()
         if read is None:
             return None
         clusters, cluster, queue_leases = read
@@ -338,14 +361,17 @@ class QueueReconciler:
         modes = {l.task_id: l.supply_mode for l in leases if l.task_id is not None}
         for tid in sorted(self.started):
             spec = self.specs.get(tid)
-            sample = self._sample(tid, modes.get(tid), spec, self.store.events(tid)) if spec else None
+            trail = self.trails.pop(tid, None)
+            events = trail if trail is not None else self.store.events(tid)  # the log only after a restart
+            sample = self._sample(tid, modes.get(tid), spec, events) if spec else None
             if sample is not None:
                 self.history = [x for x in self.history if x.task_id != tid] + [sample]
         self.started.clear()
         del self.history[: -eta.HISTORY_TASKS]
         return QueueHistory(tuple(self.history))
 
-    def _sample(self, tid: int, mode, spec: TaskSpec | str, events) -> StartSample | None:
+    def _sample(self, tid: int, mode, spec: TaskSpec | str, events: list) -> StartSample | None:
+        """One start from the task's events (or its trail of (phase, at) pairs)."""
         if isinstance(spec, str):
             try:
                 spec = parse_spec(spec)
@@ -355,6 +381,8 @@ class QueueReconciler:
             supply = SupplyMode(mode) if mode else SupplyMode(spec.supply_mode or SupplyMode.FLEX_START)
         except ValueError:
             return None
+        if events and isinstance(events[0], tuple):
+            return eta.sample_from_phases(tid, events, supply, spec.timeout_seconds)
         return eta.sample_from_events(tid, events, supply, spec.timeout_seconds)
     def _destinations(self, cluster: Cluster, clusters: list[Cluster], tasks: tuple[QueueTask, ...]) -> tuple[Destination, ...]:
         """Where a ClusterBusy task of this queue could move: the other active clusters of
@@ -425,6 +453,7 @@ class QueueReconciler:
                     ok, moved = self.apply(e)
                     changed = changed or moved
                     if not ok:
+                        self.must_read = True  # lost, refused or not known: the next round reads
                         log.info("queue %s: %s stopped at %s", self.label, g.what, type(e).__name__)
                         break
                 if changed:
@@ -433,6 +462,8 @@ class QueueReconciler:
                 self.store.check_fence()  # raises when this queue's own epoch is stale
                 raise  # only its ClusterActor is fenced: the step ends, the next one decides again
             except Exception as e:
+                self.must_read = True
+                self.leases_stale = True
                 log.warning(
                     "queue %s: %s failed: %s: %s",
                     self.label,
@@ -446,23 +477,27 @@ class QueueReconciler:
     def apply(self, e: reconcile.Effect) -> tuple[bool, bool]:
         """Returns (carry on with the group, this effect moved a task or lease)."""
         st, c = self.store, self.cluster_name
-        if isinstance(e, LEASE_EFFECTS) or (self.lease_rows and any(l.refused_at is not None for l in self.lease_rows)):
-            # the next round reads the leases again: this effect writes one, or moves a task
-            # whose refused leases (read while it acquires) may drop out
+        if self.lease_rows and any(l.refused_at is not None for l in self.lease_rows):
+            # the next round reads the leases again: a task whose refused leases (read while
+            # it acquires) may drop out moves
             self.leases_stale = True
         task_id = getattr(e, "task_id", None)
         if task_id is not None:
-            self.dirty.add(task_id)  # the next round reads its row again, whatever happens here
+            self.dirty.add(task_id)  # the next step's read asks for its row, whatever happens here
         match e:
             case Transition():
                 won = st.transition(e.task_id, e.expect, e.to, e.message, **e.fields)
                 if won:
                     if st.moved_at is not None:  # its event row is the phase entry: no re-read
                         self.phase_since[e.task_id] = (e.to, st.moved_at)
+                    self._wrote_task(e.task_id, st.written)
                     self._transitioned(e)
                 return won, won
             case UpdateTask():
-                return st.update_task(e.task_id, e.expect, e.message, **e.fields) or not e.fields, False
+                won = st.update_task(e.task_id, e.expect, e.message, **e.fields)
+                if won:
+                    self._wrote_task(e.task_id, st.written)
+                return won or not e.fields, False
             case RefreshMessages():
                 st.refresh_messages(e.updates)
                 self._messages_written(e.updates)
@@ -472,14 +507,15 @@ class QueueReconciler:
                 self.last_granted = e.actor
                 return True, False
             case CreateLease():
-                st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
+                lease = st.create_lease(self._cluster_id(), self.topology, e.name, e.supply_mode, e.task_id)
+                self._kept_lease(lease)
                 metrics.pool_created(c, e.supply_mode)
                 return True, True
             case RecordOperation():
-                st.touch_lease(e.lease_id, operation=e.operation)
+                self._wrote_lease(e.lease_id, st.touch_lease(e.lease_id, operation=e.operation))
                 return True, False
             case MarkReady():
-                st.touch_lease(e.lease_id, ready_at=self.clock())
+                self._wrote_lease(e.lease_id, st.touch_lease(e.lease_id, ready_at=self.clock()))
                 return True, True
             case ClaimReservation():
                 granted = self.port.claim_reservation(c, e.name, e.hosts)
@@ -491,6 +527,7 @@ class QueueReconciler:
                 return True, False
             case MoveLease():
                 won = st.move_lease(e.lease_id, e.expect, e.to, **e.fields)
+                self._wrote_lease(e.lease_id, won)
                 if won:
                     metrics.lease_moved(c, self.topology, e.expect[0], e.to)
                 return won, won
@@ -504,6 +541,8 @@ class QueueReconciler:
                 return True, False
             case Unassign():
                 won = st.unassign(e.task_id, e.message, e.expect)
+                if won:
+                    self._left(e.task_id)  # back to the poller: no longer this queue's
                 return won, won
             case MoveTask():
                 return self._move(e)
@@ -521,12 +560,50 @@ class QueueReconciler:
                     self.qtasks[tid] = self.qtasks[tid].with_message(text)
                     self.values_stale = True
 
+    def _wrote_task(self, tid: int, values: dict[str, Any] | None) -> None:
+        """Apply a won write's columns to the kept row, so that the step's next round
+        decides on it without reading it back; a row that became terminal leaves the queue."""
+        row = self.rows.get(tid)
+        if row is None or values is None:
+            self.must_read = True
+            return
+        before = row
+        row = replace(row, **{k: v for k, v in values.items() if k in TASK_COLUMNS})
+        if row.terminal or row.cluster_id != before.cluster_id:
+            self._left(tid)
+            return
+        self.rows[tid] = row
+        self.changed.add(tid)
+        if row.phase != lc.WAITING:
+            self.hot.add(tid)
+
+    def _left(self, tid: int) -> None:
+        """A task this queue's own write took out of it (terminal, moved, unassigned)."""
+        self._drop(tid)
+        self.changed.add(tid)
+        self.hot.discard(tid)
+
+    def _kept_lease(self, lease: Lease) -> None:
+        rows = [l for l in self.lease_rows or () if l.id != lease.id]
+        self.lease_rows = sorted([*rows, lease], key=lambda l: l.id)
+
+    def _wrote_lease(self, lease_id: int, won: bool) -> None:
+        """Apply a lease write's columns to the kept lease rows (this queue is their only
+        writer); a lost or unknown one makes the next round read them."""
+        old = next((l for l in self.lease_rows or () if l.id == lease_id), None)
+        values = self.store.written if won else None
+        if old is None or values is None:
+            self.leases_stale = True
+            return
+        self._kept_lease(replace(old, **{k: v for k, v in values.items() if k in LEASE_COLUMNS}))
+
     def _move(self, e: MoveTask) -> tuple[bool, bool]:
         """The compare-and-set that moves a ClusterBusy task to another cluster's queue, then
         both wake-ups. A crash after the write leaves a Waiting task there that its queue's
         periodic re-read finds; a lost write (aborted, moved meanwhile) changes nothing."""
         won = self.store.move_task(e.task_id, e.from_cluster_id, e.to_cluster_id, e.message, e.topology)
         if won:
+            self._left(e.task_id)
             log.info(
                 "task %s: %s -> %s/%s on %s: %s", e.task_id, lc.CLUSTER_BUSY, lc.WAITING, e.topology, e.to_cluster, e.message,
                 extra={"falcon_task_id": e.task_id, "cluster": e.to_cluster, "topology": e.topology},
@@ -552,7 +629,10 @@ class QueueReconciler:
         fields: dict[str, Any] = {"job_uid": res["uid"]}
         if e.first:
             fields["dispatched_at"] = self.clock()
-        self.store.update_task(e.task_id, (e.phase,), None, **fields)
+        if self.store.update_task(e.task_id, (e.phase,), e.message, **fields):
+            self._wrote_task(e.task_id, self.store.written)
+        else:
+            self.must_read = True  # it moved meanwhile (aborted): the next round reads it
         return True, True
 
     def _transitioned(self, e: Transition) -> None:
@@ -580,9 +660,14 @@ class QueueReconciler:
         if task.phase.status == Status.PENDING and task.phase.reason and task.phase_since is not None:
             seconds = (now - task.phase_since).total_seconds()
             metrics.pending_reason_time(self.cluster_name, self.topology, str(task.phase.reason), seconds)
+        at = self.store.moved_at or now
+        if task.phase == lc.WAITING and task.phase_since is not None:
+            self.trails[task.id] = [(lc.WAITING, task.phase_since), (e.to, at)]
+        elif task.id in self.trails:
+            self.trails[task.id].append((e.to, at))
         if e.to == lc.RUNNING:
             metrics.time_to_running(self.cluster_name, self.topology, (now - task.created_at).total_seconds())
-            self.started.add(task.id)  # the next observe reads its events into the history
+            self.started.add(task.id)  # the next observe puts its start into the history
         elif task.phase == lc.RUNNING and e.to.status in lc.TERMINAL and self.history is not None:
             self.history = [eta.ended(x, now) if x.task_id == task.id else x for x in self.history]
 

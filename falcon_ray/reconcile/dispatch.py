@@ -41,7 +41,10 @@ def submit_effect(d: Decision, t: QueueTask, pool: str, phase: Phase = lc.DISPAT
     # on a pool with its nodes the timeout clock starts with the Job; on one that scales
     # from zero it starts when the nodes have come (WaitingForNode -> Running)
     first = t.dispatched_at is None and phase == lc.DISPATCHING
-    return SubmitJob(t.id, manifest, service, first=first, phase=phase)
+    # a Dispatching task's Message once its Job is accepted, written with the Job's uid (the
+    # next round finds it already said, instead of writing it again)
+    text = d.msg("dispatching_pods", job=render.job_name(t.id), active=0, expected=t.spec.shape.hosts) if phase == lc.DISPATCHING else None
+    return SubmitJob(t.id, manifest, service, first=first, phase=phase, message=text)
 
 
 def submit(d: Decision, t: QueueTask, lease: Lease | None) -> None:

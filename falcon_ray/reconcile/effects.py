@@ -108,6 +108,7 @@ class SubmitJob:
     service: dict[str, Any] | None
     first: bool  # dispatched_at is written with the Job: the timeout clock starts now
     phase: Phase = lc.DISPATCHING  # the task's phase when the Job's uid is written
+    message: str | None = None  # written with the Job's uid (the Message of a Job just accepted)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,14 @@ def sample_from_events(
     task_id: int, events: Sequence[TaskEvent], supply_mode: SupplyMode, timeout_s: float
 ) -> StartSample | None:
     """The task's last start (``events`` in order): None if it never reached Running."""
-    phases = [(lc.phase_of(e.status, e.reason or None), e.at) for e in events]
+    return sample_from_phases(task_id, [(lc.phase_of(e.status, e.reason or None), e.at) for e in events], supply_mode, timeout_s)
+
+
+def sample_from_phases(
+    task_id: int, phases: Sequence[tuple[lc.Phase, dt.datetime]], supply_mode: SupplyMode, timeout_s: float
+) -> StartSample | None:
+    """``sample_from_events`` from (phase, entered at) pairs in order: the event log's, or
+    the moves a queue made itself since it picked the task."""
     run = max((i for i, (p, _) in enumerate(phases) if p == lc.RUNNING), default=None)
     if run is None:
         return None

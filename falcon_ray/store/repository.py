@@ -208,6 +208,10 @@ class Store:
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
         self.fenced = ""  # why this Store may not write any more, once known
         self.moved_at: dt.datetime | None = None  # the event time of the last ``transition``, if it moved
+        # the columns the last won ``transition`` / ``update_task`` / ``move_lease`` /
+        # ``touch_lease`` set, for a single-threaded caller (a QueueActor) to apply to the
+        # rows it keeps instead of reading them back; None after a lost write
+        self.written: dict[str, Any] | None = None
         self._fence_checked_at = 0.0
 
         # The benchmark (falcon_ray.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
@@ -702,7 +706,7 @@ class Store:
         moving = [p for p in expect if p != to]
         staying = len(moving) < len(expect)
         won = False
-        self.moved_at = None
+        self.moved_at = self.written = None
         with self._tx() as c:
             if moving:
                 res = self._write(
@@ -731,6 +735,8 @@ class Store:
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
                 )
                 won = res.rowcount == 1
+        if won:
+            self.written = values
         return won
 
     def transition_many(
@@ -836,8 +842,11 @@ class Store:
         values: dict[str, Any] = dict(fields, updated_at=self.clock())
         if message is not None:
             values["message"] = _clip(message)
+        self.written = None
         with self.engine.begin() as c:
             res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values))
+        if res.rowcount == 1:
+            self.written = values
         return res.rowcount == 1
 
     def refresh_messages(self, updates: Sequence[tuple[int, Phase, str]]) -> int:
@@ -1081,16 +1090,25 @@ class Store:
             values.setdefault("task_id", None)
         values.update(fields)
         L = t.node_pool_leases
+        self.written = None
         with self.engine.begin() as c:
             res = self._write(
                 c, L.update().where(L.c.id == lease_id, L.c.state.in_([s.value for s in expect])).values(**values)
             )
+        if res.rowcount == 1:
+            self.written = values
         return res.rowcount == 1
 
-    def touch_lease(self, lease_id: int, **fields: Any) -> None:
+    def touch_lease(self, lease_id: int, **fields: Any) -> bool:
+        """Set bookkeeping columns of a lease whatever its state; False when no row has ``lease_id``."""
         L = t.node_pool_leases
+        values = dict(updated_at=self.clock(), **fields)
+        self.written = None
         with self.engine.begin() as c:
-            self._write(c, L.update().where(L.c.id == lease_id).values(updated_at=self.clock(), **fields))
+            res = self._write(c, L.update().where(L.c.id == lease_id).values(**values))
+        if res.rowcount == 1:
+            self.written = values
+        return res.rowcount == 1
 
     # --- queue fairness ----------------------------------------------------------------
 

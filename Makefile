@@ -19,7 +19,7 @@ install: $(STAMP)
 # Two workers (pytest-xdist), each with its own Ray; a file's tests stay on one worker
 # (module fixtures start one controller per file). The scenarios mostly wait on the
 # simulated fleet's timings, so two share this 2-core machine well.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 

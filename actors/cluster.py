@@ -575,9 +575,9 @@ class ClusterGateway:
                 return
             try:
                 self._fence()
-            except Fenced:
-                with self.lock:
-                    self.op_fifo.appendleft(op)
+            except BaseException:  # fenced, or the database did not answer the fence read
+                with self.lock:  # the op stays queued: taken out of the FIFO, it would be lost
+                    self.op_fifo.appendleft(op)  # for good (its queue sees it queued forever)
                 raise
             op.state = OpState.RUNNING
             try:
@@ -590,9 +590,20 @@ class ClusterGateway:
             except Exception as e:  # never let the worker die
                 self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
             metrics.pool_op(self.name, op.kind, op.state, op.error_kind or "")
-            lease = self.store.get_lease(self.cluster.id, op.name)
-            if lease is not None:
-                self.port.hint(self.name, lease.topology, create=False)
+            self._hint_pool_owner(op.name)
+
+    def _hint_pool_owner(self, pool: str) -> None:
+        """Wake the queue of ``pool``'s lease; a database that does not answer only costs the
+        wake-up (the queue's timed step sees the operation's end), never the next operation."""
+        try:
+            lease = self.store.get_lease(self.cluster.id, pool)
+        except Fenced:
+            raise
+        except Exception as e:
+            log.info("cluster %s: no wake-up for pool %s: %s", self.name, pool, e)
+            return
+        if lease is not None:
+            self.port.hint(self.name, lease.topology, create=False)
 
     def _start_op(self, op: PoolOp) -> bool:
         """Make the GKE call; False when there is nothing to follow (adopted, already gone)."""

@@ -286,7 +286,8 @@ def test_unreachable_cluster_is_reported_then_fails_the_task_with_node_pool_time
 def test_waiting_message_carries_a_start_estimate_once_the_queue_has_history(controller):
     # a one-slice reservation: one task runs at a time and hands its pool to the next
     run = controller(make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=5))
-    ids = [run.submit("alice", spec("2x2", 3, supply_mode="reservation", timeout_seconds=60), f"eta-{i}") for i in range(8)]
+    # three starts make a history; the sixth still waits when the third has started
+    ids = [run.submit("alice", spec("2x2", 1.5, supply_mode="reservation", timeout_seconds=60), f"eta-{i}") for i in range(6)]
     wait_for(run, ids[0], phase_is(lc.RUNNING), 60)
     assert all("expected to start" not in run.store.get_task(t).message for t in ids[1:]), "no history yet: no estimate"
     deadline, shown = time.monotonic() + 90, None

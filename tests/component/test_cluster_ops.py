@@ -1,0 +1,75 @@
+"""The ClusterActor's node-pool operation FIFO without Ray or GKE: what happens to a queued
+operation when the step that would run it cannot reach the database first.
+
+The fence read before every GKE call that changes something is a database read. When the
+database does not answer, the operation must stay queued: the soak's database outage once
+left a Deleting lease whose delete had been taken out of the FIFO and never run (its queue
+saw it "queued" forever, the pool stayed up)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from actors.cluster import ClusterGateway
+from falcon_ray.config import Settings
+from falcon_ray.model import OpKind, OpState
+from falcon_ray.store import Store
+from falcon_ray.store.migrate import upgrade
+from tests.harness.fakes import FakePort
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    upgrade(url, with_jobs_table=True)
+    store = Store(url, epoch=None)
+    store.add_cluster("edge-a", "proj-a", "us-east5-b", "v6e", "logs-a", "res-a")
+    gw = ClusterGateway("edge-a", Settings(), store, FakePort())
+    for t in gw.tickers.values():  # the test runs the operation step itself, nothing else
+        t.stop()
+    assert all(t.drain(10) for t in gw.tickers.values())
+    gw.connect_error = ""
+    yield gw
+    gw.shutdown()
+    store.dispose()
+
+
+def _db_down(*_a, **_k):
+    raise sa.exc.OperationalError("SELECT epoch", {}, ConnectionRefusedError("database unreachable"))
+
+
+@pytest.mark.parametrize("kind", [OpKind.DELETE, OpKind.CREATE])
+def test_an_operation_whose_fence_read_fails_stays_queued_and_runs_next_time(gateway, monkeypatch, kind):
+    ran = []
+    gateway.gke = object()  # connected: the step takes operations (none reaches GKE here)
+    monkeypatch.setattr(gateway, "_run_op", lambda op: ran.append(op.name))
+    monkeypatch.setattr(gateway, "_hint_pool_owner", lambda pool: None)
+    if kind == OpKind.DELETE:
+        gateway.delete_pool("falcon-t1-2x2")
+    else:
+        gateway.ensure_pool("falcon-t1-2x2", {"name": "falcon-t1-2x2"})
+    fence = gateway.store.check_fence
+    monkeypatch.setattr(gateway.store, "check_fence", _db_down)
+    with pytest.raises(sa.exc.OperationalError):
+        gateway._op_step()
+    assert ran == []
+    op = gateway.ops["falcon-t1-2x2"]
+    assert op.kind == kind and op.state == OpState.QUEUED and list(gateway.op_fifo) == [op]
+    # asking again while it waits queues nothing twice
+    assert (gateway.delete_pool if kind == OpKind.DELETE else lambda n: gateway.ensure_pool(n, {}))("falcon-t1-2x2") == OpState.QUEUED
+    assert len(gateway.op_fifo) == 1
+    monkeypatch.setattr(gateway.store, "check_fence", fence)  # the database is back
+    gateway._op_step()
+    assert ran == ["falcon-t1-2x2"] and op.state == OpState.DONE and not gateway.op_fifo
+
+
+def test_a_lost_wake_up_after_an_operation_does_not_stop_the_next_one(gateway, monkeypatch):
+    ran = []
+    gateway.gke = object()
+    monkeypatch.setattr(gateway, "_run_op", lambda op: ran.append(op.name))
+    monkeypatch.setattr(gateway.store, "get_lease", _db_down)  # the wake-up's read fails
+    gateway.delete_pool("falcon-t1-2x2")
+    gateway.delete_pool("falcon-t2-2x2")
+    gateway._op_step()
+    assert ran == ["falcon-t1-2x2", "falcon-t2-2x2"]

@@ -3,7 +3,7 @@ when the queue's history allows, when it is expected to start.
 
 Contract
 --------
-The order is the pick rule's (``scheduling.pick_order``), behind the slot holders;
+The order is the pick rule's (``scheduling.queue_order``), behind the slot holders;
 the start estimate is ``eta.estimate``'s, rounded by ``eta.choices``: a Message that
 already shows either rounding of the new estimate is kept, so a steady queue's texts
 change once per rounding step, not every tick. A Message is written only when its text
@@ -13,7 +13,6 @@ changes, and all changed ones go in one batched statement (``RefreshMessages``).
 from __future__ import annotations
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import scheduling
 from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import eta
 from falcon_ray.reconcile.context import Decision
@@ -57,7 +56,7 @@ def positions(d: Decision) -> None:
     """The texts are built lazily: a task whose Message shows the first rounding of its
     estimate needs no other, and past ``SHOWN_AHEAD`` the names listed are the same."""
     ahead: list[QueueTask] = list(d.holders)
-    order = scheduling.pick_order(d.waiting, d.q.last_granted)
+    order = d.waiting_order()
     estimates = start_estimates(d, order)
     updates = []
     shown: str | None = None

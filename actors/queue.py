@@ -527,13 +527,21 @@ class QueueReconciler:
     def _messages_written(self, updates) -> None:
         """The kept rows carry the Messages just written (a row whose phase moved meanwhile
         kept its old one, and is read again as a row that is not Waiting any more)."""
+        waiting = []
         for tid, phase, text in updates:
             row = self.rows.get(tid)
             if row is not None and row.phase == phase:
                 text = clip_message(text)
                 self.rows[tid] = row.with_message(text)
-                if tid in self.qtasks:
-                    self._set_value(self.qtasks[tid].with_message(text))
+                value = self.qtasks.get(tid)
+                if value is None:
+                    continue
+                value = self.qtasks[tid] = value.with_message(text)
+                if value.phase == lc.WAITING and tid in self.waiting:
+                    waiting.append(value)
+                else:
+                    self._set_value(value)
+        self.waiting.replace(waiting)
 
     def _move(self, e: MoveTask) -> tuple[bool, bool]:
         """The compare-and-set that moves a ClusterBusy task to another cluster's queue, then

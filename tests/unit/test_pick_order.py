@@ -62,9 +62,14 @@ def test_waiting_index_keeps_the_pick_order_through_adds_removals_and_new_messag
             del live[i]
             index.discard(i)
         else:  # a Message written: the same task, another value in place
-            i = r.choice(sorted(live))
-            live[i] = live[i].with_message(f"m{step}")
-            index.put(live[i])
+            some = r.sample(sorted(live), r.randint(1, len(live)))
+            for i in some:
+                live[i] = live[i].with_message(f"m{step}")
+            if step % 2:
+                index.replace([live[i] for i in some])
+            else:
+                for i in some:
+                    index.put(live[i])
         w = index.value()
         last = r.choice(["", "a1", "a2"])
         assert len(w) == len(index) == len(live) and all(i in w for i in live)

@@ -22,7 +22,7 @@ assignment, another queue with each task it moves here, the ClusterActor with ea
 event and finished pool operation (``RayPort.hint`` looks the handle up again when it
 meets a dead or re-created actor). The idle tick only bounds how long a lost hint
 delays a new task; each timed step of an empty queue is one full read (about five
-statements), so it costs well under 0.2 statements/s.
+statements), so it costs under 0.2 statements/s.
 
 Between the rounds the object keeps the decisions' values of its tasks in two parts
 (``held``: the few that are not Waiting, and ``waiting``: a ``scheduling.WaitingIndex``

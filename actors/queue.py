@@ -15,6 +15,21 @@ recent starts for the start estimates (``QueueHistory``: read once from the even
 bounded, then kept up to date from the queue's own transitions, one read of one task's
 events per start; never a read per waiting task).
 
+The Ticker steps it every ``interval()``: ``queue_tick_s``, or ``queue_idle_tick_s`` (30 s
+by default) while the queue is empty (no live task, no lease), and at once on a hint.
+The wake-ups are what an empty queue relies on: the poller hints it with each
+assignment, another queue with each task it moves here, the ClusterActor with each Job
+event and finished pool operation (``RayPort.hint`` looks the handle up again when it
+meets a dead or re-created actor). The idle tick only bounds how long a lost hint
+delays a new task; each timed step of an empty queue is one full read (about five
+statements), so it costs under 0.2 statements/s.
+
+Between the rounds the object keeps the decisions' values of its tasks in two parts
+(``held``: the few that are not Waiting, and ``waiting``: a ``scheduling.WaitingIndex``
+of the Waiting ones, per priority and actor, oldest first); a changed row moves between
+them in O(log N), so a round does no pass over the waiting list before it carries out
+the pick (rule 8's positions, once per step after the rounds, do).
+
 ``step()`` observes the database and the cluster, calls ``reconcile.decide`` (pure),
 and carries out the effect groups it returns; it repeats while decisions change
 state (at most ``MAX_ROUNDS`` rounds). A group stops at its first failed or lost
@@ -50,6 +65,7 @@ from falcon_ray.model import (
     QueueHistory,
     QueueState,
     QueueTask,
+    QueueTasks,
     StartSample,
     SubmitError,
     Task,
@@ -76,7 +92,6 @@ from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
 from falcon_ray.store import Fenced, Store, clip_message, utcnow
 
 log = logging.getLogger("falcon.queue")
-IDLE_TICK_FACTOR = 5  # an empty queue re-reads less often; a hint wakes it at once
 MAX_ROUNDS = 8
 DESTINATIONS_TTL_S = 1.0  # another cluster's state is read at most this often for a move
 IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
@@ -126,10 +141,12 @@ class QueueReconciler:
         self.clusters: list[Cluster] | None = None
         self.clusters_at = -float("inf")  # when the registry was last read
         self.qtasks: dict[int, QueueTask] = {}  # the decisions' value of each row
-        self.task_values: tuple[QueueTask, ...] = ()  # qtasks in id order
-        self.positions: dict[int, int] = {}  # task id -> its index in task_values
+        # qtasks in two parts, kept from round to round: the Waiting ones in pick-rule
+        # order, the others (few) in id order; only changed rows move between them
+        self.waiting = scheduling.WaitingIndex()
+        self.held: dict[int, QueueTask] = {}
+        self.held_values: tuple[QueueTask, ...] | None = ()  # None: held changed
         self.changed: set[int] = set()  # rows read or written since their value was built
-        self.values_stale = False  # a value in qtasks was replaced (a Message written)
         self.lease_rows: list | None = None  # the queue's leases as last read
         self.leases_stale = True  # an effect was carried out since they were read
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
@@ -137,9 +154,12 @@ class QueueReconciler:
     # ---- the loop ------------------------------------------------------------------------
 
     def interval(self) -> float:
+        """``queue_tick_s``; an empty queue (no task, no pool: nothing it could decide) waits
+        ``queue_idle_tick_s``, a safety tick: its new work comes with a wake-up."""
         state = self.last_state
-        empty = state is not None and not state.tasks and not state.leases
-        return self.s.queue_tick_s * (IDLE_TICK_FACTOR if empty else 1)
+        if state is not None and not state.tasks and not state.leases:
+            return max(self.s.queue_tick_s, self.s.queue_idle_tick_s)
+        return self.s.queue_tick_s
 
     def step(self) -> int:
         """One tick: observe, decide, act; repeated while decisions change state."""
@@ -147,7 +167,7 @@ class QueueReconciler:
         applied = self.reconcile_once()
         metrics.queue_tick(self.cluster_name, self.topology, time.monotonic() - t0)
         if self.last_state is not None:
-            metrics.queue_depth(self.cluster_name, self.topology, self.last_state.tasks)
+            metrics.queue_depth(self.cluster_name, self.topology, self.last_state.held, len(self.last_state.waiting))
         return applied
 
     def reconcile_once(self) -> int:
@@ -253,24 +273,27 @@ class QueueReconciler:
 
     def _drop(self, tid: int) -> None:
         """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
-        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.qtasks, self.trails):
+        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.trails):
             cache.pop(tid, None)
+        self._forget_value(tid)
 
-    def _queue_tasks(self) -> tuple[QueueTask, ...]:
-        """The decisions' values of the queue's tasks, rebuilt only for the rows in ``changed``."""
+    def _queue_tasks(self) -> QueueTasks:
+        """The decisions' values of the queue's tasks, rebuilt only for the rows in ``changed``:
+        a changed Waiting task is put in (or taken out of) the ``WaitingIndex``, O(log N);
+        nothing here passes over the unchanged tasks."""
         changed, self.changed = self.changed, set()
         rows = []
         for tid in changed:
             t = self.rows.get(tid)
             spec = self._spec(t) if t is not None else None
             if spec is None or spec.topology != self.topology:
-                self.qtasks.pop(tid, None)
+                self._forget_value(tid)
                 continue
             rows.append(t)
         self._phase_since(rows)
         for t in rows:
             entry = self.phase_since.get(t.id)
-            self.qtasks[t.id] = QueueTask(
+            self._set_value(QueueTask(
                 id=t.id,
                 name=t.name,
                 actor=t.actor,
@@ -282,18 +305,27 @@ class QueueReconciler:
                 job_uid=t.job_uid,
                 message=t.message,
                 phase_since=entry[1] if entry else None,
-            )
-        if self.values_stale or (changed and (len(self.positions) != len(self.qtasks) or not changed <= self.positions.keys())):
-            order = sorted(self.qtasks)
-            self.positions = {tid: i for i, tid in enumerate(order)}
-            self.task_values = tuple(self.qtasks[k] for k in order)
-            self.values_stale = False
-        elif changed:  # the same tasks: replace the changed values in place
-            values = list(self.task_values)
-            for tid in changed:
-                values[self.positions[tid]] = self.qtasks[tid]
-            self.task_values = tuple(values)
-        return self.task_values
+            ))
+        if self.held_values is None:
+            self.held_values = tuple(self.held[k] for k in sorted(self.held))
+        return QueueTasks(self.held_values, self.waiting.value())
+
+    def _set_value(self, value: QueueTask) -> None:
+        self.qtasks[value.id] = value
+        if value.phase == lc.WAITING:
+            if self.held.pop(value.id, None) is not None:
+                self.held_values = None
+            self.waiting.put(value)
+        else:
+            self.waiting.discard(value.id)
+            self.held[value.id] = value
+            self.held_values = None
+
+    def _forget_value(self, tid: int) -> None:
+        self.qtasks.pop(tid, None)
+        self.waiting.discard(tid)
+        if self.held.pop(tid, None) is not None:
+            self.held_values = None
 
     def _other_topology_waiting(self, cluster_id: str) -> bool:
         """Read only while a task of this queue acquires (the rules ask it only then), at
@@ -344,8 +376,8 @@ class QueueReconciler:
             history=history,
             destinations=self._destinations(cluster, clusters, tasks),
         )
-        want_reservation = bool(cluster.default_reservation) and any(
-            t.phase in lc.ACQUIRING_PHASES or t.phase == lc.WAITING for t in tasks
+        want_reservation = bool(cluster.default_reservation) and (
+            bool(tasks.waiting) or any(t.phase in lc.ACQUIRING_PHASES for t in tasks.held)
         )
         view = self.port.observe(self.cluster_name, self.label, [l.name for l in leases], want_reservation)
         return state, view
@@ -384,12 +416,12 @@ class QueueReconciler:
         if events and isinstance(events[0], tuple):
             return eta.sample_from_phases(tid, events, supply, spec.timeout_seconds)
         return eta.sample_from_events(tid, events, supply, spec.timeout_seconds)
-    def _destinations(self, cluster: Cluster, clusters: list[Cluster], tasks: tuple[QueueTask, ...]) -> tuple[Destination, ...]:
+    def _destinations(self, cluster: Cluster, clusters: list[Cluster], tasks: QueueTasks) -> tuple[Destination, ...]:
         """Where a ClusterBusy task of this queue could move: the other active clusters of
         the TPU type, each with its ready idle pools of this topology, its queue's waiting
         and slot-holding tasks, and its reservation as its ClusterActor's ledger says. Read
         only while a task is ClusterBusy, at most once a second."""
-        if not any(t.phase == lc.CLUSTER_BUSY for t in tasks):
+        if not any(t.phase == lc.CLUSTER_BUSY for t in tasks.held):
             return ()
         others = [c for c in clusters if c.name != cluster.name and c.active and c.tpu_type == cluster.tpu_type]
         if not others:
@@ -490,8 +522,8 @@ class QueueReconciler:
                 if won:
                     if st.moved_at is not None:  # its event row is the phase entry: no re-read
                         self.phase_since[e.task_id] = (e.to, st.moved_at)
+                    self._transitioned(e)  # first: it reads the value the decision saw
                     self._wrote_task(e.task_id, st.written)
-                    self._transitioned(e)
                 return won, won
             case UpdateTask():
                 won = st.update_task(e.task_id, e.expect, e.message, **e.fields)
@@ -551,14 +583,21 @@ class QueueReconciler:
     def _messages_written(self, updates) -> None:
         """The kept rows carry the Messages just written (a row whose phase moved meanwhile
         kept its old one, and is read again as a row that is not Waiting any more)."""
+        waiting = []
         for tid, phase, text in updates:
             row = self.rows.get(tid)
             if row is not None and row.phase == phase:
                 text = clip_message(text)
                 self.rows[tid] = row.with_message(text)
-                if tid in self.qtasks:
-                    self.qtasks[tid] = self.qtasks[tid].with_message(text)
-                    self.values_stale = True
+                value = self.qtasks.get(tid)
+                if value is None:
+                    continue
+                value = self.qtasks[tid] = value.with_message(text)
+                if value.phase == lc.WAITING and tid in self.waiting:
+                    waiting.append(value)
+                else:
+                    self._set_value(value)
+        self.waiting.replace(waiting)
 
     def _wrote_task(self, tid: int, values: dict[str, Any] | None) -> None:
         """Apply a won write's columns to the kept row, so that the step's next round
@@ -637,7 +676,7 @@ class QueueReconciler:
 
     def _transitioned(self, e: Transition) -> None:
         """One log line and the metrics of a won transition."""
-        task = next((t for t in (self.last_state.tasks if self.last_state else ()) if t.id == e.task_id), None)
+        task = self.qtasks.get(e.task_id)  # the value the decision saw (phase, actor, phase_since)
         log.info(
             "task %s: %s -> %s: %s",
             e.task_id,
@@ -709,12 +748,11 @@ class QueueReconciler:
                 "in_phase_s": round((now - t.phase_since).total_seconds(), 1) if t.phase_since else None,
             }
 
-        waiting = [t for t in state.tasks if t.phase == lc.WAITING]
-        for pos, t in enumerate(scheduling.pick_order(waiting, state.last_granted), start=1):
+        for pos, t in enumerate(scheduling.queue_order(state.waiting, state.last_granted), start=1):
             out["waiting"].append(dict(row(t), position=pos))
-        out["acquiring"] = [row(t) for t in state.tasks if t.phase in lc.ACQUIRING_PHASES]
-        out["running"] = [row(t) for t in state.tasks if t.phase == lc.RUNNING]
-        out["aborting"] = [row(t) for t in state.tasks if t.phase == lc.ABORTING]
+        out["acquiring"] = [row(t) for t in state.held if t.phase in lc.ACQUIRING_PHASES]
+        out["running"] = [row(t) for t in state.held if t.phase == lc.RUNNING]
+        out["aborting"] = [row(t) for t in state.held if t.phase == lc.ABORTING]
         out["last_granted"] = state.last_granted
         for l in state.leases:
             pool = view.pools.get(l.name) if view else None
@@ -738,12 +776,10 @@ class QueueReconciler:
         state = self.last_state
         if state is None:
             return f"QueueActor({self.cluster_name}/{self.topology}: starting)"
-        by = {"W": 0, "R": 0}
+        by = {"W": len(state.waiting), "R": 0}
         holder = ""
-        for t in state.tasks:
-            if t.phase == lc.WAITING:
-                by["W"] += 1
-            elif t.phase in lc.ACQUIRING_PHASES:
+        for t in state.held:
+            if t.phase in lc.ACQUIRING_PHASES:
                 holder = f" slot={t.id}:{t.phase.reason}"
             elif t.phase == lc.RUNNING:
                 by["R"] += 1

@@ -28,6 +28,12 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(1.0, gt=0, description="PollerActor: seconds between polls of the jobs table")
     intake_batch: int = Field(500, gt=0, description="PollerActor: most new or aborting rows read per poll")
     queue_tick_s: float = Field(1.0, gt=0, description="QueueActor: seconds between reconciles without a hint")
+    queue_idle_tick_s: float = Field(
+        30.0,
+        gt=0,
+        description="QueueActor: seconds between reconciles of an empty queue (no task, no pool) without a hint; "
+        "a safety tick for a lost wake-up, never shorter than queue_tick_s",
+    )
     queue_full_read_s: float = Field(
         10.0, gt=0, description="QueueActor: seconds between full re-reads of its tasks; the rounds in between read only what changed"
     )

@@ -97,10 +97,11 @@ def _observe(name: str, value: float, **tags: str) -> None:
 # ---- call sites --------------------------------------------------------------------
 
 
-def queue_depth(cluster: str, topology: str, tasks) -> None:
+def queue_depth(cluster: str, topology: str, tasks, waiting: int = 0) -> None:
+    """``tasks``: the queue's tasks (or those not Waiting, with the ``waiting`` count)."""
     from falcon_ray import lifecycle as lc
 
-    counts = {"waiting": 0, "acquiring": 0, "running": 0, "aborting": 0}
+    counts = {"waiting": waiting, "acquiring": 0, "running": 0, "aborting": 0}
     for t in tasks:
         if t.phase == lc.WAITING:
             counts["waiting"] += 1

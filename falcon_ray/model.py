@@ -6,7 +6,8 @@ Everything that crosses from the database or from an edge cluster into a decisio
 one of these types. The store maps its rows to ``Cluster``, ``Task``, ``Lease`` and
 ``TaskEvent``; the ClusterActor maps what GKE and Kubernetes answer to ``PoolView``,
 ``OpView``, ``JobView`` and ``ReservationView``; the QueueActor assembles a
-``QueueState`` (with ``Destination`` rows for a task that could move) and a
+``QueueState`` (with ``Destination`` rows for a task that could move; its Waiting tasks
+as a ``WaitingQueue``, grouped for the pick rule) and a
 ``ClusterView`` and hands both to ``reconcile.decide``. States
 and kinds are enums (``ClusterStatus``, ``LeaseState``, ``OpKind``, ``OpState``,
 ``JobPhase``, ``PoolStatus``, ``ErrorKind``), never strings: a ``StrEnum`` still
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum, auto
 from typing import Any
@@ -440,11 +442,81 @@ class SubmitError:
         object.__setattr__(self, "kind", ErrorKind(self.kind))
 
 
+def age_key(t: QueueTask) -> tuple[dt.datetime, int]:
+    """The pick rule's age: oldest first, the id breaks ties."""
+    return (t.created_at, t.id)
+
+
+@dataclass(frozen=True, eq=False)
+class WaitingQueue:
+    """The queue's Waiting tasks grouped as the pick rule reads them: per priority, per
+    actor, oldest first (``age_key``). A value: its tuples never change; the
+    QueueReconciler's ``scheduling.WaitingIndex`` builds one per round and shares the
+    buckets that did not change, so a decision reads the heads and the count without a
+    pass over the waiting tasks. ``ids``: every task in it."""
+
+    buckets: Mapping[int, Mapping[str, tuple[QueueTask, ...]]] = field(default_factory=dict)
+    ids: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, tasks: Iterable[QueueTask]) -> WaitingQueue:
+        """Built from plain tasks (sorted here): for tests and callers without an index."""
+        buckets: dict[int, dict[str, list[QueueTask]]] = {}
+        for t in sorted(tasks, key=age_key):
+            buckets.setdefault(t.priority, {}).setdefault(t.actor, []).append(t)
+        frozen = {p: {a: tuple(ts) for a, ts in by.items()} for p, by in buckets.items()}
+        return cls(frozen, frozenset(t.id for by in frozen.values() for ts in by.values() for t in ts))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.ids
+
+    def __iter__(self) -> Iterator[QueueTask]:
+        """Highest priority first, then by actor; not the pick order (``scheduling.queue_order``)."""
+        for p in sorted(self.buckets, reverse=True):
+            for ts in self.buckets[p].values():
+                yield from ts
+
+    def top_heads(self, without: Collection[int] = ()) -> list[QueueTask]:
+        """Each actor's oldest task of the highest priority, leaving out ``without`` (a few
+        ids): all the pick rule needs to choose (``scheduling.pick_next``)."""
+        for p in sorted(self.buckets, reverse=True):
+            heads = [next((t for t in ts if t.id not in without), None) for ts in self.buckets[p].values()]
+            found = [t for t in heads if t is not None]
+            if found:
+                return found
+        return []
+
+
+class QueueTasks(Sequence):
+    """Every live task of the queue: the ones that are not Waiting (``held``, few, in id
+    order) and the ``WaitingQueue``; iterating or indexing walks both, the decisions read
+    the two parts instead."""
+
+    def __init__(self, held: tuple[QueueTask, ...], waiting: WaitingQueue) -> None:
+        self.held, self.waiting = held, waiting
+        self._all: tuple[QueueTask, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.held) + len(self.waiting)
+
+    def __iter__(self) -> Iterator[QueueTask]:
+        yield from self.held
+        yield from self.waiting
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if self._all is None:
+            self._all = tuple(self)
+        return self._all[i]
+
+
 @dataclass(frozen=True)
 class QueueState:
     cluster: Cluster
     topology: str
-    tasks: tuple[QueueTask, ...]
+    tasks: Sequence[QueueTask]  # every live task; the reconciler gives a ``QueueTasks``
     leases: tuple[Lease, ...]
     last_granted: str
     other_topology_waiting: bool = False
@@ -458,6 +530,18 @@ class QueueState:
     history: QueueHistory = field(default_factory=QueueHistory)  # for the start estimates
     # other clusters a ClusterBusy task could move to (read only while a task is ClusterBusy)
     destinations: tuple[Destination, ...] = ()
+    # ``tasks`` in two parts: the tasks that are not Waiting (in their order) and the Waiting ones
+    held: tuple[QueueTask, ...] = field(init=False, repr=False, compare=False)
+    waiting: WaitingQueue = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tasks, QueueTasks):
+            held, waiting = self.tasks.held, self.tasks.waiting
+        else:  # plain tasks (tests, tools): split them here
+            held = tuple(t for t in self.tasks if t.phase != lc.WAITING)
+            waiting = WaitingQueue.of(t for t in self.tasks if t.phase == lc.WAITING)
+        object.__setattr__(self, "held", held)
+        object.__setattr__(self, "waiting", waiting)
 
     @property
     def cluster_active(self) -> bool:

@@ -9,7 +9,10 @@ Pick rule (original, sections 4 and Phase 4): the waiting tasks of the highest
 priority compete; group them by actor and take each actor's oldest; if more than one
 actor is left, drop the actor that was granted the slot last; take the oldest of the
 rest. ``pick_order`` applies the rule repeatedly to give every waiting task its
-position. Priority never preempts a task that holds the slot or runs.
+position (``queue_order``: the same for a ``WaitingQueue``, whose buckets are sorted
+already). Priority never preempts a task that holds the slot or runs. ``WaitingIndex``
+keeps a queue's Waiting tasks in that structure across rounds (a new or a finished
+task: O(log N) comparisons), so choosing needs only the heads of the highest priority.
 
 Cluster ranking (original, section 3): candidates are the active clusters of the
 task's TPU type whose supply for the task can serve its shape (``offer``: the supply
@@ -30,16 +33,17 @@ Reservation headroom is counted in slices: ``(count - inUseCount) // hosts``.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import heapq
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
 from falcon_ray import tpu
-from falcon_ray.model import Destination
+from falcon_ray.model import Destination, QueueTask, WaitingQueue
 from falcon_ray.spec import SupplyMode, TaskSpec
 
 
@@ -88,23 +92,35 @@ def pick_order(waiting: Sequence[T], last_granted_actor: str) -> list[T]:
     one priority each actor's tasks oldest first and a heap of the actors' heads; the
     oldest head wins unless its actor was granted last and another actor has a head,
     then the second oldest wins."""
-    by_priority: dict[int, list[T]] = {}
-    for t in waiting:
-        by_priority.setdefault(t.priority, []).append(t)
+    by_priority: dict[int, dict[str, list[T]]] = {}
+    for t in sorted(waiting, key=_age_key):
+        by_priority.setdefault(t.priority, {}).setdefault(t.actor, []).append(t)
+    return _by_priority(by_priority, last_granted_actor)
+
+
+def queue_order(waiting: WaitingQueue, last_granted_actor: str, without: Collection[int] = ()) -> list[QueueTask]:
+    """``pick_order`` of a ``WaitingQueue`` (its buckets are sorted already), leaving out
+    the tasks ``without`` names."""
+    if without:
+        buckets = {p: {a: [t for t in ts if t.id not in without] for a, ts in by.items()} for p, by in waiting.buckets.items()}
+        return _by_priority(buckets, last_granted_actor)
+    return _by_priority(waiting.buckets, last_granted_actor)
+
+
+def _by_priority(buckets: Mapping[int, Mapping[str, Sequence[T]]], last_granted_actor: str) -> list[T]:
     order: list[T] = []
     last = last_granted_actor
-    for priority in sorted(by_priority, reverse=True):
-        order += _round_robin(by_priority[priority], last)
-        last = order[-1].actor
+    for priority in sorted(buckets, reverse=True):
+        part = _round_robin(buckets[priority], last)
+        if part:
+            order += part
+            last = order[-1].actor
     return order
 
 
-def _round_robin(waiting: Sequence[T], last_granted_actor: str) -> list[T]:
-    """``pick_order`` within one priority."""
-    by_actor: dict[str, list[T]] = {}
-    for t in sorted(waiting, key=_age_key, reverse=True):  # each list: youngest first, pop() the oldest
-        by_actor.setdefault(t.actor, []).append(t)
-    heap = [(_age_key(ts[-1]), actor) for actor, ts in by_actor.items()]
+def _round_robin(by_actor: Mapping[str, Sequence[T]], last_granted_actor: str) -> list[T]:
+    """``pick_order`` within one priority; each actor's tasks oldest first."""
+    heap = [(_age_key(ts[0]), actor, 0) for actor, ts in by_actor.items() if ts]
     heapq.heapify(heap)
     order: list[T] = []
     last = last_granted_actor
@@ -115,13 +131,104 @@ def _round_robin(waiting: Sequence[T], last_granted_actor: str) -> list[T]:
             heapq.heappush(heap, first)
         else:
             chosen = first
-        actor = chosen[1]
+        _, actor, i = chosen
         ts = by_actor[actor]
-        order.append(ts.pop())
-        if ts:
-            heapq.heappush(heap, (_age_key(ts[-1]), actor))
+        order.append(ts[i])
+        if i + 1 < len(ts):
+            heapq.heappush(heap, (_age_key(ts[i + 1]), actor, i + 1))
         last = actor
     return order
+
+
+class WaitingIndex:
+    """The QueueReconciler's Waiting tasks kept in pick-rule order from round to round.
+
+    One list per (priority, actor), oldest first; ``put`` and ``discard`` find a task's
+    place by bisection (O(log N) comparisons), so a new or a finished task costs no pass
+    over the others. ``value()`` is the ``WaitingQueue`` a decision reads: the buckets
+    changed since the last value are copied into new tuples (a pointer copy of that one
+    bucket), the others shared; the id set is copied only when it changed. Pure: no I/O."""
+
+    def __init__(self) -> None:
+        self._lists: dict[tuple[int, str], list[QueueTask]] = {}
+        self._tasks: dict[int, QueueTask] = {}
+        self._tuples: dict[tuple[int, str], tuple[QueueTask, ...]] = {}
+        self._dirty: set[tuple[int, str]] = set()
+        self._ids: frozenset[int] | None = frozenset()  # None: the set changed since the last value
+        self._value: WaitingQueue | None = WaitingQueue()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._tasks
+
+    def put(self, t: QueueTask) -> None:
+        """Add a Waiting task, or replace its value (same place when its age and bucket hold)."""
+        old = self._tasks.get(t.id)
+        b = (t.priority, t.actor)
+        if old is not None and (old.priority, old.actor, old.created_at) == (b[0], b[1], t.created_at):
+            ts = self._lists[b]
+            ts[bisect.bisect_left(ts, _age_key(t), key=_age_key)] = t
+            self._tasks[t.id] = t
+            self._dirty.add(b)
+            self._value = None
+            return
+        self.discard(t.id)
+        bisect.insort(self._lists.setdefault(b, []), t, key=_age_key)
+        self._tasks[t.id] = t
+        self._dirty.add(b)
+        self._value = self._ids = None
+
+    def replace(self, values: Iterable[QueueTask]) -> None:
+        """New values of tasks in the index with the same place (a Message written): one
+        pass per bucket touched instead of a bisection per task; any other value is ``put``."""
+        by_bucket: dict[tuple[int, str], dict[int, QueueTask]] = {}
+        for t in values:
+            old = self._tasks.get(t.id)
+            if old is None or (old.priority, old.actor, old.created_at) != (t.priority, t.actor, t.created_at):
+                self.put(t)
+                continue
+            self._tasks[t.id] = t
+            by_bucket.setdefault((t.priority, t.actor), {})[t.id] = t
+        for b, new in by_bucket.items():
+            ts = self._lists[b]
+            if len(new) * 8 < len(ts):  # a few: bisect each
+                for t in new.values():
+                    ts[bisect.bisect_left(ts, _age_key(t), key=_age_key)] = t
+            else:
+                ts[:] = [new.get(t.id, t) for t in ts]
+            self._dirty.add(b)
+            self._value = None
+
+    def discard(self, task_id: int) -> None:
+        t = self._tasks.pop(task_id, None)
+        if t is None:
+            return
+        b = (t.priority, t.actor)
+        ts = self._lists[b]
+        del ts[bisect.bisect_left(ts, _age_key(t), key=_age_key)]
+        self._dirty.add(b)
+        self._value = self._ids = None
+
+    def value(self) -> WaitingQueue:
+        if self._value is not None:
+            return self._value
+        for b in self._dirty:
+            ts = self._lists.get(b)
+            if ts:
+                self._tuples[b] = tuple(ts)
+            else:
+                self._lists.pop(b, None)
+                self._tuples.pop(b, None)
+        self._dirty.clear()
+        buckets: dict[int, dict[str, tuple[QueueTask, ...]]] = {}
+        for (p, a), ts in sorted(self._tuples.items()):
+            buckets.setdefault(p, {})[a] = ts
+        if self._ids is None:
+            self._ids = frozenset(self._tasks)
+        self._value = WaitingQueue(buckets, self._ids)
+        return self._value
 
 
 # --- supply mode --------------------------------------------------------------------

@@ -9,6 +9,11 @@ here and is named: the idle pools already claimed this call, the tasks that woul
 take an idle pool (``demand``), the pools kept idle this call, and the slot holders
 that the queue positions count ahead of the waiting tasks. Nothing here does I/O or
 reads a clock; ``now`` is given.
+
+Its cost does not grow with the waiting list: it partitions only the tasks that are not
+Waiting (``QueueState.held``), and reads the ``WaitingQueue`` through the ``waiting_*``
+methods (the count, the heads of the highest priority; the full pick order only for
+rule 8) and ``leave``/``leave_all`` for the tasks that leave it in this call.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ import datetime as dt
 from collections import defaultdict
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import messages
+from falcon_ray import messages, scheduling
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, QueueState, QueueTask
+from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, QueueState, QueueTask, WaitingQueue
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -49,6 +54,28 @@ def fmt_duration(seconds: float) -> str:
     return f"{minutes}m" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
+class Demand:
+    """The tasks that would take an idle pool now: every Waiting task (counted, never
+    listed) and the acquiring ones whose own pool is not ready yet (they switch to an idle
+    pool, original section 5), less the ones ``discard``-ed this call."""
+
+    def __init__(self, waiting: WaitingQueue, acquiring: set[int]) -> None:
+        self.waiting, self.acquiring = waiting, acquiring
+        self.gone: set[int] = set()  # Waiting tasks discarded
+
+    def __len__(self) -> int:
+        return len(self.waiting) - len(self.gone) + len(self.acquiring)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.acquiring or (task_id in self.waiting and task_id not in self.gone)
+
+    def discard(self, task_id: int) -> None:
+        if task_id in self.acquiring:
+            self.acquiring.discard(task_id)
+        elif task_id in self.waiting:
+            self.gone.add(task_id)
+
+
 class Decision:
     def __init__(self, q: QueueState, v: ClusterView, now: dt.datetime, s: Settings) -> None:
         self.q, self.v, self.now, self.s = q, v, now, s
@@ -57,26 +84,43 @@ class Decision:
         self.idle = [l for l in q.leases if l.state == LeaseState.IDLE]
         self.claimed: set[int] = set()  # idle leases taken (or deleted) this call
         self.kept = 0  # pools moved to Idle this call
-        self.live_ids = {t.id for t in q.tasks}
+        self.held_ids = {t.id for t in q.held}
         by_phase: defaultdict[Phase, list[QueueTask]] = defaultdict(list)
-        for t in q.tasks:  # one pass: a long queue's tasks are many
+        for t in q.held:  # the tasks that are not Waiting: few, whatever the queue's length
             by_phase[t.phase].append(t)
-        acquiring = [p for p in lc.ACQUIRING_PHASES if p in by_phase]
-        if len(acquiring) == 1:
-            self.acquiring: list[QueueTask] = list(by_phase[acquiring[0]])
-        else:  # in the queue's order
-            self.acquiring = [t for t in q.tasks if t.phase in _ACQUIRING] if acquiring else []
-        self.waiting = by_phase.get(lc.WAITING, [])
+        self.acquiring = [t for t in q.held if t.phase in _ACQUIRING]  # in the queue's order
+        self.waiting = q.waiting  # read through waiting_*(): never a pass over it in the rounds
+        self.left: set[int] = set()  # Waiting tasks that left the waiting list this call
+        self.all_left = False
         self.aborting = by_phase.get(lc.ABORTING, [])
         self.running = by_phase.get(lc.RUNNING, [])
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
-        self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute
+        self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute and by time
+        self.expected_texts: dict[int, str] = {}  # rule 8's start estimate texts, by rounded seconds
         ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}
-        # tasks that would take an idle pool now: Waiting ones, and acquiring ones whose own
-        # pool is not ready yet (they switch to an idle pool, original section 5)
-        self.demand = {t.id for t in self.waiting} | {
-            t.id for t in self.acquiring if t.phase != lc.DISPATCHING and t.id not in ready
-        }
+        self.demand = Demand(q.waiting, {t.id for t in self.acquiring if t.phase != lc.DISPATCHING and t.id not in ready})
+
+    def is_live(self, task_id: int) -> bool:
+        return task_id in self.held_ids or task_id in self.q.waiting
+
+    # ---- the waiting list ----------------------------------------------------------------
+
+    def waiting_count(self) -> int:
+        return 0 if self.all_left else len(self.waiting) - len(self.left)
+
+    def waiting_heads(self) -> list[QueueTask]:
+        """Each actor's oldest Waiting task of the highest priority (what the pick rule reads)."""
+        return [] if self.all_left else self.waiting.top_heads(self.left)
+
+    def waiting_order(self) -> list[QueueTask]:
+        """Every Waiting task still on the list, in pick order (rule 8: once per step)."""
+        return [] if self.all_left else scheduling.queue_order(self.waiting, self.q.last_granted, self.left)
+
+    def leave(self, t: QueueTask) -> None:
+        self.left.add(t.id)
+
+    def leave_all(self) -> None:
+        self.all_left = True
 
     # ---- output ------------------------------------------------------------------------
 
@@ -129,7 +173,7 @@ class Decision:
         st = lease.state
         if st not in HELD:
             return []
-        want = len(self.demand - {holder}) - (self.unclaimed_idle() + self.kept)
+        want = len(self.demand) - (holder in self.demand) - (self.unclaimed_idle() + self.kept)
         if self.q.cluster_active and want > 0 and st != LeaseState.REQUESTED:
             self.kept += 1
             return [MoveLease(lease.id, lease.name, (st,), LeaseState.IDLE, {"task_id": None})]

@@ -7,9 +7,10 @@ Contract
 cluster of its TPU type exists, every Waiting task is unassigned (Pending, no
 cluster) so the poller ranks it again; they leave the queue's waiting list.
 ``pick(d)``: when no task holds the slot and the cluster is active, the pick rule
-(``scheduling.pick_next``) chooses; the last granted actor is written with it; an
+(``scheduling.pick_next`` on the heads of the highest priority: no pass over the
+waiting list) chooses; the last granted actor is written with it; an
 idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
-becomes Provisioning. The chosen task joins ``d.holders`` and leaves ``d.waiting``.
+becomes Provisioning. The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from falcon_ray.reconcile.effects import SetLastGranted, Transition, Unassign
 
 def rerank(d: Decision) -> None:
     q = d.q
-    if q.cluster_active or not d.waiting or not q.alternatives_exist:
+    if q.cluster_active or not d.waiting_count() or not q.alternatives_exist:
         return
-    for t in d.waiting:
+    for t in sorted((t for t in d.waiting if t.id not in d.left), key=lambda t: t.id):  # the queue's order
         d.add(f"task {t.id}: re-rank", Unassign(t.id, d.msg("requeued", cluster=q.cluster.name, status=q.cluster.status)))
-    d.waiting = []
+    d.leave_all()
 
 
 def pick(d: Decision) -> None:
-    if d.acquiring or not d.q.cluster_active or not d.waiting:
+    if d.acquiring or not d.q.cluster_active or not d.waiting_count():
         return
-    nxt = scheduling.pick_next(d.waiting, d.q.last_granted)
+    nxt = scheduling.pick_next(d.waiting_heads(), d.q.last_granted)
     assert nxt is not None
     idle = d.free_idle()
     if idle is not None:
@@ -43,4 +44,4 @@ def pick(d: Decision) -> None:
         text = d.msg("picked", supply=mode.value)
         d.add(f"task {nxt.id}: picked", SetLastGranted(nxt.actor), Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
     d.holders = [nxt]
-    d.waiting = [t for t in d.waiting if t.id != nxt.id]
+    d.leave(nxt)

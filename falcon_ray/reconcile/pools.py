@@ -34,7 +34,7 @@ from falcon_ray.spec import SupplyMode
 
 def leases(d: Decision) -> None:
     for lease in d.q.leases:
-        if lease.state in HELD and (lease.task_id is None or lease.task_id not in d.live_ids):
+        if lease.state in HELD and (lease.task_id is None or not d.is_live(lease.task_id)):
             d.add(f"lease {lease.name}: orphaned by task {lease.task_id}", *d.release(lease, lease.task_id))
         elif lease.state == LeaseState.IDLE:
             if lease.ready_at is None and idle_create_ended(d, lease):
@@ -114,5 +114,5 @@ def delete_failing(d: Decision, lease: Lease, attempts: int, error: str) -> list
 
 def stale_jobs(d: Decision) -> None:
     for task_id, job in d.v.jobs.items():
-        if task_id not in d.live_ids and job.phase != JobPhase.DELETED:
+        if job.phase != JobPhase.DELETED and not d.is_live(task_id):
             d.add(f"job {job.name}: task no longer live", DeleteJob(task_id, job.namespace, job.name))

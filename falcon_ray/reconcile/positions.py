@@ -3,7 +3,7 @@ when the queue's history allows, when it is expected to start.
 
 Contract
 --------
-The order is the pick rule's (``scheduling.pick_order``), behind the slot holders;
+The order is the pick rule's (``scheduling.queue_order``), behind the slot holders;
 the start estimate is ``eta.estimate``'s, rounded by ``eta.choices``: a Message that
 already shows either rounding of the new estimate is kept, so a steady queue's texts
 change once per rounding step, not every tick. A Message is written only when its text
@@ -13,7 +13,6 @@ changes, and all changed ones go in one batched statement (``RefreshMessages``).
 from __future__ import annotations
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import scheduling
 from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import eta
 from falcon_ray.reconcile.context import Decision
@@ -24,10 +23,13 @@ SHOWN_AHEAD = 5
 
 def _since(d: Decision, at) -> str:
     """The "waiting since" part; tasks that entered Waiting in the same minute share it."""
-    key = at.replace(second=0, microsecond=0)
-    text = d.since_texts.get(key)
+    text = d.since_texts.get(at)
     if text is None:
-        text = d.since_texts[key] = d.msg("waiting_since", at=at.strftime("%Y-%m-%d %H:%M"))
+        key = at.replace(second=0, microsecond=0)
+        text = d.since_texts.get(key)
+        if text is None:
+            text = d.since_texts[key] = d.msg("waiting_since", at=at.strftime("%Y-%m-%d %H:%M"))
+        d.since_texts[at] = text
     return text
 
 
@@ -37,13 +39,26 @@ def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_in: in
     ahead (or the rounded estimate) does, not every minute. ``shown``: the first
     ``SHOWN_AHEAD`` of ``ahead`` as the text lists them, when the caller has it already."""
     since = _since(d, t.phase_since) if t.phase_since else ""
-    expected = d.msg("expected_start", eta=eta.fmt_eta(start_in)) if start_in is not None else ""
+    return _head(d, ahead, shown) + _expected(d, start_in) + since
+
+
+def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
+    """The position part: the same for every task with as many ahead."""
     if not ahead:
-        return d.msg("waiting_first", cluster=d.q.cluster.name, topology=d.q.topology) + expected + since
+        return d.msg("waiting_first", cluster=d.q.cluster.name, topology=d.q.topology)
     names = shown if shown is not None else ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
     if len(ahead) > SHOWN_AHEAD:
         names += f", ... {len(ahead) - SHOWN_AHEAD} more"
-    return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names) + expected + since
+    return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names)
+
+
+def _expected(d: Decision, start_in: int | None) -> str:
+    if start_in is None:
+        return ""
+    text = d.expected_texts.get(start_in)
+    if text is None:
+        text = d.expected_texts[start_in] = d.msg("expected_start", eta=eta.fmt_eta(start_in))
+    return text
 
 
 def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
@@ -54,10 +69,11 @@ def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
 
 
 def positions(d: Decision) -> None:
-    """The texts are built lazily: a task whose Message shows the first rounding of its
-    estimate needs no other, and past ``SHOWN_AHEAD`` the names listed are the same."""
+    """Each task's text is its position part, its estimate part and its "since" part; the
+    other rounding of its estimate is tried only when the Message it shows has the same
+    position and "since" parts (after a hand-over every position moves, so none has)."""
     ahead: list[QueueTask] = list(d.holders)
-    order = scheduling.pick_order(d.waiting, d.q.last_granted)
+    order = d.waiting_order()
     estimates = start_estimates(d, order)
     updates = []
     shown: str | None = None
@@ -66,8 +82,16 @@ def positions(d: Decision) -> None:
             shown = ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
         seconds = estimates.get(t.id)
         rounded = eta.choices(seconds) if seconds is not None else (None,)
-        first = waiting_text(d, t, ahead, rounded[0], shown)
-        if t.message != first and not any(t.message == waiting_text(d, t, ahead, c, shown) for c in rounded[1:]):
+        head = _head(d, ahead, shown)
+        since = _since(d, t.phase_since) if t.phase_since else ""
+        shows = t.message
+        first = head + _expected(d, rounded[0]) + since
+        if shows != first and not (
+            len(rounded) > 1
+            and shows.startswith(head)
+            and shows.endswith(since)
+            and any(shows == head + _expected(d, c) + since for c in rounded[1:])
+        ):
             updates.append((t.id, lc.WAITING, first))
         ahead.append(t)
     if updates:

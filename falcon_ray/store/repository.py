@@ -532,7 +532,7 @@ class Store:
         other rows it has and drops every task of ``ids`` that is not returned. One
         statement either way (a UNION ALL for the delta), plus one for new specs."""
         j, q, m = t.jobs, t.queue_state, t.task_queue
-        known = set(known_specs)
+        known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
         live = [s.value for s in lc.NON_TERMINAL]
         cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
@@ -556,8 +556,8 @@ class Store:
                 # the poller and other queues add Waiting tasks (a new seq); every other move
                 # is this queue's own and its ids are in ``ids``
                 after, ids = delta[0], sorted(set(delta[1]))
-                others = j.c.status.in_([Status.ABORTING.value, Status.RUNNING.value])
-                parts = [base(False).where(others), base(True).where(m.c.seq > after)]
+                parts = [self._queue_rows_in(cluster.id, topology, cols, [Status.ABORTING.value, Status.RUNNING.value])]
+                parts.append(base(True).where(m.c.seq > after))
                 if ids:
                     parts.append(base(False).where(j.c.id.in_(ids)))
                 stmt = sa.union_all(*parts)
@@ -591,6 +591,21 @@ class Store:
         )
 
     @staticmethod
+    def _queue_rows_in(cluster_id: str, topology: str, cols, statuses: list[str]):
+        """The queue's tasks in ``statuses`` (few), with their ``seq`` and no spec, found from
+        the jobs index by status and checked against ``falcon_task_queue`` one row at a
+        time: the join would let SQLite (no table statistics) walk every row of the queue."""
+        j, m = t.jobs, t.task_queue
+        seq = (
+            sa.select(m.c.seq)
+            .where(m.c.task_id == j.c.id, m.c.cluster_id == cluster_id, m.c.topology == topology)
+            .scalar_subquery()
+        )
+        return sa.select(*cols, sa.literal("").label("spec"), seq.label("seq")).where(
+            j.c.cluster_id == cluster_id, j.c.status.in_(statuses), seq.is_not(None)
+        )
+
+    @staticmethod
     def _queue_leases(cluster_id: str, topology: str):
         """A queue's live leases, and the refused ones (Deleted too) of the cluster's
         acquiring tasks: those rows are the durable record of a capacity wait."""
@@ -620,12 +635,20 @@ class Store:
 
     def other_topology_waiting(self, cluster_id: str, topology: str) -> bool:
         """Whether a task of another topology of the cluster is Pending in its queue (it
-        contends for the cluster's nodes). Stops at the first such row."""
+        contends for the cluster's nodes). Stops at the first such row. Found from the other
+        topologies' ``falcon_task_queue`` ranges (two, on each side of this one), never
+        from the cluster's Pending rows, which are mostly this queue's own waiting tasks."""
         j, m = t.jobs, t.task_queue
         q = (
             sa.select(j.c.id)
-            .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
-            .where(j.c.cluster_id == cluster_id, j.c.status == Status.PENDING.value, j.c.reason != "", m.c.topology != topology)
+            .select_from(m.join(j, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+            .where(
+                m.c.cluster_id == cluster_id,
+                sa.or_(m.c.topology < topology, m.c.topology > topology),
+                j.c.cluster_id == cluster_id,
+                j.c.status == Status.PENDING.value,
+                j.c.reason != "",
+            )
             .limit(1)
         )
         with self.engine.connect() as c:

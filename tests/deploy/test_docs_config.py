@@ -36,6 +36,7 @@ UNITS: dict[str, str] = {
     "poll_interval_s": "seconds",
     "intake_batch": "rows",
     "queue_tick_s": "seconds",
+    "queue_idle_tick_s": "seconds",
     "queue_full_read_s": "seconds",
     "node_pool_timeout_s": "seconds",
     "create_visibility_grace_s": "seconds",

@@ -47,7 +47,7 @@ def wait_until(fn, what: str, timeout: float = 60):
 def test_a_retired_and_recreated_queue_gets_both_kinds_of_hint_at_once(ray_session, tmp_path):
     db = f"sqlite:///{tmp_path / 'wake.db'}"
     upgrade(db, with_jobs_table=True)  # no cluster registered: the queue steps without calling anyone
-    s = Settings(namespace=f"wake-{uuid.uuid4().hex[:8]}", queue_tick_s=60)
+    s = Settings(namespace=f"wake-{uuid.uuid4().hex[:8]}", queue_tick_s=60, queue_idle_tick_s=300)
     poller_port, cluster_port = RayPort(s, db), RayPort(s, db)
     name = names.queue_name("edge-a", "2x2")
     try:

@@ -12,8 +12,9 @@ Jobs, asked through the port. The object keeps only caches that are safe to lose
 parsed specs, phase-entry times read from the event log, the last refused Job
 submission per task (a lost one is rediscovered by submitting again), and the queue's
 recent starts for the start estimates (``QueueHistory``: read once from the event log,
-bounded, then kept up to date from the queue's own transitions, one read of one task's
-events per start; never a read per waiting task).
+bounded, then kept up to date from the queue's own transitions: a start's sample is built
+from the moves the queue made since it picked the task, its event log is read only for a
+task picked before a restart; never a read per waiting task).
 
 The Ticker steps it every ``interval()``: ``queue_tick_s``, or ``queue_idle_tick_s`` (30 s
 by default) while the queue is empty (no live task, no lease), and at once on a hint.
@@ -33,7 +34,14 @@ the pick (rule 8's positions, once per step after the rounds, do).
 ``step()`` observes the database and the cluster, calls ``reconcile.decide`` (pure),
 and carries out the effect groups it returns; it repeats while decisions change
 state (at most ``MAX_ROUNDS`` rounds). A group stops at its first failed or lost
-effect; the next step decides again. Every effect is idempotent, so the process may
+effect; the next step decides again. A step's first round reads the database; the
+later rounds of the same step decide on the rows as kept, with the columns of the
+queue's own won writes applied to them (``Store.written``: task moves and updates,
+lease moves and touches; this queue is the only writer of its leases and of its tasks'
+moves, others only add tasks or abort them, which the next step's read sees), and ask
+the ClusterActor again. A lost compare-and-set, a refused effect or a failed one makes the next round
+read the database. The registry (cluster status, reservation) is read at most every
+``registry_interval_s``, as often as the supervisor reads it. Every effect is idempotent, so the process may
 die at any line: the constructor is the recovery path, there is no other. A step of a
 fenced store (a newer controller holds the leader lease) raises ``Fenced`` before it
 observes anything or calls the port, so a stale queue neither writes nor acts.

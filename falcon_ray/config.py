@@ -103,7 +103,7 @@ class Settings(BaseModel):
     )
     namespace: str = Field("falcon", description="Ray namespace of the actors")
     leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
-    registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles")
+    registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles; a busy QueueActor re-reads the registry (cluster status, reservation) as often")
     health_port: int = Field(8088, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
     lang: str = Field("en", pattern="^(en|zh)$", description="language of task Messages")
     # --- limits of the waits (falcon_ray.limits is the table; node_pool_timeout_s and

@@ -152,10 +152,12 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None, autocommit: bool =
         # other pool, whose connections are not in autocommit: its first statement opens the
         # transaction (no BEGIN on the wire) and one COMMIT ends it (``Store._tx``).
         kwargs.update(pool_pre_ping=True, pool_recycle=1800)
+        # A pool opens a connection only when its threads overlap: a single-threaded actor (a
+        # QueueActor) holds two, one in each pool; the transaction pool keeps one idle at most.
         if autocommit:
             kwargs.update(pool_size=4, max_overflow=4, isolation_level="AUTOCOMMIT")
         else:
-            kwargs.update(pool_size=2, max_overflow=4)
+            kwargs.update(pool_size=1, max_overflow=3)
     engine = sa.create_engine(url, **kwargs)
     if url.startswith("sqlite"):
 

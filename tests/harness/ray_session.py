@@ -2,7 +2,7 @@
 
 ``ray_session`` starts Ray once (2 CPUs, no dashboard UI, metrics export on a free
 port so the metrics test can scrape it) and shuts it down at the end of the
-session (one per xdist worker: `make test` runs two). Scenario tests share it and isolate themselves with a Ray namespace of
+session (one per xdist worker: `make test` runs three). Scenario tests share it and isolate themselves with a Ray namespace of
 their own, killing their actors when they finish.
 """
 

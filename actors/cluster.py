@@ -291,13 +291,15 @@ class ClusterGateway:
         self.last_ok["kubernetes"] = time.time()
         queue = (obs.labels or {}).get(render.LABEL_QUEUE, "")
         with self.lock:
+            before = self.jobs.get(jv.task_id)
             if jv.phase == JobPhase.DELETED:
                 self.jobs.pop(jv.task_id, None)
             else:
                 self.jobs[jv.task_id] = jv
             if queue:
                 self.job_queue[jv.task_id] = queue
-        self._wake_queue(queue)
+        if jv != before:  # an event that changes nothing a decision reads wakes nobody
+            self._wake_queue(queue)
 
     def _on_resync(self, observations) -> None:
         views = {}

@@ -156,7 +156,8 @@ class QueueReconciler:
         self.held_values: tuple[QueueTask, ...] | None = ()  # None: held changed
         self.changed: set[int] = set()  # rows read or written since their value was built
         self.lease_rows: list | None = None  # the queue's leases as last read
-        self.leases_stale = True  # an effect was carried out since they were read
+        self.leases_stale = True  # read them again: a lease write could not be applied to them
+        self.must_read = True  # the next round reads the database (always a step's first)
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
 
     # ---- the loop ------------------------------------------------------------------------

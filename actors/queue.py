@@ -240,7 +240,7 @@ class QueueReconciler:
         """The queue's rows: all of them at the first round and every ``queue_full_read_s``,
         otherwise only what may have changed (``Store.queue_snapshot``'s delta) merged into
         the rows kept from the last read; the ids whose row changed or went are added to
-        ``changed``. The registry is read once per step."""
+        ``changed``. The registry is read with them when ``reconcile_once`` dropped it."""
         now = time.monotonic()
         full = now - self.full_read_at >= self.s.queue_full_read_s
         asked = self.hot | self.dirty
@@ -265,8 +265,9 @@ class QueueReconciler:
         if snap.leases is not None:
             self.lease_rows, self.leases_stale = snap.leases, False
         elif self.leases_stale or gone - self.dirty or any(self.rows.get(tid) != t for tid, t in got.items() if tid not in self.dirty):
-            # this queue is its leases' only writer (its own writes set leases_stale); which
-            # refused ones count follows its tasks, and another writer may have moved one
+            # this queue is its leases' only writer (its own writes are applied to the kept
+            # rows, a write it could not apply sets leases_stale); which refused ones count
+            # follows its tasks, and a task another writer moved may change that
             self.lease_rows, self.leases_stale = self.store.queue_leases(cluster.id, self.topology), False
         for tid in gone:
             self._drop(tid)
@@ -396,23 +397,24 @@ class QueueReconciler:
         if self.history is None:
             since = self.clock() - dt.timedelta(seconds=HISTORY_WINDOW_S)
             rows = self.store.queue_history(cluster_id, self.topology, since, eta.HISTORY_TASKS)
-            self.history = [x for x in (self._sample(tid, mode, spec, evs) for tid, mode, spec, evs in rows) if x]
+            self.history = [x for x in (self._sample(tid, mode, spec, eta.phases_of(evs)) for tid, mode, spec, evs in rows) if x]
             self.history.sort(key=lambda x: x.running_at)
             self.started.clear()
         modes = {l.task_id: l.supply_mode for l in leases if l.task_id is not None}
         for tid in sorted(self.started):
             spec = self.specs.get(tid)
             trail = self.trails.pop(tid, None)
-            events = trail if trail is not None else self.store.events(tid)  # the log only after a restart
-            sample = self._sample(tid, modes.get(tid), spec, events) if spec else None
+            if trail is None:  # picked before a restart: its event log says how it went
+                trail = eta.phases_of(self.store.events(tid))
+            sample = self._sample(tid, modes.get(tid), spec, trail) if spec else None
             if sample is not None:
                 self.history = [x for x in self.history if x.task_id != tid] + [sample]
         self.started.clear()
         del self.history[: -eta.HISTORY_TASKS]
         return QueueHistory(tuple(self.history))
 
-    def _sample(self, tid: int, mode, spec: TaskSpec | str, events: list) -> StartSample | None:
-        """One start from the task's events (or its trail of (phase, at) pairs)."""
+    def _sample(self, tid: int, mode, spec: TaskSpec | str, phases: list) -> StartSample | None:
+        """One start from the task's (phase, entered at) pairs."""
         if isinstance(spec, str):
             try:
                 spec = parse_spec(spec)
@@ -422,9 +424,8 @@ class QueueReconciler:
             supply = SupplyMode(mode) if mode else SupplyMode(spec.supply_mode or SupplyMode.FLEX_START)
         except ValueError:
             return None
-        if events and isinstance(events[0], tuple):
-            return eta.sample_from_phases(tid, events, supply, spec.timeout_seconds)
-        return eta.sample_from_events(tid, events, supply, spec.timeout_seconds)
+        return eta.sample_from_phases(tid, phases, supply, spec.timeout_seconds)
+
     def _destinations(self, cluster: Cluster, clusters: list[Cluster], tasks: QueueTasks) -> tuple[Destination, ...]:
         """Where a ClusterBusy task of this queue could move: the other active clusters of
         the TPU type, each with its ready idle pools of this topology, its queue's waiting

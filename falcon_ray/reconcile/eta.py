@@ -52,7 +52,12 @@ def sample_from_events(
     task_id: int, events: Sequence[TaskEvent], supply_mode: SupplyMode, timeout_s: float
 ) -> StartSample | None:
     """The task's last start (``events`` in order): None if it never reached Running."""
-    return sample_from_phases(task_id, [(lc.phase_of(e.status, e.reason or None), e.at) for e in events], supply_mode, timeout_s)
+    return sample_from_phases(task_id, phases_of(events), supply_mode, timeout_s)
+
+
+def phases_of(events: Sequence[TaskEvent]) -> list[tuple[lc.Phase, dt.datetime]]:
+    """The (phase, entered at) pairs of a task's event log."""
+    return [(lc.phase_of(e.status, e.reason or None), e.at) for e in events]
 
 
 def sample_from_phases(

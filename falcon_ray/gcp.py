@@ -43,7 +43,9 @@ ClusterActor process (started again after each restart) pays the import.
 ``_lean_compute_v1`` registers the package without running its ``__init__`` so that only
 the reservations service and the shared types load; the first access to any other name
 of the package (``compute_v1.Instance``) runs the real ``__init__`` then, so other code in
-the same process sees the whole package as usual.
+the same process sees the whole package as usual. Even that lean load (the shared types,
+~0.3 CPU-s) waits for the first ``ComputeApi``: a ClusterActor builds one only for a
+cluster with a default reservation, the one thing it reads from Compute.
 """
 
 from __future__ import annotations
@@ -94,10 +96,6 @@ def _lean_compute_v1() -> None:
     from google.cloud.compute_v1.services.reservations import ReservationsClient
 
     pkg.ReservationsClient = ReservationsClient  # what the full __init__ would bind it to
-
-
-_lean_compute_v1()
-from google.cloud import compute_v1  # noqa: E402  (lean: only the reservations service loaded)
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
@@ -388,7 +386,15 @@ def _pool_info(pool: container_v1.NodePool) -> PoolInfo:
 class ComputeApi(_RestApi):
     """Compute Engine reservations (REST): how much of a reservation is free."""
 
-    CLIENT = compute_v1.ReservationsClient
+    CLIENT: Any = None  # compute_v1.ReservationsClient, loaded by the first ComputeApi
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if ComputeApi.CLIENT is None:  # the package, lean, on first use
+            _lean_compute_v1()
+            from google.cloud import compute_v1
+
+            ComputeApi.CLIENT = compute_v1.ReservationsClient
+        super().__init__(*args, **kwargs)
 
     def reservation(self, project: str, zone: str, name: str) -> ReservationInfo:
         """A specific reservation's size and use; NOT_FOUND raises (a registry error)."""

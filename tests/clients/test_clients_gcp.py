@@ -264,13 +264,17 @@ def test_invalid_request_is_permanent(sim):
 
 
 def test_importing_the_adapter_loads_one_compute_service_and_the_package_stays_whole():
-    """Every ClusterActor process imports falcon_ray.gcp: it must not pay for compute_v1's
-    other 100-odd services, and other code of the process still sees the whole package."""
+    """Every ClusterActor process imports falcon_ray.gcp: it loads nothing of compute_v1 until
+    the first ComputeApi, which must not pay for compute_v1's other 100-odd services; other
+    code of the process still sees the whole package."""
     import subprocess
     import sys
 
     code = (
         "import sys, falcon_ray.gcp as g\n"
+        "assert not [m for m in sys.modules if m.startswith('google.cloud.compute_v1')], 'compute_v1 loaded at import'\n"
+        "assert g.ComputeApi.CLIENT is None\n"
+        "g.ComputeApi(endpoint='http://127.0.0.1:9', credentials=__import__('google.auth.credentials').auth.credentials.AnonymousCredentials())\n"
         "loaded = {m for m in sys.modules if m.startswith('google.cloud.compute_v1.services.')}\n"
         "assert 'google.cloud.compute_v1.services.reservations' in loaded, loaded\n"
         "assert not any(m.startswith('google.cloud.compute_v1.services.instances') for m in loaded), loaded\n"

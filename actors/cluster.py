@@ -593,7 +593,7 @@ class ClusterGateway:
             try:
                 self._run_op(op)
                 op.state = OpState.DONE
-                op.error_kind = None
+                op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
                 self.pools_at = 0.0  # next observe re-lists
             except CloudError as e:
                 self._op_failed(op, e)

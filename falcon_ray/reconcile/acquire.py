@@ -253,7 +253,8 @@ def create_failed(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, po
         return False
     if op is not None and op.kind == OpKind.CREATE and op.state in (OpState.QUEUED, OpState.RUNNING):
         return True  # the operation's own error (the API's message) arrives with its result
-    detail = (op.error if op else "") or pool.status_message or f"node pool {lease.name} is in ERROR"
+    # GKE's reason for the ERROR first: the operation's last error may be a retried call's
+    detail = pool.status_message or (op.error if op else "") or f"node pool {lease.name} is in ERROR"
     if pool.error_kind in CAPACITY_KINDS or (op is not None and op.error_kind in CAPACITY_KINDS):
         capacity.refused(d, t, lease, detail)
     else:

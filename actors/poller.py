@@ -17,8 +17,8 @@ claims it) and record the choice
 with a compare-and-set (Pending -> Pending/Waiting with the cluster). Then hint the
 QueueActor through the port, creating it if needed (once per queue per poll). A lost compare-and-set (the upper layer aborted
 meanwhile) is simply re-read next poll. The poller never talks to GCP or
-Kubernetes; Aborting tasks go to their queue, or are finished here when no cluster
-was ever assigned. One bad row never stops a poll; ``Fenced`` (a newer controller
+Kubernetes; Aborting tasks go to their queue, or are finished here when they hold
+nothing on a cluster (no cluster assigned, or aborted while Waiting: no pool, no Job). One bad row never stops a poll; ``Fenced`` (a newer controller
 holds the leader lease, see ``store.repository``) does, and the shell's loop ends.
 """
 
@@ -201,7 +201,15 @@ class IntakePoller:
         if cluster is None:  # its cluster was removed from the registry: nothing left to clean here
             self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted"))
             return
-        wake.add((cluster.name, spec.topology))
+        wake.add((cluster.name, spec.topology))  # the queue re-ranks, or cleans up what the task holds
+        if task.reason == lc.Reason.WAITING and not task.node_pool_name and not task.job_uid:
+            # It never held its queue's slot, so nothing of it is on the cluster: finished here
+            # at once, whatever its queue is doing (restarting, or waiting on its ClusterActor).
+            # A queue that picks it in the same instant loses its compare-and-set (the pick is
+            # the group's first write); a lease made anyway is released as one of a task no
+            # longer live.
+            if self.store.transition(task.id, lc.ABORTING, lc.ABORTED, self.msg("aborted")):
+                metrics.task_transition(cluster.name, spec.topology, lc.ABORTED)
 
     def snapshot(self) -> dict[str, Any]:
         return {"rows_read": self.rows_read, "db_statements": self.store.statements}

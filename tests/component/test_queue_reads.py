@@ -134,3 +134,50 @@ def test_an_empty_queue_step_is_one_read(bench):
     tid = bench.submit("alice")  # and it still sees new work at once
     bench.step(advance=1)
     assert tid in ids(bench)
+
+
+def test_a_waiting_task_aborted_is_finished_by_the_poller_even_with_its_queue_stalled(bench):
+    """A task aborted while Waiting holds nothing on the cluster: the poller ends it at once,
+    with no step of its queue (which may be restarting, or waiting on its ClusterActor); a
+    task that holds the slot is left to its queue, which must delete what it holds."""
+    holder = bench.submit("alice")
+    victim = bench.submit("bob")
+    bench.step()
+    assert bench.phase(holder) == str(lc.PROVISIONING) and bench.phase(victim) == str(lc.WAITING)
+    assert bench.store.request_abort(victim) and bench.store.request_abort(holder)
+    bench.port.calls.clear()
+    bench.poller.poll_once()  # no queue step
+    assert bench.task(victim).status == lc.Status.ABORTED
+    assert bench.task(holder).status == lc.Status.ABORTING  # its pool is the queue's to clean
+    assert ("hint", "edge-a", "2x2") in bench.port.took("hint")
+    bench.step(advance=1)
+    assert bench.task(holder).status == lc.Status.ABORTED
+    assert [e.status for e in bench.store.events(victim)][-2:] == ["Aborting", "Aborted"]
+
+
+def test_a_pick_in_the_instant_of_the_abort_leaves_nothing_held(bench):
+    """The race the poller's finish must survive: the queue read the task Waiting and picks
+    it for the slot while the abort lands and the poller ends it. The queue's group stops at
+    its lost compare-and-set: no pool is asked for, nothing is left held."""
+    victim = bench.submit("bob")
+    real = bench.store.queue_snapshot
+
+    def abort_after_read(*a, **kw):  # the abort and the poller land between read and write
+        snap = real(*a, **kw)
+        if bench.task(victim).status == lc.Status.PENDING:
+            assert bench.store.request_abort(victim)
+            bench.poller.poll_once()
+        return snap
+
+    bench.store.queue_snapshot = abort_after_read  # type: ignore[method-assign]
+    bench.port.calls.clear()
+    bench.step()
+    bench.store.queue_snapshot = real  # type: ignore[method-assign]
+    assert bench.task(victim).status == lc.Status.ABORTED
+    assert not bench.port.took("ensure_pool")  # the group stopped before GKE was asked
+    events = [(e.status, e.reason) for e in bench.store.events(victim)]
+    assert events[-2:] == [("Aborting", ""), ("Aborted", "")], events  # the queue's pick lost, wrote nothing
+    for _ in range(3):
+        bench.step(advance=1)
+    held = [(l.name, l.state) for l in bench.store.leases(live_only=False) if l.state in ("Requested", "Creating", "Ready", "InUse")]
+    assert not held, held

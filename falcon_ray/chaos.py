@@ -257,7 +257,16 @@ def check(
                 out["second_job_creates"].append({"cluster": cname, "job": j["name"], "creates": j["creates"]})
         for p in c.get("node_pools", []):
             if p.get("deleted_at") is None and p["name"].startswith("falcon-"):
-                out["pools_alive"].append({"cluster": cname, "pool": p["name"], "status": p.get("status")})
+                out["pools_alive"].append(
+                    {
+                        "cluster": cname,
+                        "pool": p["name"],
+                        "status": p.get("status"),
+                        "supply": p.get("supply"),
+                        "hosts": p.get("hosts"),
+                        "nodes": len(p.get("nodes") or ()),
+                    }
+                )
     counts = {k: len(v) for k, v in out.items()}
     return {"ok": not any(counts.values()), "invariants": counts, "details": {k: v for k, v in out.items() if v}}
 

@@ -152,7 +152,7 @@ def _edges() -> dict[tuple[Phase, Phase], str]:
     add((DISPATCHING, RUNNING), failed(Reason.TIMEOUT), f"{QUEUE}: dispatched_at + timeout_seconds passed")
     # abort: the upper layer may abort any live task; Falcon finishes it
     add(LIVE_PHASES, ABORTING, f"{UPPER}: abort requested")
-    add(ABORTING, ABORTED, f"{QUEUE} (or {POLLER} for an unassigned task): Job and pool handled")
+    add(ABORTING, ABORTED, f"{QUEUE} (or {POLLER} for a task unassigned or aborted while Waiting): Job and pool handled")
     return e
 
 

@@ -50,14 +50,19 @@ def test_lost_task_pool_alive_and_second_job_create():
         "clusters": {
             "edge-a": {
                 "jobs": [{"name": "falcon-task-1", "creates": 2}],
-                "node_pools": [{"name": "falcon-x", "deleted_at": None, "status": "RUNNING"}, {"name": "default-pool", "deleted_at": None}],
+                "node_pools": [
+                    {"name": "falcon-x", "deleted_at": None, "status": "RUNNING", "supply": "flex-start", "hosts": 4, "nodes": []},
+                    {"name": "default-pool", "deleted_at": None},
+                ],
             }
         }
     }
     r = check([task(1, "Pending", "Waiting", "Queue position #1")], {1: evs(1, "Pending", "Pending/Waiting")}, {}, 50, fleet, LIMITS)
     assert not r["ok"]
     assert r["invariants"]["lost"] == 1 and r["invariants"]["pools_alive"] == 1 and r["invariants"]["second_job_creates"] == 1
-    assert r["details"]["pools_alive"] == [{"cluster": "edge-a", "pool": "falcon-x", "status": "RUNNING"}]
+    # what the pool holds comes along: hosts held and nodes registered tell a capacity wait from a leak
+    want = {"cluster": "edge-a", "pool": "falcon-x", "status": "RUNNING", "supply": "flex-start", "hosts": 4, "nodes": 0}
+    assert r["details"]["pools_alive"] == [want]
 
 
 def test_stuck_is_a_quiet_stretch_longer_than_the_phase_limit():

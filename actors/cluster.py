@@ -126,7 +126,8 @@ class ClusterGateway:
         self.lock = threading.RLock()
         self.stop = threading.Event()
         self.gke = None
-        self.compute = None
+        self.compute = None  # built by the first reservation read (see _refresh_reservation)
+        self._compute_args: tuple = ()  # (credentials, user agent) of the last connect
         self.kube = None
         self.watcher = None
         self.connect_error = ""

@@ -18,8 +18,9 @@ with a compare-and-set (Pending -> Pending/Waiting with the cluster). Then hint 
 QueueActor through the port, creating it if needed (once per queue per poll). A lost compare-and-set (the upper layer aborted
 meanwhile) is simply re-read next poll. The poller never talks to GCP or
 Kubernetes; Aborting tasks go to their queue, or are finished here when they hold
-nothing on a cluster (no cluster assigned, or aborted while Waiting: no pool, no Job). One bad row never stops a poll; ``Fenced`` (a newer controller
-holds the leader lease, see ``store.repository``) does, and the shell's loop ends.
+nothing on a cluster (no cluster assigned, or aborted while Waiting: no pool, no Job).
+One bad row never stops a poll; ``Fenced`` (a newer controller holds the leader lease,
+see ``store.repository``) does, and the shell's loop ends.
 """
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ def _lean_compute_v1() -> None:
 
     pkg.ReservationsClient = ReservationsClient  # what the full __init__ would bind it to
 
+
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 T = TypeVar("T")

@@ -338,6 +338,7 @@ class ChaosRun:
         settings_overrides: dict[str, Any] | None = None,
         progress=None,
         db_outage_s: float = 30.0,
+        margin_s: float = 30.0,
     ) -> None:
         self.n, self.play_s, self.seed, self.db_url, self.scale = tasks, minutes * 60.0, seed, db_url, scale
         self.drain_s = drain_s if drain_s is not None else max(90.0, 0.5 * self.play_s)
@@ -345,6 +346,9 @@ class ChaosRun:
         # MariaDB/MySQL: the controller reaches the database through a proxy that refuses
         # every connection for this long once, mid-play (0: no outage)
         self.db_outage_s = db_outage_s if db_kills else 0.0
+        # Limits.margin: Aborting's whole limit, and what Running and the creates get on top
+        # of their own timeouts (a killed actor's restart must fit in it)
+        self.margin_s = margin_s
         self.proxy = None
         self.pauses: list[tuple[float, float]] = []  # the outage, in seconds of the play
         self.overrides = settings_overrides or {}
@@ -601,7 +605,7 @@ class ChaosRun:
         tasks = _retry(lambda: self.run.tasks())
         events = {t.id: _retry(lambda tid=t.id: store.events(tid)) for t in tasks}
         fleet = self.run.sim.stats()
-        limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s))
+        limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s), margin=self.margin_s)
         verdict = check(tasks, events, self.observed, end_at, fleet, limits, tuple(self.pauses))
         # the controller's own loop (lease, registry) must outlive every fault, as its actors do
         loop_alive = self.run.thread is not None and self.run.thread.is_alive()

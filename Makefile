@@ -18,8 +18,9 @@ install: $(STAMP)
 
 # Three workers (pytest-xdist), each with its own Ray; a file's tests stay on one worker
 # (module fixtures start one controller per file). The scenarios partly wait on the
-# simulated fleet's timings: on this 2-core machine three workers keep the cores ~75% busy
-# (two: 487 s, three: 383 s, four: 375 s for the same suite).
+# simulated fleet's timings: on this 2-core machine three workers kept the cores ~75% busy
+# one day (two: 487 s, three: 383 s, four: 375 s for the same suite); on a slower day the run
+# is CPU-bound (~10% idle) and takes 511-706 s (README, Figures).
 TEST_WORKERS ?= 3
 # Byte-compiled first: every actor is a new Python process (hundreds in a run), and with
 # PYTHONDONTWRITEBYTECODE set each would compile the package's sources again (~0.1 CPU-s).

@@ -18,17 +18,29 @@ from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from tests.harness.fakes import FakePort
 
+# Every endpoint on a closed loopback port: the watch's connect attempt, started with the
+# gateway, fails at once and never reaches Google (a stray thread once retried
+# container.googleapis.com for 20 s in the middle of later tests).
+NOWHERE = "127.0.0.1:9"
+
 
 @pytest.fixture
-def gateway(tmp_path):
+def gateway(tmp_path, monkeypatch):
+    monkeypatch.setenv("GCE_METADATA_HOST", NOWHERE)  # the gateway sets it; restored after the test
+    monkeypatch.setenv("GCE_METADATA_IP", NOWHERE)
     url = f"sqlite:///{tmp_path / 'ops.db'}"
     upgrade(url, with_jobs_table=True)
     store = Store(url, epoch=None)
     store.add_cluster("edge-a", "proj-a", "us-east5-b", "v6e", "logs-a", "res-a")
-    gw = ClusterGateway("edge-a", Settings(), store, FakePort())
-    for t in gw.tickers.values():  # the test runs the operation step itself, nothing else
-        t.stop()  # (the watch's connect attempt, if one is under way, only fails: no credentials)
-    assert gw.tickers["operations"].drain(30)
+    settings = Settings(
+        gke_endpoint=f"http://{NOWHERE}", compute_endpoint=f"http://{NOWHERE}", metadata_host=NOWHERE, api_retry_timeout_s=0.5
+    )
+    gw = ClusterGateway("edge-a", settings, store, FakePort())
+    # the test runs the operation step itself, nothing else: every loop ends first (the watch's
+    # connect attempt, if one is under way, fails in a few seconds: no credentials)
+    for t in gw.tickers.values():
+        t.stop()
+    assert all(t.join(30) for t in gw.tickers.values()), "a loop of the gateway did not end"
     gw.connect_error = ""
     yield gw
     gw.shutdown()

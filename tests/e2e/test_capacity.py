@@ -9,6 +9,8 @@ seconds-scale backoff and runs them once capacity is back; with a short
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from falcon_ray import lifecycle as lc
@@ -29,9 +31,15 @@ def refused_pools(run, task_id: int) -> list[str]:
 
 def test_more_demand_than_chips_waits_and_all_succeed(controller):
     run = controller(make_fleet(a={"chips": 8}, with_b=False), **FAST_BACKOFF)
-    big = run.submit("alice", spec("2x4", 3, supply_mode="on-demand"), "big-on-demand")  # all 8 chips
+    # all 8 chips, held long enough for the first small task to meet the full cluster even on
+    # a loaded machine (with 3 s, the first CI run on record saw big done before small asked)
+    big = run.submit("alice", spec("2x4", 20, supply_mode="on-demand"), "big-on-demand")
     wait_for(run, big, phase_is(lc.RUNNING), timeout=60)
     small = [run.submit("bob", spec("2x2", 1, supply_mode="on-demand"), f"small-{i}") for i in range(2)]
+    deadline = time.monotonic() + 20  # refused while big holds the chips (the event log keeps it)
+    while lc.CLUSTER_BUSY not in phases(run, small[0]):
+        assert time.monotonic() < deadline, (run.store.get_task(small[0]), phases(run, small[0]))
+        time.sleep(0.2)
     run.submit("carol", spec("2x2", 1, supply_mode="flex-start"), "small-flex")
     run.submit("dave", spec("2x4", 1, supply_mode="flex-start"), "big-flex")
     stats = assert_clean(run, timeout=150)  # no Falcon pool left, the refused ones included

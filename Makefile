@@ -26,7 +26,7 @@ TEST_WORKERS ?= 3
 # PYTHONDONTWRITEBYTECODE set each would compile the package's sources again (~0.1 CPU-s).
 test: $(STAMP)
 	$(BIN)/python -m compileall -q falcon_ray actors tests
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 demo: $(STAMP)
 	$(BIN)/falcon-ray demo $(DEMO_ARGS)

@@ -32,6 +32,7 @@ replaced actor keeps the new epoch across crashes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -216,6 +217,11 @@ class _Fencing:
     def _on_fenced(self) -> None:  # pragma: no cover - each shell says what to stop
         raise NotImplementedError
 
+    def _process(self) -> dict[str, Any]:
+        """Where this actor runs: its pid and Ray worker id (Ray names the actor's log files
+        and labels its metric series (``WorkerId``) with it)."""
+        return {"pid": os.getpid(), "ray_worker_id": ray.get_runtime_context().get_worker_id()}
+
     def epoch(self) -> int | None:
         return self.store.epoch
 
@@ -273,6 +279,7 @@ class PollerActor(_Shell):
             "last_error": t.last_error,
             "epoch": self.store.epoch,
             "fenced": self.store.fenced,
+            "process": self._process(),
             **self.core.snapshot(),
         }
 
@@ -307,6 +314,7 @@ class QueueActor(_Shell):
             "ticks": self.ticker.steps,
             "epoch": self.store.epoch,
             "fenced": self.store.fenced,
+            "process": self._process(),
             **c.snapshot(),
         }
 
@@ -353,7 +361,7 @@ class ClusterActor(_Fencing):
         self.core.refresh_cluster()
 
     def snapshot(self) -> dict[str, Any]:
-        return self.core.snapshot()
+        return {**self.core.snapshot(), "process": self._process()}
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from tests.harness.db import fresh_mysql_database
 from tests.harness.e2e import make_fleet, spec
+from tests.harness.ray_head import RayHead
 
 pytestmark = pytest.mark.mysql
 
@@ -68,94 +68,6 @@ first = snaps()
 time.sleep(2.0)
 print(json.dumps({"actors": found, "snaps": [first, snaps()]}, default=str))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RayHead:
-    """One local Ray cluster: ``ray start --head --block`` in its own process group."""
-
-    def __init__(self, label: str, root: Path) -> None:
-        self.label = label
-        self.temp_dir = root / label  # short: Ray's socket paths must stay under 108 bytes
-        self.log = root / f"ray-{label}.log"
-        self.proc: subprocess.Popen | None = None
-        self.address = ""
-
-    def start(self) -> None:
-        ports = {
-            "--port": _free_port(),
-            "--node-manager-port": _free_port(),
-            "--object-manager-port": _free_port(),
-            "--ray-client-server-port": _free_port(),
-            "--dashboard-port": _free_port(),
-            "--dashboard-agent-listen-port": _free_port(),
-            "--dashboard-agent-grpc-port": _free_port(),
-            "--runtime-env-agent-port": _free_port(),
-            "--metrics-export-port": _free_port(),
-        }
-        cmd = [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats"]
-        cmd += [f"{k}={v}" for k, v in ports.items()] + [f"--temp-dir={self.temp_dir}"]
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
-
-    def wait_ready(self, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"ray {self.label} exited:\n{self.log.read_text()[-3000:]}"
-            m = re.search(r"ray start --address='([^']+)'", self.log.read_text())
-            if m:
-                self.address = m.group(1)
-                return self.address
-            time.sleep(0.2)
-        raise AssertionError(f"ray {self.label} not up after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        """SIGKILL the group and every process the head started (Ray's workers run in
-        process groups of their own), then wait until they are gone."""
-        if self.proc is None:
-            return
-        procs = _descendants(self.proc.pid)
-        for kill in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), *(lambda p=p: os.kill(p, signal.SIGKILL) for p in procs)):
-            try:
-                kill()
-            except ProcessLookupError:
-                pass
-        self.proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in procs):
-            time.sleep(0.1)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, from /proc (children first found, then theirs)."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parents.items() if pp in frontier]
-        found += kids
-        frontier = kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _controller(label: str, address: str, db_url: str, config: Path, root: Path) -> tuple[subprocess.Popen, Path]:
@@ -187,7 +99,7 @@ def _wait(what: str, pred, timeout: float, logs: list[Path], procs=()):
 @pytest.mark.timeout(240)
 def test_a_killed_controllers_actors_are_fenced_and_the_second_controller_finishes_every_task():
     root = Path(tempfile.mkdtemp(prefix="fr-"))
-    heads = {label: RayHead(label, root) for label in ("a", "b")}
+    heads = {label: RayHead(label, root, env=ENV) for label in ("a", "b")}
     procs: dict[str, subprocess.Popen] = {}
     passed = False
     sim = SimFleet(make_fleet(with_b=False, seed=12))

@@ -5,6 +5,11 @@ metrics export port, see tests/harness/ray_session.py); after a task that succee
 that fails, the node's ``/metrics`` endpoint must serve the Falcon series with their
 labels (Ray prefixes each name with ``ray_`` and adds labels of its own). A static
 check keeps every declared metric wired to a call site.
+
+The session's Ray is shared by every test worker, so the same node serves the series of
+other tests' controllers too: this test's cluster has a name of its own (``edge-metrics``)
+and the series without a cluster (the poller's) count only samples of this controller's
+PollerActor process (Ray's ``WorkerId`` label, which its snapshot reports).
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import ray
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors import names
 from falcon_ray import metrics
 from falcon_ray.demo import DemoRun, demo_settings
 from tests.harness.e2e import make_fleet, spec
@@ -56,7 +63,8 @@ def _total(series, name: str, **labels: str) -> float | None:
     return sum(hits) if hits else None
 
 
-EDGE = {"cluster": "edge-a", "topology": "2x2"}
+CLUSTER = "edge-metrics"
+EDGE = {"cluster": CLUSTER, "topology": "2x2"}
 # (sample name, labels, lowest acceptable value summed over matching series)
 # Gauges, read while a task runs: Ray 2.60 drops a gauge series from /metrics about 20 s
 # after its last set(), so they are checked while their call sites are still setting them.
@@ -64,8 +72,8 @@ LIVE = [
     ("ray_falcon_queue_tasks", {**EDGE, "state": "running"}, 1),
     ("ray_falcon_queue_tasks", {**EDGE, "state": "waiting"}, 0),
     ("ray_falcon_queue_tasks", {**EDGE, "state": "acquiring"}, 0),
-    ("ray_falcon_node_pools_alive", {"cluster": "edge-a"}, 1),
-    ("ray_falcon_reservation_headroom_hosts", {"cluster": "edge-a", "reservation": "res-a"}, 0),
+    ("ray_falcon_node_pools_alive", {"cluster": CLUSTER}, 1),
+    ("ray_falcon_reservation_headroom_hosts", {"cluster": CLUSTER, "reservation": "res-a"}, 0),
 ]
 # Counters and histograms, read when every task is over.
 DONE = [
@@ -74,11 +82,11 @@ DONE = [
     ("ray_falcon_task_outcomes_total", {"cluster": "", "status": "Failed", "reason": "InvalidSpec"}, 1),
     ("ray_falcon_task_transitions_total", {**EDGE, "status": "Pending", "reason": "Provisioning"}, 1),
     ("ray_falcon_task_transitions_total", {**EDGE, "status": "Running", "reason": ""}, 3),
-    ("ray_falcon_gke_operations_total", {"cluster": "edge-a", "kind": "create", "result": "done", "error_kind": "none"}, 1),
-    ("ray_falcon_gke_operations_total", {"cluster": "edge-a", "kind": "delete", "result": "done"}, 1),
-    ("ray_falcon_node_pools_created_total", {"cluster": "edge-a"}, 1),
-    ("ray_falcon_node_pools_deleted_total", {"cluster": "edge-a"}, 1),
-    ("ray_falcon_watch_relists_total", {"cluster": "edge-a"}, 1),
+    ("ray_falcon_gke_operations_total", {"cluster": CLUSTER, "kind": "create", "result": "done", "error_kind": "none"}, 1),
+    ("ray_falcon_gke_operations_total", {"cluster": CLUSTER, "kind": "delete", "result": "done"}, 1),
+    ("ray_falcon_node_pools_created_total", {"cluster": CLUSTER}, 1),
+    ("ray_falcon_node_pools_deleted_total", {"cluster": CLUSTER}, 1),
+    ("ray_falcon_watch_relists_total", {"cluster": CLUSTER}, 1),
     ("ray_falcon_poll_rows_total", {}, 4),
     ("ray_falcon_poll_duration_seconds_count", {}, 1),
     ("ray_falcon_queue_tick_seconds_count", EDGE, 1),
@@ -88,14 +96,16 @@ DONE = [
 ]
 
 
-def _await_series(port: int, expected: list, timeout: float = 40.0) -> dict:
-    """Scrape until every expected series reaches its value; fail listing what is missing."""
+def _await_series(port: int, expected: list, poller_worker: str, timeout: float = 40.0) -> dict:
+    """Scrape until every expected series reaches its value; fail listing what is missing.
+    A series without a cluster counts only the samples of ``poller_worker`` (a WorkerId)."""
     deadline = time.monotonic() + timeout
     while True:
         series = _scrape(port)
         missing = []
         for name, labels, low in expected:
-            value = _total(series, name, **labels)
+            own = {} if labels.get("cluster") else {"WorkerId": poller_worker}
+            value = _total(series, name, **labels, **own)
             if value is None or value < low:
                 missing.append((name, labels, f"want >= {low}, got {value}"))
         if not missing:
@@ -108,15 +118,17 @@ def _await_series(port: int, expected: list, timeout: float = 40.0) -> dict:
 @pytest.mark.timeout(120)
 def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
     port = ray_session["metrics_port"]
-    fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 4}, "chips": 16}, with_b=False, seed=7)
+    fleet = make_fleet(a={"name": CLUSTER, "reservation": {"name": "res-a", "count": 4}, "chips": 16}, with_b=False, seed=7)
     run = DemoRun(fleet, demo_settings(), f"sqlite:///{tmp_path / 'falcon.db'}").start()
     try:
+        poller = ray.get(names.lookup(names.POLLER, run.settings.namespace).snapshot.remote(), timeout=30)
+        worker = poller["process"]["ray_worker_id"]
         long = run.submit("dave", spec("2x2", 10), "metrics-long")
         ok = run.submit("alice", spec("2x2", 0.3), "metrics-ok")
         oom = run.submit("bob", spec("2x2", 0.3, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
         bad = run.submit("carol", {"tpu_type": "v6e", "topology": "3x3", "image": "x", "command": ["y"]}, "metrics-bad")
         assert run.wait(lambda: run.store.get_task(long).status == "Running", 30)
-        _await_series(port, LIVE, timeout=15)
+        _await_series(port, LIVE, worker, timeout=15)
 
         assert run.wait_done(60), [(t.id, t.status, t.reason, t.message) for t in run.tasks()]
         got = {t.id: (t.status, t.reason) for t in run.tasks()}
@@ -126,7 +138,7 @@ def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
             oom: ("Failed", "JobFailed"),
             bad: ("Failed", "InvalidSpec"),
         }
-        series = _await_series(port, DONE, timeout=40)
+        series = _await_series(port, DONE, worker, timeout=40)
 
         # histograms carry their buckets (metrics.TIME_BUCKETS); Ray adds labels of its own
         les = {float(lab["le"]) for lab, _ in series["ray_falcon_time_to_running_seconds_bucket"]}

@@ -1,40 +1,85 @@
-"""pytest fixtures: one local Ray for the whole session.
+"""pytest fixtures: one local Ray for the whole test run.
 
-``ray_session`` starts Ray once (2 CPUs, no dashboard UI, metrics export on a free
-port so the metrics test can scrape it) and shuts it down at the end of the
-session (one per xdist worker: `make test` runs three). Scenario tests share it and isolate themselves with a Ray namespace of
-their own, killing their actors when they finish.
+Under xdist (``make test`` runs three workers) the controller process starts one Ray
+cluster before the workers exist (``ray start --head``, 2 CPUs, no dashboard UI, metrics
+export on a free port so the metrics test can scrape it) and kills it when the run ends;
+every worker joins it. One Ray instead of one per worker: each Ray costs ~6 CPU-s to start
+and ~0.05 cores while it runs, on a 2-core machine where the run is CPU-bound. Without
+xdist (one file, ``pytest -n 0``) ``ray_session`` starts a local Ray in-process as before.
+
+Tests isolate themselves with a Ray namespace of their own (every DemoRun takes a fresh
+one) and kill their actors when they finish; the metrics test, which reads series every
+worker's controllers add to, names its cluster and poller so it counts only its own.
 """
 
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from tests.harness.ray_head import RayHead, free_port
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+ADDRESS_ENV = "FALCON_TEST_RAY_ADDRESS"  # the shared Ray's GCS address, for the workers
+METRICS_ENV = "FALCON_TEST_RAY_METRICS_PORT"
+SYSTEM_CONFIG = {"metrics_report_interval_ms": 2000}  # the metrics test waits seconds, not tens
+_HEAD = pytest.StashKey[RayHead]()
+
+
+def _parallel(config: pytest.Config) -> bool:
+    """True in the controller of an xdist run with workers."""
+    n = getattr(config.option, "numprocesses", None)
+    return not hasattr(config, "workerinput") and bool(n) and n != "0" and getattr(config.option, "dist", "no") != "no"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _parallel(config) or os.environ.get(ADDRESS_ENV):
+        return
+    # token auth, as production runs it and as a local ray.init() would: the head creates the
+    # token (~/.ray/auth_token) if there is none; a joining driver uses it only when told to
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    head = RayHead("ray", Path(tempfile.mkdtemp(prefix="fr-")), num_cpus=2, system_config=SYSTEM_CONFIG)
+    head.start()
+    try:
+        address = head.wait_ready(timeout=120)
+    except Exception:
+        head.stop()
+        raise
+    config.stash[_HEAD] = head
+    os.environ[ADDRESS_ENV] = address  # the workers start after every pytest_configure: they inherit it
+    os.environ[METRICS_ENV] = str(head.metrics_port)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    head = config.stash.get(_HEAD, None)
+    if head is not None:
+        head.stop()
+        os.environ.pop(ADDRESS_ENV, None)
+        os.environ.pop(METRICS_ENV, None)
 
 
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
 
-    port = _free_port()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if ray.is_initialized():  # a test that joined some Ray of its own ran first (xdist order)
         ray.shutdown()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        _metrics_export_port=port,
-        _system_config={"metrics_report_interval_ms": 2000},
-    )
-    yield {"metrics_port": port}
+    address = os.environ.get(ADDRESS_ENV)
+    if address:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        yield {"metrics_port": int(os.environ[METRICS_ENV]), "shared": True}
+    else:
+        port = free_port()
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _metrics_export_port=port,
+            _system_config=SYSTEM_CONFIG,
+        )
+        yield {"metrics_port": port, "shared": False}
     ray.shutdown()

@@ -16,11 +16,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Three workers (pytest-xdist), each with its own Ray; a file's tests stay on one worker
-# (module fixtures start one controller per file). The scenarios partly wait on the
-# simulated fleet's timings: on this 2-core machine three workers kept the cores ~75% busy
-# one day (two: 487 s, three: 383 s, four: 375 s for the same suite); on a slower day the run
-# is CPU-bound (~10% idle) and takes 511-706 s (README, Figures).
+# Three workers (pytest-xdist), all joined to one Ray that the controller process starts
+# (tests/harness/ray_session.py); a file's tests stay on one worker (module fixtures start
+# one controller per file), the longest files first in the order of tests/conftest.py
+# (--no-loadscope-reorder: without it xdist sends the files with the most tests first and
+# the soak started last). The run is CPU-bound on this 2-core machine (~10% idle); measured
+# 2026-12-01 within one hour: 484 s and 514 s before those two changes, 439 s with the
+# order, 412 s with one Ray (README, Figures).
 TEST_WORKERS ?= 3
 # Byte-compiled first: every actor is a new Python process (hundreds in a run), and with
 # PYTHONDONTWRITEBYTECODE set each would compile the package's sources again (~0.1 CPU-s).

@@ -4,6 +4,10 @@ The test session's shared Ray (tests/harness/ray_session.py) and the two-control
 test's two clusters are started this way. Every port is a free one; ``stop`` SIGKILLs the
 group and every process the head started (Ray's workers run in process groups of their own)
 and waits until they are gone, whatever state the cluster is in.
+
+A watchdog process (this file run as a script) does the same when the process that started
+the head dies without calling ``stop`` (SIGKILL, a closed pipe): a pytest run killed that
+way once left its Ray running for half an hour.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ class RayHead:
             cmd.append(f"--system-config={json.dumps(self.system_config)}")
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        # stdlib only, ~0.02 CPU-s to start; it ends with the head
+        subprocess.Popen(
+            [sys.executable, __file__, str(os.getpid()), str(self.proc.pid)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -85,17 +94,23 @@ class RayHead:
         """SIGKILL the group and every process the head started, then wait until they are gone."""
         if self.proc is None:
             return
-        procs = descendants(self.proc.pid)
-        for kill in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), *(lambda p=p: os.kill(p, signal.SIGKILL) for p in procs)):
-            try:
-                kill()
-            except ProcessLookupError:
-                pass
+        procs = kill_tree(self.proc.pid)
         self.proc.wait(timeout=10)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(alive(p) for p in procs):
             time.sleep(0.1)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL the process group ``pid`` leads and every process below ``pid``; their pids."""
+    procs = descendants(pid)
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), *(lambda p=p: os.kill(p, signal.SIGKILL) for p in procs)):
+        try:
+            kill()
+        except ProcessLookupError:
+            pass
+    return procs
 
 
 def descendants(pid: int) -> list[int]:
@@ -122,3 +137,16 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def _watch(parent: int, head: int) -> None:
+    """Kill the head's tree once ``parent`` is gone; return when the head is gone."""
+    while alive(head):
+        if not alive(parent):
+            kill_tree(head)
+            return
+        time.sleep(1.0)
+
+
+if __name__ == "__main__":  # the watchdog: ray_head.py PARENT_PID HEAD_PID
+    _watch(int(sys.argv[1]), int(sys.argv[2]))

@@ -15,6 +15,7 @@ worker's controllers add to, names its cluster and poller so it counts only its 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     head = config.stash.get(_HEAD, None)
     if head is not None:
         head.stop()
+        shutil.rmtree(head.temp_dir.parent, ignore_errors=True)  # its log too
         os.environ.pop(ADDRESS_ENV, None)
         os.environ.pop(METRICS_ENV, None)
 

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from actors.cluster import ClusterGateway
 from falcon_ray.config import Settings
+from falcon_ray.errors import CloudError, ErrorKind
 from falcon_ray.model import OpKind, OpState
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
@@ -85,3 +86,27 @@ def test_a_lost_wake_up_after_an_operation_does_not_stop_the_next_one(gateway, m
     gateway.delete_pool("falcon-t2-2x2")
     gateway._op_step()
     assert ran == ["falcon-t1-2x2", "falcon-t2-2x2"]
+
+
+def test_an_operation_that_succeeds_on_retry_keeps_no_error(gateway, monkeypatch):
+    """A retried error is over once the operation is DONE: the pool's queue must not report
+    GKE's old words as the pool's state."""
+    gateway.gke = object()
+    calls = []
+
+    def run_op(op):
+        calls.append(op.name)
+        if len(calls) == 1:
+            raise CloudError(ErrorKind.TRANSIENT, "503 backend unavailable")
+
+    monkeypatch.setattr(gateway, "_run_op", run_op)
+    monkeypatch.setattr(gateway, "_hint_pool_owner", lambda pool: None)
+    gateway.ensure_pool("falcon-t1-2x2", {"name": "falcon-t1-2x2"})
+    gateway._op_step()
+    op = gateway.ops["falcon-t1-2x2"]
+    assert (op.state, op.error_kind, op.attempts) == (OpState.QUEUED, ErrorKind.TRANSIENT, 1)
+    assert "503" in op.error
+    op.next_at = 0.0  # its backoff is over
+    gateway._op_step()
+    assert calls == ["falcon-t1-2x2", "falcon-t1-2x2"]
+    assert (op.state, op.error_kind, op.error) == (OpState.DONE, None, "")

@@ -49,7 +49,6 @@ from tests.harness.ray_head import RayHead
 pytestmark = pytest.mark.mysql
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TTL_S = 4.0
 NAMESPACE = "falcon"  # both controllers use the same settings, as two deployments of one config would
 # every Ray process of this test: no token file, no inherited address

@@ -10,13 +10,9 @@ import pytest
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.demo import DemoRun
-from tests.harness.e2e import assert_clean, make_fleet, phase_is, spec, wait_for
+from tests.harness.e2e import assert_clean, make_fleet, phase_is, reasons, spec, wait_for
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def reasons(run: DemoRun, task_id: int) -> list[str]:
-    return [str(lc.phase_of(e.status, e.reason)) for e in run.store.events(task_id)]
 
 
 def wait_reservation_read(run: DemoRun, cluster: str, timeout: float = 30.0) -> str:

@@ -102,6 +102,11 @@ def phase_is(*phases):
     return lambda t: t.phase in phases
 
 
+def reasons(run: DemoRun, task_id: int) -> list[str]:
+    """The task's phases in its event log, oldest first ("Pending/Provisioning", ...)."""
+    return [str(lc.phase_of(e.status, e.reason)) for e in run.store.events(task_id)]
+
+
 def assert_clean(run: DemoRun, timeout: float = 60.0, serial_pool_ops: bool = True) -> dict:
     assert run.wait_done(timeout), (
         f"not done: {[(t.id, t.status, t.reason, t.message) for t in run.tasks() if not t.terminal]}; "

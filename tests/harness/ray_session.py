@@ -72,7 +72,7 @@ def ray_session():
     address = os.environ.get(ADDRESS_ENV)
     if address:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
-        yield {"metrics_port": int(os.environ[METRICS_ENV]), "shared": True}
+        yield {"metrics_port": int(os.environ[METRICS_ENV])}
     else:
         port = free_port()
         ray.init(
@@ -83,5 +83,5 @@ def ray_session():
             _metrics_export_port=port,
             _system_config=SYSTEM_CONFIG,
         )
-        yield {"metrics_port": port, "shared": False}
+        yield {"metrics_port": port}
     ray.shutdown()

@@ -164,9 +164,15 @@ def test_queues_and_health_find_the_demo_with_no_flags(demo):
     assert report["database"]["ok"] and report["leader"]["held"], report
 
 
-def _token_header() -> dict:
-    token = Path.home() / ".ray" / "auth_token"  # where a local Ray 2.60 keeps its token
-    return {"Authorization": f"Bearer {token.read_text().strip()}"} if token.exists() else {}
+def _token_header(env: dict) -> dict:
+    """The demo's Ray token as the dashboard wants it: RAY_AUTH_TOKEN when the demo was
+    started with one (make test hands its own to every process), else the file a local
+    Ray 2.60 writes."""
+    token = env.get("RAY_AUTH_TOKEN")
+    path = Path.home() / ".ray" / "auth_token"
+    if not token and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @pytest.mark.timeout(120)
@@ -175,7 +181,7 @@ def test_dashboard_lists_every_falcon_actor_by_name_with_its_repr(demo):
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=_token_header()), timeout=20) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=_token_header(demo.env)), timeout=20) as resp:
                 rows = json.load(resp)["data"]["result"]["result"]
         except OSError as e:  # the dashboard still starting its modules
             rows, last = [], e

@@ -15,6 +15,7 @@ worker's controllers add to, names its cluster and poller so it counts only its 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,9 +39,13 @@ def _parallel(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if not _parallel(config) or os.environ.get(ADDRESS_ENV):
         return
-    # token auth, as production runs it and as a local ray.init() would: the head creates the
-    # token (~/.ray/auth_token) if there is none; a joining driver uses it only when told to
+    # token auth, as production runs it and as a local ray.init() would. `ray start --head`
+    # does not create a token (a local ray.init() writes ~/.ray/auth_token, the head only
+    # reads one), so on a machine that never ran Ray it would exit: the run makes its own and
+    # hands it to the head, the workers and their actors through the environment, leaving the
+    # home directory alone. A joining driver uses token auth only when RAY_AUTH_MODE says so.
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
     head = RayHead("ray", Path(tempfile.mkdtemp(prefix="fr-")), num_cpus=2, system_config=SYSTEM_CONFIG)
     head.start()
     try:

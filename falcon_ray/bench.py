@@ -60,6 +60,7 @@ from falcon_ray.render import LABEL_TASK_ID
 from falcon_ray.store import Store
 from falcon_ray.store import tables as t
 from falcon_ray.store.migrate import upgrade
+from falcon_ray.store.repository import tls_connect_args
 
 ONE_HOST = "2x2"
 TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
@@ -99,7 +100,7 @@ def fresh_db(db: str | None) -> Iterator[str]:
         return
     server = sa.engine.make_url(db).set(database=None)
     name = f"falcon_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    eng = sa.create_engine(server, poolclass=sa.pool.NullPool)
+    eng = sa.create_engine(server, poolclass=sa.pool.NullPool, connect_args=tls_connect_args(server))
     with eng.begin() as c:
         c.execute(sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
     try:
@@ -113,7 +114,7 @@ def fresh_db(db: str | None) -> Iterator[str]:
 def _questions(url: str) -> int | None:
     if url.startswith("sqlite"):
         return None
-    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=tls_connect_args(url))
     try:
         with eng.connect() as c:
             return int(c.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Questions'")).first()[1])

@@ -658,9 +658,11 @@ def kill_db_connections(db_url: str | None, rng: random.Random, fraction: float 
     import pymysql
     from sqlalchemy.engine import make_url
 
+    from falcon_ray.store.repository import tls_connect_args
+
     u = make_url(db_url)
     try:
-        conn = pymysql.connect(host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root", password=u.password or "", connect_timeout=3)
+        conn = pymysql.connect(host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root", password=u.password or "", connect_timeout=3, **tls_connect_args(u))
     except Exception as e:
         log.warning("chaos: connect to kill: %s", e)
         return 0

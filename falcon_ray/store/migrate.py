@@ -31,6 +31,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
 from falcon_ray.store import tables as t
+from falcon_ray.store.repository import tls_connect_args
 
 VERSION_TABLE = "falcon_alembic_version"
 SCRIPT_LOCATION = str(Path(__file__).resolve().parent.parent / "migrations")
@@ -54,7 +55,7 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
 
 
 def _engine(url: str) -> sa.Engine:
-    return sa.create_engine(url, poolclass=NullPool)
+    return sa.create_engine(url, poolclass=NullPool, connect_args=tls_connect_args(url))
 
 
 def heads() -> dict[str, str]:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
 from falcon_ray.store import IllegalTransition, Store
+from falcon_ray.store.repository import tls_connect_args
 
 SPEC = {"tpu_type": "v6e", "topology": "2x4", "image": "python:3.12", "command": ["true"]}
 CLUSTER = "00000000-0000-0000-0000-00000000c001"
@@ -511,3 +512,20 @@ def test_transition_many_is_one_update_per_kind_and_tells_each_lost_move(store):
     before = store.statements
     assert store.transition_many([(ids[0], lc.WAITING, lc.PROVISIONING, "picked", {})]) == [True]
     assert store.statements - before == 3  # all won: no look-up
+
+
+def test_a_connection_is_plain_unless_the_url_asks_for_tls(store):
+    """PyMySQL 1.2 would try TLS on every connection (~42 ms of CPU each, no certificate
+    checked); Falcon's connections use TLS exactly when the URL has an ``ssl*`` option."""
+    url = store.url
+    if url.startswith("sqlite"):
+        assert tls_connect_args(url) == {}
+        return
+    with store.engine.connect() as c:
+        assert c.connection.driver_connection.ssl is False
+    with store.tx_engine.connect() as c:
+        assert c.connection.driver_connection.ssl is False
+    assert tls_connect_args(url) == {"ssl_disabled": True}
+    sep = "&" if "?" in url else "?"
+    assert tls_connect_args(f"{url}{sep}ssl_ca=/etc/falcon/server-ca.pem") == {}
+    assert tls_connect_args(f"{url}{sep}ssl_verify_identity=true") == {}

@@ -25,6 +25,7 @@ from sqlalchemy.pool import NullPool
 
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
+from falcon_ray.store.repository import tls_connect_args
 
 MYSQL_SERVER_URL = os.environ.get("FALCON_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
 _PREFIX = "falcon_test_"
@@ -37,7 +38,8 @@ def in_ci() -> bool:
 
 
 def _server_engine() -> sa.Engine:
-    return sa.create_engine(MYSQL_SERVER_URL, poolclass=NullPool, connect_args={"connect_timeout": 5, "read_timeout": 10, "write_timeout": 10})
+    args = {"connect_timeout": 5, "read_timeout": 10, "write_timeout": 10, **tls_connect_args(MYSQL_SERVER_URL)}
+    return sa.create_engine(MYSQL_SERVER_URL, poolclass=NullPool, connect_args=args)
 
 
 def _pid_alive(pid: int) -> bool:

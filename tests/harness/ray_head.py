@@ -42,6 +42,7 @@ class RayHead:
         num_cpus: int = 1,
         env: dict[str, str] | None = None,
         system_config: dict | None = None,
+        log_monitor: bool = True,
     ) -> None:
         self.label = label
         self.temp_dir = root / label  # short: Ray's socket paths must stay under 108 bytes
@@ -49,6 +50,7 @@ class RayHead:
         self.num_cpus = num_cpus
         self.env = env
         self.system_config = system_config or {}
+        self.log_monitor = log_monitor  # False: worker logs stay in their files, never sent to drivers
         self.proc: subprocess.Popen | None = None
         self.address = ""
         self.metrics_port = 0
@@ -68,6 +70,8 @@ class RayHead:
         }
         cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--num-cpus={self.num_cpus}", "--include-dashboard=false", "--disable-usage-stats"]
         cmd += [f"{k}={v}" for k, v in ports.items()] + [f"--temp-dir={self.temp_dir}"]
+        if not self.log_monitor:
+            cmd.append("--include-log-monitor=false")
         if self.system_config:
             cmd.append(f"--system-config={json.dumps(self.system_config)}")
         with open(self.log, "w") as out:

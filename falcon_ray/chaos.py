@@ -84,6 +84,10 @@ DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few s
 
 # The soak's fleet timings (seconds): the e2e harness's fast profile.
 TIMINGS = FAST_TIMINGS
+# seconds between two reads of every task's row while the play runs (the play's own loop
+# turns every 0.25 s): the Message changes seen this often time the quiet stretches that
+# ``stuck`` judges against limits of tens of seconds; each read is every row of the run
+OBSERVE_EVERY_S = 1.0
 
 
 # ---- the plan -------------------------------------------------------------------------------
@@ -504,7 +508,7 @@ class ChaosRun:
             burst_end: dict[str, float] = {}
             due = {k: self._t0 + v for k, v in every.items()}
             outage = [self._t0 + 0.4 * self.play_s, None] if self.proxy is not None else None  # [start at, end at]
-            last_print = 0.0
+            last_print = last_observe = 0.0
             while not sched.empty() or self._now() < self.play_s:
                 now = time.monotonic()
                 try:
@@ -537,7 +541,9 @@ class ChaosRun:
                     due["db"] = now + every["db"]
                 if outage is not None:
                     outage = self._outage_step(outage, now)
-                self._observe()
+                if now - last_observe >= OBSERVE_EVERY_S:
+                    self._observe()
+                    last_observe = now
                 if self.progress and self._now() - last_print >= 10:
                     last_print = self._now()
                     self.progress(self._status_line())

@@ -770,6 +770,7 @@ class ClusterGateway:
         for tid, jv in jobs.items():
             if tid in terminal:
                 try:
+                    log.info("cluster %s: deleting Job %s: its task %s is terminal", self.name, jv.name, tid)
                     self.delete_job(jv.namespace, jv.name)
                     stale.append(jv.name)
                     self.counters["jobs_collected"] += 1

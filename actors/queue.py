@@ -492,6 +492,8 @@ class QueueReconciler:
             try:
                 changed = False
                 for e in g.effects:
+                    if isinstance(e, DeleteJob):  # destructive: say which rule asked for it
+                        log.info("queue %s: %s: deleting Job %s", self.label, g.what, e.name)
                     ok, moved = self.apply(e)
                     changed = changed or moved
                     if not ok:

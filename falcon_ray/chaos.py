@@ -45,6 +45,7 @@ mid-play (the upper layer's submits and the soak's reads keep a direct connectio
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import random
@@ -220,6 +221,21 @@ def _phase(status: Any, reason: Any) -> lc.Phase:
     return lc.phase_of(str(status), str(reason or "") or None)
 
 
+def _second_create(cluster: str, job: dict[str, Any], events: dict[int, list[Any]]) -> dict[str, Any]:
+    """A Job the fleet saw created more than once, with what tells the cause: when the fleet
+    created and deleted it, and its task's event log, on one clock (Unix seconds)."""
+    out: dict[str, Any] = {"cluster": cluster, "job": job["name"], "creates": job["creates"]}
+    out["created_at"] = [round(x, 3) for x in job.get("created_at", ())]
+    out["deleted_at"] = [round(x, 3) for x in job.get("deleted_at", ())]
+    tid = job["name"].rsplit("-", 1)[-1]
+    if tid.isdigit():
+        out["events"] = [
+            (round(e.at.replace(tzinfo=dt.UTC).timestamp(), 3), str(_phase(e.status, e.reason)), (e.message or "")[:160])
+            for e in events.get(int(tid), [])
+        ]
+    return out
+
+
 def check(
     tasks: list[Any],
     events: dict[int, list[Any]],
@@ -258,7 +274,7 @@ def check(
     for cname, c in fleet.get("clusters", {}).items():
         for j in c.get("jobs", []):
             if j.get("creates", 0) > 1:
-                out["second_job_creates"].append({"cluster": cname, "job": j["name"], "creates": j["creates"]})
+                out["second_job_creates"].append(_second_create(cname, j, events))
         for p in c.get("node_pools", []):
             if p.get("deleted_at") is None and p["name"].startswith("falcon-"):
                 out["pools_alive"].append(

@@ -187,21 +187,20 @@ class Decision:
         ]
 
     def finish(self, t: QueueTask, to: Phase, message: str, keep_pool: bool = True) -> None:
-        """End a task. A Job that completed is the only record of its outcome, so the
-        terminal write comes before its delete (a crash in between leaves a Job whose task
-        is terminal, which rule 7 deletes). A Job that failed or ran out of time may still
-        hold the pool's TPUs: it is deleted first, before the pool is kept or deleted.
-        ``keep_pool=False``: the pool is deleted whatever waits (a refused Job)."""
+        """End a task: the terminal write, then the Job's delete, then the pool's
+        keep-or-delete. The terminal write comes first because a Job that ended is the only
+        record of how (a group stopped after the delete would leave a live task with no
+        Job, and a live task with no Job gets a new one: a second Job, seen by the chaos
+        soak); a crash after it leaves a terminal task's Job and lease, which rules 6 and
+        7 clean up. The Job goes before the pool: a Job that failed or ran out of time may
+        still hold the pool's TPUs. ``keep_pool=False``: the pool is deleted whatever
+        waits (a refused Job)."""
         lease = self.lease_by_task.get(t.id)
         pool: list[Effect] = []
         if lease is not None:
             pool = self.release(lease, t.id) if keep_pool else self.delete_lease(lease, t.id)
         done = Transition(t.id, (t.phase,), to, message)
-        if to == lc.SUCCEEDED:
-            effects = [*pool, done, *self.delete_job(t)]
-        else:
-            effects = [*self.delete_job(t), *pool, done]
-        self.add(f"task {t.id}: finish {to}", *effects)
+        self.add(f"task {t.id}: finish {to}", done, *self.delete_job(t), *pool)
 
     # ---- Jobs ----------------------------------------------------------------------------------
 

@@ -99,8 +99,9 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         pool = d.v.pools.get(lease.name)
         detail = f"{pool.registered if pool else 0}/{t.spec.shape.hosts} node(s) registered and another topology is waiting"
         text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.s) or 0), detail=detail)
-        effects = [*d.delete_job(t), *d.delete_lease(lease, t.id)]
-        d.add(f"task {t.id}: gave up on nodes", *effects, Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text))
+        # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
+        done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
+        d.add(f"task {t.id}: gave up on nodes", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
     else:
         d.say(t, node_text(d, t, lease.name, d.v.pools.get(lease.name), job), "waiting for nodes")
 

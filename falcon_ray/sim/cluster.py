@@ -228,7 +228,16 @@ class SimCluster:
         rec["creates"] += 1
         rec["manifest"] = clone(manifest)
         rec["last_created_at"] = time.time()
+        rec.setdefault("created_at", []).append(rec["last_created_at"])
         rec["uid"] = md["uid"]
+
+    def record_job_delete(self, job: dict[str, Any]) -> None:
+        """A Job deleted through the API: when, so a second create can be told apart from
+        a 409 (the soak's report shows the create and delete times of a Job made twice)."""
+        md = job["metadata"]
+        rec = self.job_records.get((md.get("namespace", ""), md["name"]))
+        if rec is not None:
+            rec.setdefault("deleted_at", []).append(time.time())
 
     def record_event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         md = obj["metadata"]

@@ -229,6 +229,7 @@ class Workloads:
         job = self.store.delete("jobs", namespace, name)
         if job is None:
             return None
+        self.cluster.record_job_delete(job)
         if propagation != "Orphan":
             uid = job["metadata"]["uid"]
             for pod in list(self.store.list("pods", namespace)):

@@ -105,6 +105,43 @@ def test_timeout_fails_the_task_and_deletes_its_job(bench):
     assert ("delete_job", f"falcon-task-{tid}") in bench.port.calls
 
 
+class _DiesAfterDelete:
+    """A ClusterActor that deletes the Job, then dies before it answers (the group stops)."""
+
+    def __init__(self, port) -> None:
+        self.port = port
+
+    def __enter__(self):
+        self.real = self.port.delete_job
+
+        def delete_then_die(*args):
+            self.real(*args)
+            raise RuntimeError("the ClusterActor died after the delete")
+
+        self.port.delete_job = delete_then_die
+
+    def __exit__(self, *exc) -> None:
+        self.port.delete_job = self.real
+
+
+def test_a_job_that_failed_gets_no_second_job_when_the_controller_dies_after_deleting_it(bench):
+    # found by the chaos soak: the delete came before the terminal write, so a group that
+    # stopped in between left a Dispatching task with no Job, and it was given a new one
+    tid = bench.submit()
+    bench.step(ClusterView(reservation=RES))
+    bench.step(ClusterView(pools=pool(tid), reservation=RES))
+    assert bench.port.took("submit_job") == [("submit_job", f"falcon-task-{tid}")]
+    assert bench.phase(tid) == "Pending/Dispatching"
+    with _DiesAfterDelete(bench.port):
+        bench.step(ClusterView(pools=pool(tid), jobs=job(tid, "Failed", ready=0), reservation=RES))
+    bench.restart()
+    bench.step(ClusterView(pools=pool(tid), reservation=RES))  # the Job is gone
+    assert bench.port.took("submit_job") == []
+    assert bench.phase(tid) == "Failed/JobFailed"
+    (lease,) = bench.store.leases()
+    assert lease.task_id is None or lease.state in (LeaseState.IDLE, LeaseState.DELETING)
+
+
 def test_cluster_busy_waits_for_reservation_headroom_then_creates(bench):
     tid = bench.submit()
     bench.step(ClusterView(reservation=ReservationView(count=4, in_use=4)))

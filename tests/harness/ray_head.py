@@ -94,8 +94,9 @@ class RayHead:
             time.sleep(0.2)
         raise RuntimeError(f"ray {self.label} not up after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
 
-    def stop(self) -> None:
-        """SIGKILL the group and every process the head started, then wait until they are gone."""
+    def stop(self, keep_logs: bool = False) -> None:
+        """SIGKILL the group and every process the head started, then wait until they are
+        gone; its temp dir (the session's logs) goes too unless ``keep_logs``."""
         if self.proc is None:
             return
         procs = kill_tree(self.proc.pid)
@@ -103,7 +104,8 @@ class RayHead:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(alive(p) for p in procs):
             time.sleep(0.1)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def kill_tree(pid: int) -> list[int]:

@@ -60,11 +60,24 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[METRICS_ENV] = str(head.metrics_port)
 
 
+_FAILED = pytest.StashKey[bool]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_FAILED] = exitstatus != 0
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     head = config.stash.get(_HEAD, None)
     if head is not None:
-        head.stop()
-        shutil.rmtree(head.temp_dir.parent, ignore_errors=True)  # its log too
+        failed = config.stash.get(_FAILED, False)
+        head.stop(keep_logs=failed)
+        if failed:
+            # a failed run keeps every actor's log (a soak invariant names tasks and times;
+            # the QueueActors' logs say which rule acted on them)
+            print(f"\nthe shared Ray's logs of this failed run are kept in {head.temp_dir}")
+        else:
+            shutil.rmtree(head.temp_dir.parent, ignore_errors=True)  # its log too
         os.environ.pop(ADDRESS_ENV, None)
         os.environ.pop(METRICS_ENV, None)
 

@@ -123,6 +123,13 @@ def test_idle_chip_seconds_and_pool_and_job_accounting(private_fleet):
     assert over_http["clusters"]["sim-k"]["node_pools"] == fleet.stats()["clusters"]["sim-k"]["node_pools"]
     assert set(over_http["clusters"]) == {"sim-a", "sim-b", "sim-k"}
 
+    # a Job deleted and created again: counted twice, with when it was created and deleted
+    batch.delete_namespaced_job("busy", "ns", propagation_policy="Background")
+    batch.create_namespaced_job("ns", manifest)
+    (job,) = fleet.stats()["clusters"]["sim-k"]["jobs"]
+    assert job["creates"] == 2 and len(job["created_at"]) == 2 and len(job["deleted_at"]) == 1
+    assert job["created_at"][0] <= job["deleted_at"][0] <= job["created_at"][1]
+
 
 def test_unserialized_pool_operations_show_in_max_concurrent_pool_ops(private_fleet):
     gke = gke_client(private_fleet, credentials=AnonymousCredentials())

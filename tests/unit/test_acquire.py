@@ -158,6 +158,11 @@ def test_acquisition_rule(row: Row):
         assert sub.phase == lc.WAITING_FOR_NODE and not sub.first, "the timeout clock starts when the nodes came"
     if row.expect_to == lc.RUNNING:
         assert "dispatched_at" in moves[0].fields
+    for g in decide(state, view, CLOCK(), S):  # a live task never loses its Job before its terminal write
+        kinds = [type(e) for e in g.effects]
+        ends = [i for i, e in enumerate(g.effects) if isinstance(e, Transition) and e.to.status in lc.TERMINAL]
+        if DeleteJob in kinds and ends:
+            assert ends[0] < kinds.index(DeleteJob), (g.what, kinds)
     ensure = [e for e in out if isinstance(e, EnsurePool)]
     if ensure and row.lease is not None:
         assert ensure[0].operation == "op-1"  # the recorded operation is followed, not asked again

@@ -63,6 +63,19 @@ def test_lost_task_pool_alive_and_second_job_create():
     # what the pool holds comes along: hosts held and nodes registered tell a capacity wait from a leak
     want = {"cluster": "edge-a", "pool": "falcon-x", "status": "RUNNING", "supply": "flex-start", "hosts": 4, "nodes": 0}
     assert r["details"]["pools_alive"] == [want]
+    # a second create comes with its timeline: the task's events (Unix seconds, as the fleet's)
+    second = r["details"]["second_job_creates"][0]
+    assert (second["cluster"], second["job"], second["creates"]) == ("edge-a", "falcon-task-1", 2)
+    assert [p for _, p, _ in second["events"]] == ["Pending", "Pending/Waiting"]
+    assert second["events"][0][0] == T0.replace(tzinfo=dt.UTC).timestamp()
+
+
+def test_a_second_create_shows_when_the_fleet_created_and_deleted_the_job():
+    fleet = {"clusters": {"edge-b": {"jobs": [{"name": "falcon-task-7", "creates": 2, "created_at": [10.0, 12.5], "deleted_at": [11.25]}], "node_pools": []}}}
+    r = check([task(7, "Succeeded")], {7: evs(7, *HAPPY)}, {}, 50, fleet, LIMITS)
+    second = r["details"]["second_job_creates"][0]
+    assert second["created_at"] == [10.0, 12.5] and second["deleted_at"] == [11.25]
+    assert len(second["events"]) == len(HAPPY)
 
 
 def test_stuck_is_a_quiet_stretch_longer_than_the_phase_limit():

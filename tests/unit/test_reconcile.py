@@ -143,8 +143,8 @@ def test_finished_job_keeps_pool_when_same_topology_task_waits():
     view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Succeeded", 0, 0, 1)})
     g = decide(state([running, task(2, "bob")], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
     kinds = [type(e) for e in g[0].effects]
-    assert kinds == [MoveLease, Transition, DeleteJob]  # keep-or-delete, terminal, then the Job
-    assert g[0].effects[0].to == LeaseState.IDLE
+    assert kinds == [Transition, DeleteJob, MoveLease]  # terminal, the Job, then keep-or-delete
+    assert g[0].effects[2].to == LeaseState.IDLE
     assert (1, lc.SUCCEEDED) in transitions(g)
 
 
@@ -404,13 +404,14 @@ def test_a_refused_job_deletes_its_pool_even_when_tasks_wait():
     assert not any(isinstance(e, MoveLease) and e.to == LeaseState.IDLE for e in effects(g))
 
 
-def test_a_timed_out_job_is_deleted_before_its_pool_is_kept():
+def test_a_timed_out_job_is_deleted_after_the_terminal_write_and_before_its_pool_is_kept():
     t = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=7300)
     view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Running", 1, 1, 1)})
     g = decide(state([t, task(2, "bob")], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
     (grp,) = [g_ for g_ in g if "finish" in g_.what]
     kinds = [type(e).__name__ for e in grp.effects]
-    assert kinds.index("DeleteJob") < kinds.index("MoveLease") < kinds.index("Transition"), kinds
+    # terminal first: a group stopped after the delete must not leave a live task with no Job
+    assert kinds.index("Transition") < kinds.index("DeleteJob") < kinds.index("MoveLease"), kinds
 
 
 def test_higher_priority_is_picked_first_then_fifo_and_round_robin_within_it():

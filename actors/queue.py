@@ -383,6 +383,7 @@ class QueueReconciler:
             submit_errors=dict(self.submit_errors),
             terminal_messages=self._terminal_messages(leases, self.qtasks.keys()),
             refused=refused,
+            pool_names=frozenset(l.name for l in queue_leases),
             history=history,
             destinations=self._destinations(cluster, clusters, tasks),
         )

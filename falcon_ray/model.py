@@ -527,6 +527,9 @@ class QueueState:
     # pools GKE refused for capacity, of the queue's acquiring tasks, Deleted ones included:
     # the durable record of each task's capacity wait (how many refusals, since when)
     refused: tuple[Lease, ...] = ()
+    # every pool name a lease row of this queue holds (its live leases, and every row, Deleted
+    # ones too, of its acquiring tasks): a new create takes a name that is none of them
+    pool_names: frozenset[str] = frozenset()
     history: QueueHistory = field(default_factory=QueueHistory)  # for the start estimates
     # other clusters a ClusterBusy task could move to (read only while a task is ClusterBusy)
     destinations: tuple[Destination, ...] = ()

@@ -155,9 +155,10 @@ def queue_label(cluster_name: str, topology: str) -> str:
 
 
 def node_pool_name(task_id: int, topology: str, attempt: int = 0) -> str:
-    """``falcon-t<task>-<topology>``, and ``...-r<attempt>`` for the create asked again after
-    ``attempt`` capacity refusals (the refused pool may still be being deleted under its
-    own name): lowercase letters, digits, hyphens; <= 40 characters, the suffix kept."""
+    """``falcon-t<task>-<topology>``, and ``...-r<attempt>`` for a create asked again (after
+    capacity refusals, or when a lease row of the task holds the name already; the earlier
+    pool may still be being deleted under its own name): lowercase letters, digits,
+    hyphens; <= 40 characters, the suffix kept."""
     if task_id < 0 or attempt < 0:
         raise ValueError(f"task id and attempt must not be negative, got {task_id}, {attempt}")
     topo = re.sub(r"[^a-z0-9]+", "-", topology.lower()).strip("-") or "x"

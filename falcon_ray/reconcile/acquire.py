@@ -222,8 +222,22 @@ def provisioning_text(d: Decision, t: QueueTask, pool: str, mode: SupplyMode) ->
     return capacity.retry_text(d, t, pool, mode.value) or d.msg("provisioning", pool=pool, supply=mode.value)
 
 
+def fresh_pool_name(d: Decision, t: QueueTask) -> str:
+    """The pool name of the task's next create: by its capacity refusals so far, and never
+    the name of a lease row that exists already. A row of that name in Deleting or Deleted
+    (a move whose commit landed but whose answer was lost, the task's own move never made)
+    would otherwise be adopted as this create's lease, and the queue would create and
+    delete the same pool round after round (found by the database-outage soak)."""
+    attempt = capacity.attempt(d, t)
+    name = render.node_pool_name(t.id, d.q.topology, attempt)
+    while name in d.q.pool_names:
+        attempt += 1
+        name = render.node_pool_name(t.id, d.q.topology, attempt)
+    return name
+
+
 def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
-    name = render.node_pool_name(t.id, d.q.topology, capacity.attempt(d, t))
+    name = fresh_pool_name(d, t)
     text = provisioning_text(d, t, name, mode)
     move: Effect
     if t.phase == lc.PROVISIONING:

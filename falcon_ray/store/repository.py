@@ -625,8 +625,9 @@ class Store:
 
     @staticmethod
     def _queue_leases(cluster_id: str, topology: str):
-        """A queue's live leases, and the refused ones (Deleted too) of the cluster's
-        acquiring tasks: those rows are the durable record of a capacity wait."""
+        """A queue's live leases, and every lease row (Deleted too) of the cluster's
+        acquiring tasks: the refused ones are the durable record of a capacity wait, and no
+        new create may reuse the name of any of them (a lease row is adopted by its name)."""
         j, L = t.jobs, t.node_pool_leases
         acquiring = sa.select(j.c.id).where(
             j.c.cluster_id == cluster_id,
@@ -640,7 +641,7 @@ class Store:
                 L.c.topology == topology,
                 sa.or_(
                     L.c.state != LeaseState.DELETED.value,
-                    sa.and_(L.c.refused_at.is_not(None), L.c.task_id.in_(acquiring)),
+                    L.c.task_id.in_(acquiring),
                 ),
             )
             .order_by(L.c.id)

@@ -21,6 +21,10 @@ def pool(tid: int, status: str = "RUNNING", nodes: int = 1) -> dict[str, PoolVie
     return {name: PoolView(name, status, nodes, nodes)}
 
 
+def pool_named(name: str, status: str = "RUNNING", nodes: int = 1) -> dict[str, PoolView]:
+    return {name: PoolView(name, status, nodes, nodes)}
+
+
 def job(tid: int, phase: str, ready: int = 1) -> dict[int, JobView]:
     return {tid: JobView(tid, f"falcon-task-{tid}", "falcon-jobs", f"uid-{tid}", phase, ready, ready, 1)}
 
@@ -140,6 +144,32 @@ def test_a_job_that_failed_gets_no_second_job_when_the_controller_dies_after_del
     assert bench.phase(tid) == "Failed/JobFailed"
     (lease,) = bench.store.leases()
     assert lease.task_id is None or lease.state in (LeaseState.IDLE, LeaseState.DELETING)
+
+
+def test_a_failed_create_whose_lease_write_landed_but_whose_answer_was_lost_does_not_stall(bench):
+    # seen in the database-outage soak: "acquisition failed" stopped at a database error after
+    # the lease's move to Deleting had been committed; the task stayed Provisioning and its
+    # next create adopted the Deleting row of the same name
+    tid = bench.submit()
+    bench.step(ClusterView(reservation=RES))
+    name = f"falcon-t{tid}-2x2"
+    assert bench.port.took("ensure_pool") == [("ensure_pool", name, None)]
+    (lease,) = bench.store.leases()
+    assert bench.store.move_lease(lease.id, (LeaseState.REQUESTED,), LeaseState.DELETING, task_id=tid)
+    bench.restart()
+    failed = {name: PoolView(name, "ERROR", 0, 0, status_message="Internal error")}
+    bench.step(ClusterView(pools=failed, reservation=RES), advance=1)
+    # a create under a name no lease row holds; the old pool is deleted, never created again
+    again = f"{name}-r1"
+    assert bench.port.took("ensure_pool") == [("ensure_pool", again, None)]
+    assert bench.task(tid).node_pool_name == again and again in bench.task(tid).message
+    bench.step(ClusterView(pools={**failed, **pool_named(again)}, reservation=RES), advance=1)
+    calls = bench.port.calls
+    assert ("ensure_pool", name, None) not in calls and ("delete_pool", name) in calls
+    bench.step(ClusterView(pools=pool_named(again), jobs=job(tid, "Running"), reservation=RES))
+    assert bench.phase(tid) == "Running"
+    bench.step(ClusterView(pools=pool_named(again), jobs=job(tid, "Succeeded"), reservation=RES))
+    assert bench.phase(tid) == "Succeeded"
 
 
 def test_cluster_busy_waits_for_reservation_headroom_then_creates(bench):

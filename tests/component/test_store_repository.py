@@ -529,3 +529,23 @@ def test_a_connection_is_plain_unless_the_url_asks_for_tls(store):
     sep = "&" if "?" in url else "?"
     assert tls_connect_args(f"{url}{sep}ssl_ca=/etc/falcon/server-ca.pem") == {}
     assert tls_connect_args(f"{url}{sep}ssl_verify_identity=true") == {}
+
+
+def test_queue_leases_hold_every_row_of_an_acquiring_task_and_only_live_rows_of_the_others(store):
+    """A new create never takes a name a lease row holds: the queue reads every row of its
+    acquiring tasks (Deleted ones too, refused or not), and only the live rows of the others."""
+    c = store.add_cluster("edge-q", "p", "us-east5-b", "v6e")
+    acquiring, done = new_task(store), new_task(store, "bob")
+    for tid in (acquiring, done):
+        assert store.transition(tid, lc.NEW, lc.WAITING, "waiting", cluster_id=c.id)
+        assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "creating")
+    names = {}
+    for tid, name in ((acquiring, "falcon-a"), (done, "falcon-d")):
+        lease = store.create_lease(c.id, "2x2", name, "reservation", tid)
+        assert store.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.DELETING)
+        assert store.move_lease(lease.id, LeaseState.DELETING, LeaseState.DELETED)
+        names[tid] = name
+    assert store.transition(done, lc.PROVISIONING, lc.failed(lc.Reason.NODE_POOL_FAILED), "failed")
+    live = store.create_lease(c.id, "2x2", "falcon-live", "reservation", None)
+    got = {l.name: l.state for l in store.queue_leases(c.id, "2x2")}
+    assert got == {"falcon-a": LeaseState.DELETED, "falcon-live": live.state}

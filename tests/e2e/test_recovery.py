@@ -27,9 +27,11 @@ def _kill(run: DemoRun, name: str) -> None:
     ray.kill(h, no_restart=False)  # Ray restarts it (max_restarts=-1): __init__ is the recovery
 
 
-@pytest.mark.parametrize("db", ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
-def test_queue_actor_killed_while_its_pool_is_created(controller, db):
-    run = controller(make_fleet(a={"timings": {"node_pool_create": 2.5}}, with_b=False), db=db)
+# On MariaDB (the restarted actor reads its lease back from the production database); the
+# other kills here run on SQLite, so a SQLite copy of this one added nothing (removed 2026-12-02)
+@pytest.mark.mysql
+def test_queue_actor_killed_while_its_pool_is_created(controller):
+    run = controller(make_fleet(a={"timings": {"node_pool_create": 2.5}}, with_b=False), db="mysql")
     tid = run.submit("alice", spec("2x2", 1))
     wait_for(run, tid, lambda t: t.node_pool_name is not None and t.reason == "Provisioning")
     time.sleep(0.3)

@@ -90,8 +90,11 @@ def ray_session():
     if ray.is_initialized():  # a test that joined some Ray of its own ran first (xdist order)
         ray.shutdown()
     address = os.environ.get(ADDRESS_ENV)
+    # the actors log at INFO to their files (which rule deleted a Job, every transition), as
+    # `falcon-ray run` has them do: a failed run keeps those files (pytest_unconfigure)
+    logs = ray.LoggingConfig(encoding="TEXT", log_level="INFO")
     if address:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        ray.init(address=address, log_to_driver=False, configure_logging=False, logging_config=logs)
         yield {"metrics_port": int(os.environ[METRICS_ENV])}
     else:
         port = free_port()
@@ -102,6 +105,7 @@ def ray_session():
             configure_logging=False,
             _metrics_export_port=port,
             _system_config=SYSTEM_CONFIG,
+            logging_config=logs,
         )
         yield {"metrics_port": port}
     ray.shutdown()

@@ -20,9 +20,10 @@ install: $(STAMP)
 # (tests/harness/ray_session.py); a file's tests stay on one worker (module fixtures start
 # one controller per file), the longest files first in the order of tests/conftest.py
 # (--no-loadscope-reorder: without it xdist sends the files with the most tests first and
-# the soak started last). On this 2-core machine the cores are ~90% busy, yet removing CPU
-# work barely shortens the run: much of each e2e test is waiting on the simulated fleet's
-# timings. Figures, same-hour comparisons and where the time goes: README, Figures.
+# the soak started last). On this 2-core machine the cores are ~85% busy and an e2e scenario
+# that takes ~6 s alone takes ~33 s in the run: contention, mostly actor start-ups. Four
+# workers were ~5% faster but surfaced two controller bugs under the load (fixed); three
+# stay. Figures, same-session comparisons and where the time goes: README, Figures.
 TEST_WORKERS ?= 3
 # Byte-compiled first: every actor is a new Python process (hundreds in a run), and with
 # PYTHONDONTWRITEBYTECODE set each would compile the package's sources again (~0.1 CPU-s).

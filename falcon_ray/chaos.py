@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from falcon_ray import lifecycle as lc
+from falcon_ray.render import job_name
 from falcon_ray.sim.fleet import FAST_TIMINGS
 
 log = logging.getLogger("falcon.chaos")
@@ -227,11 +228,11 @@ def _second_create(cluster: str, job: dict[str, Any], events: dict[int, list[Any
     out: dict[str, Any] = {"cluster": cluster, "job": job["name"], "creates": job["creates"]}
     out["created_at"] = [round(x, 3) for x in job.get("created_at", ())]
     out["deleted_at"] = [round(x, 3) for x in job.get("deleted_at", ())]
-    tid = job["name"].rsplit("-", 1)[-1]
-    if tid.isdigit():
+    tid = next((tid for tid in events if job_name(tid) == job["name"]), None)
+    if tid is not None:
         out["events"] = [
             (round(e.at.replace(tzinfo=dt.UTC).timestamp(), 3), str(_phase(e.status, e.reason)), (e.message or "")[:160])
-            for e in events.get(int(tid), [])
+            for e in events[tid]
         ]
     return out
 

@@ -217,18 +217,20 @@ class SimCluster:
     def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
         md = job["metadata"]
         key = (md.get("namespace", ""), md["name"])
+        now = time.time()
         rec = self.job_records.get(key)
         if rec is None:
             rec = self.job_records[key] = {
                 "name": md["name"],
                 "namespace": key[0],
                 "creates": 0,
-                "first_created_at": time.time(),
+                "first_created_at": now,
+                "created_at": [],
             }
         rec["creates"] += 1
         rec["manifest"] = clone(manifest)
-        rec["last_created_at"] = time.time()
-        rec.setdefault("created_at", []).append(rec["last_created_at"])
+        rec["last_created_at"] = now
+        rec["created_at"].append(now)
         rec["uid"] = md["uid"]
 
     def record_job_delete(self, job: dict[str, Any]) -> None:

@@ -16,15 +16,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Three workers (pytest-xdist), all joined to one Ray that the controller process starts
+# Four workers (pytest-xdist), all joined to one Ray that the controller process starts
 # (tests/harness/ray_session.py); a file's tests stay on one worker (module fixtures start
 # one controller per file), the longest files first in the order of tests/conftest.py
 # (--no-loadscope-reorder: without it xdist sends the files with the most tests first and
-# the soak started last). On this 2-core machine the cores are ~85% busy and an e2e scenario
-# that takes ~6 s alone takes ~33 s in the run: contention, mostly actor start-ups. Four
-# workers were ~5% faster but surfaced two controller bugs under the load (fixed); three
-# stay. Figures, same-session comparisons and where the time goes: README, Figures.
-TEST_WORKERS ?= 3
+# the soak started last). The run is bound by CPU: ~55% of it is actor processes starting
+# (a bare Ray actor costs ~0.36 CPU-s, a ClusterActor ~1.6 with its clients), and with
+# three workers the 2 cores were ~80% busy (tests wait on the simulated fleet's timings);
+# four keep them ~99% busy. Figures and same-session comparisons: README, Figures.
+TEST_WORKERS ?= 4
 # Byte-compiled first: every actor is a new Python process (hundreds in a run), and with
 # PYTHONDONTWRITEBYTECODE set each would compile the package's sources again (~0.1 CPU-s).
 test: $(STAMP)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(420)
 
 
 def test_soak_200_tasks_with_faults_and_kills(ray_session, capsys):
-    # margin 60 s: this soak kills the poller every 13.5 s and runs beside two other busy
+    # margin 60 s: this soak kills the poller every 13.5 s and runs beside three other busy
     # test workers on 2 cores, where one PollerActor restart was seen taking over 13 s: a task
     # aborted while unassigned then waits out two restarts (30-42 s seen). `make soak` keeps 30 s.
     report = ChaosRun(tasks=200, minutes=1.5, seed=12, scale=0.3, drain_s=240, margin_s=60).run_soak()

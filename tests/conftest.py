@@ -2,7 +2,7 @@
 
 Collection order: the long files first, longest first (each file's own order kept), the
 rest of the end-to-end files next, everything else after. ``make test`` hands whole files
-to the xdist workers (four) in this order (``--dist loadfile --no-loadscope-reorder``): the short
+to the xdist workers (``TEST_WORKERS`` in the Makefile) in this order (``--dist loadfile --no-loadscope-reorder``): the short
 files fill in around the long ones instead of one long file running alone at the end.
 Without ``--no-loadscope-reorder`` (pytest-xdist 3.8) the files with the most tests go first,
 so the one-test soak started last and ran alone for its last two minutes.

@@ -1,6 +1,6 @@
 """pytest fixtures: one local Ray for the whole test run.
 
-Under xdist (``make test`` runs four workers) the controller process starts one Ray
+Under xdist (``make test`` runs ``TEST_WORKERS`` workers) the controller process starts one Ray
 cluster before the workers exist (``ray start --head``, 2 CPUs, no dashboard UI, metrics
 export on a free port so the metrics test can scrape it) and kills it when the run ends;
 every worker joins it. One Ray instead of one per worker: each Ray costs ~6 CPU-s to start

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from falcon_ray.model import Cluster
 from falcon_ray.spec import SupplyMode, TaskSpec
@@ -75,6 +75,8 @@ MAX_POOL_NAME = 40
 MAX_LABEL_VALUE = 63
 
 FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600  # flex-start VMs live at most seven days
+# The nodes' OAuth scopes unless Settings.node_oauth_scopes says otherwise (as xpk creates pools).
+DEFAULT_NODE_OAUTH_SCOPES: tuple[str, ...] = ("https://www.googleapis.com/auth/cloud-platform",)
 
 # --- node pool constants ---------------------------------------------------------------
 
@@ -193,10 +195,71 @@ def cluster_zone(cluster: Cluster) -> str | None:
     return cluster.location if ZONE_RE.match(cluster.location) else None
 
 
+def cluster_region(cluster: Cluster) -> str:
+    """The cluster's region: its location, or the region of its zone (``us-east5-b`` -> ``us-east5``)."""
+    return cluster.location.rsplit("-", 1)[0] if ZONE_RE.match(cluster.location) else cluster.location
+
+
+# Compute resource names: a lower-case letter, then up to 62 letters, digits or dashes, no
+# trailing dash. Project ids: 6-30 characters (a domain-scoped "example.com:proj" too).
+_COMPUTE_NAME = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_PROJECT_ID = r"(?:[a-z][-a-z0-9.]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]"
+_ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
+_RESERVATION_FORMS = (
+    re.compile(rf"^(?P<name>{_COMPUTE_NAME})$"),
+    re.compile(rf"^(?P<zone>{_ZONE})/(?P<name>{_COMPUTE_NAME})$"),
+    re.compile(rf"^projects/(?P<project>{_PROJECT_ID})/reservations/(?P<name>{_COMPUTE_NAME})$"),
+    re.compile(rf"^projects/(?P<project>{_PROJECT_ID})/zones/(?P<zone>{_ZONE})/reservations/(?P<name>{_COMPUTE_NAME})$"),
+)
+RESERVATION_FORMS_HELP = (
+    "NAME, ZONE/NAME, projects/PROJECT/reservations/NAME (shared from PROJECT) "
+    "or projects/PROJECT/zones/ZONE/reservations/NAME"
+)
+
+
+class ReservationRef(NamedTuple):
+    """A registry reservation, parsed. ``project`` is set for the ``projects/P/...`` forms (a
+    reservation shared from project P, or the cluster's own project spelled out); ``zone``
+    when the reference names it."""
+
+    project: str | None
+    zone: str | None
+    name: str
+
+    def owner(self, cluster_project: str) -> str:
+        """The project whose Compute API holds the reservation."""
+        return self.project or cluster_project
+
+    def affinity_value(self, cluster_project: str) -> str:
+        """What ``reservationAffinity.values`` carries: the bare name for a reservation of the
+        cluster's own project, ``projects/P/reservations/NAME`` for one shared from project P
+        (Compute's ReservationAffinity: "a name to a reservation in the same project or
+        projects/different-project/reservations/some-reservation-name to target a shared
+        reservation in the same zone but in a different project")."""
+        if self.project and self.project != cluster_project:
+            return f"projects/{self.project}/reservations/{self.name}"
+        return self.name
+
+
+def parse_reservation(ref: str) -> ReservationRef:
+    """A registry reservation in one of ``RESERVATION_FORMS_HELP``'s forms; ValueError otherwise."""
+    text = (ref or "").strip()
+    for form in _RESERVATION_FORMS:
+        m = form.match(text)
+        if m:
+            g = m.groupdict()
+            return ReservationRef(g.get("project"), g.get("zone"), g["name"])
+    raise ValueError(f"invalid reservation {ref[:120]!r}: expected {RESERVATION_FORMS_HELP}")
+
+
 def reservation_parts(ref: str) -> tuple[str | None, str]:
-    """A registry reservation, ``NAME`` or ``ZONE/NAME`` -> (zone or None, bare name)."""
-    zone, sep, name = ref.partition("/")
-    return (zone, name) if sep else (None, ref)
+    """A registry reservation (any form of ``parse_reservation``) -> (zone or None, bare name).
+    A reference that is none of the forms gives (None, the text), as before."""
+    try:
+        parsed = parse_reservation(ref)
+    except ValueError:
+        return None, ref
+    return parsed.zone, parsed.name
 
 
 # --- node pools --------------------------------------------------------------------------
@@ -228,11 +291,21 @@ def node_pool_request(
     workload_policy: str | None = None,
     installation: str = DEFAULT_INSTALLATION,
     zone: str | None = None,
+    oauth_scopes: Sequence[str] = DEFAULT_NODE_OAUTH_SCOPES,
+    service_account: str = "",
+    node_zones: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The NodePool to create for one slice of ``spec``'s shape, in GKE v1 REST JSON.
 
     A TPU slice lives in one zone: ``zone`` (the reservation's, or the one chosen for a
-    regional cluster), else the cluster's own zone when its location is one."""
+    regional cluster), else the cluster's own zone when its location is one, else (a
+    regional cluster) the first of its node zones ``node_zones`` in sorted order; with none
+    of them known it raises ValueError rather than leave ``locations`` out (GKE would then
+    put the pool in every node zone, ``initialNodeCount`` nodes in each).
+
+    ``oauth_scopes`` and ``service_account`` are the nodes' (``config.oauthScopes``,
+    ``config.serviceAccount``): without scopes GKE gives the nodes only the logging and
+    monitoring ones, and they cannot pull private Artifact Registry images."""
     shape = spec.shape
     mode = SupplyMode(supply_mode)
     idle = int(idle_seconds)
@@ -246,19 +319,25 @@ def node_pool_request(
         },
         # Workload Identity for the pods and the GCS FUSE driver.
         "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+        # Explicit scopes (as xpk: cloud-platform), so nodes can pull private images.
+        "oauthScopes": list(oauth_scopes) or list(DEFAULT_NODE_OAUTH_SCOPES),
         # The closest GKE field to a per-pool scale-down-unneeded time (NodeConfig
         # consolidation_delay). UNVERIFIED for TPU pools; Falcon also deletes idle pools itself.
         "consolidationDelay": f"{idle}s",
     }
+    if service_account:
+        config["serviceAccount"] = service_account
     flex = mode == SupplyMode.FLEX_START
     if mode == SupplyMode.RESERVATION:
         if not cluster.default_reservation:
             raise ValueError(f"cluster {cluster.name} has no default_reservation for supply mode reservation")
+        ref = parse_reservation(cluster.default_reservation)
         config["reservationAffinity"] = {
             "consumeReservationType": "SPECIFIC_RESERVATION",
             "key": RESERVATION_KEY,
-            "values": [reservation_parts(cluster.default_reservation)[1]],
+            "values": [ref.affinity_value(cluster.project)],
         }
+        zone = zone or ref.zone
     else:
         # On-demand and flex-start must not quietly eat a reservation's capacity.
         config["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
@@ -286,13 +365,71 @@ def node_pool_request(
         # Auto-upgrade is GKE's default for new pools and required on release channels.
         "management": {"autoRepair": not flex, "autoUpgrade": True},
     }
-    zone = zone or cluster_zone(cluster)
-    if zone:
-        pool["locations"] = [zone]
+    pool["locations"] = [pool_zone(cluster, zone, node_zones)]
     placement = _placement_policy(shape, workload_policy)
     if placement:
         pool["placementPolicy"] = placement
     return pool
+
+
+def pool_zone(cluster: Cluster, zone: str | None = None, node_zones: Sequence[str] = ()) -> str:
+    """The one zone of a TPU pool: ``zone`` if given, the cluster's zone (zonal), the
+    registry's zone for the cluster, else the first of its node zones in sorted order
+    (deterministic); ValueError when none is known (never a pool without ``locations``)."""
+    chosen = zone or cluster_zone(cluster) or cluster.zone or (sorted(node_zones)[0] if node_zones else None)
+    if not chosen:
+        raise ValueError(
+            f"cluster {cluster.name} is regional ({cluster.location}) and no zone is known for its pool: "
+            f"set one with `falcon-ray clusters set-zone {cluster.name} ZONE`"
+        )
+    return chosen
+
+
+def workload_policy_command(policy: str, topology: str, project: str, region: str) -> str:
+    """The gcloud command that creates a TPU7x workload policy (GKE Ironwood how-to, xpk)."""
+    return (
+        f"gcloud compute resource-policies create workload-policy {policy} --type=HIGH_THROUGHPUT "
+        f"--accelerator-topology={topology} --project={project} --region={region}"
+    )
+
+
+def pool_policy_name(request: Mapping[str, Any]) -> str:
+    """The workload policy a node-pool request names (``placementPolicy.policyName``), or ""."""
+    return str((request.get("placementPolicy") or {}).get("policyName") or "")
+
+
+def workload_policy_problem(
+    policy: str, topology: str, cluster: Cluster, found: Mapping[str, Any] | None
+) -> str | None:
+    """Why a node-pool create that names workload policy ``policy`` for a ``topology`` slice
+    cannot succeed, or None (also when ``policy`` is empty).
+
+    ``found`` is the policy as Compute returned it (``resourcePolicies.get`` in the
+    cluster's project and region: ``{"name", "workloadPolicy": {"type",
+    "acceleratorTopology"}}``), None when it does not exist. Pure: the ClusterActor reads,
+    this decides."""
+    if not policy:
+        return None
+    region = cluster_region(cluster)
+    command = workload_policy_command(policy, topology or "TOPOLOGY", cluster.project, region)
+    if found is None:
+        return (
+            f"workload policy {policy} does not exist in project {cluster.project}, region {region}; "
+            f"a multi-host TPU7x node pool is placed by it. Create it with: {command}"
+        )
+    wp = found.get("workloadPolicy") or {}
+    have_type, have_topology = str(wp.get("type") or ""), str(wp.get("acceleratorTopology") or "")
+    if have_type != "HIGH_THROUGHPUT":
+        return (
+            f"resource policy {policy} in {region} is not a HIGH_THROUGHPUT workload policy "
+            f"(type {have_type or 'none'}); create one with: {command}"
+        )
+    if topology and have_topology and have_topology != topology:
+        return (
+            f"workload policy {policy} in {region} is for accelerator topology {have_topology}, not {topology}; "
+            f"name one policy per topology (setting v7x_workload_policy, default falcon-{{topology}}) and create it with: {command}"
+        )
+    return None
 
 
 # --- Jobs ------------------------------------------------------------------------------

@@ -193,12 +193,17 @@ def test_node_pool_request_idle_seconds_and_workload_policy_overrides():
     assert pool["config"]["maxRunDuration"] == "604800s"
 
 
-def test_node_pool_request_regional_cluster_has_no_locations_and_reservation_needs_a_name():
+def test_node_pool_request_regional_cluster_needs_a_zone_and_reservation_needs_a_name():
     shape = tpu.lookup("v6e", "2x4")
     regional = make_cluster(location="us-east5")
-    assert "locations" not in render.node_pool_request(
-        make_spec(shape), regional, "on-demand", "falcon-t1-2x4", 1, idle_seconds=600
+    # without locations GKE would put initialNodeCount nodes in every node zone: never sent
+    with pytest.raises(ValueError, match="no zone is known"):
+        render.node_pool_request(make_spec(shape), regional, "on-demand", "falcon-t1-2x4", 1, idle_seconds=600)
+    pool = render.node_pool_request(
+        make_spec(shape), regional, "on-demand", "falcon-t1-2x4", 1, idle_seconds=600,
+        node_zones=("us-east5-c", "us-east5-a"),
     )
+    assert pool["locations"] == ["us-east5-a"]  # the first node zone in sorted order
     with pytest.raises(ValueError, match="default_reservation"):
         render.node_pool_request(
             make_spec(shape), make_cluster(default_reservation=""), "reservation", "falcon-t1-2x4", 1, idle_seconds=600

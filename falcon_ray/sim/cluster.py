@@ -36,8 +36,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .autoscaler import Autoscaler
+from .disruptions import Disruptions
 from .errors import GoogleError
-from .fleet import ClusterConfig, Faults, Timings
+from .fleet import ClusterConfig, Faults, Timings, WorkloadPolicyConfig, region_of
 from .kube_store import ObjectStore, clone, rfc3339
 from .machines import family_for_type
 from .node_pools import NodePool, NodePools, node_object
@@ -73,6 +74,7 @@ class SimCluster:
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
         self.autoscaler = Autoscaler(self)  # after Workloads: its pass sees the scheduler's verdicts
+        self.disruptions = Disruptions(self, seed)
         self.kube_url = ""  # set once its HTTP site is listening
         self.job_records: dict[tuple[str, str], dict[str, Any]] = {}
         self._node_seq = 0
@@ -99,6 +101,7 @@ class SimCluster:
     def set_faults(self, **changes: Any) -> Faults:
         self.faults = Faults.model_validate({**self.faults.model_dump(), **changes})
         self.store.poke_watchers()  # watch_drop_every may have changed
+        self.disruptions.poke()  # disruption_rate_per_node_hour may have changed
         return self.faults
 
     def set_timings(self, **changes: Any) -> Timings:
@@ -110,6 +113,7 @@ class SimCluster:
         self.faults = self.config.faults.model_copy(deep=True)
         self.timings = self.config.timings.model_copy(deep=True)
         self.store.poke_watchers()
+        self.disruptions.poke()
 
     def inject_api_fault(self) -> None:
         """Raise the 503 or 429 the fault rates ask for (one draw per GKE/Compute call)."""
@@ -139,12 +143,13 @@ class SimCluster:
         c = self.config
         res = c.reservation
         assert res is not None
-        zone_url = f"https://www.googleapis.com/compute/v1/projects/{c.project}/zones/{c.reservation_zone}"
+        owner = c.reservation_project
+        zone_url = f"https://www.googleapis.com/compute/v1/projects/{owner}/zones/{c.reservation_zone}"
         return {
             "kind": "compute#reservation",
             "id": str(
                 int(
-                    hashlib.sha256(f"{c.project}/{c.reservation_zone}/{res.name}".encode()).hexdigest()[:15],
+                    hashlib.sha256(f"{owner}/{c.reservation_zone}/{res.name}".encode()).hexdigest()[:15],
                     16,
                 )
             ),
@@ -152,12 +157,37 @@ class SimCluster:
             "zone": zone_url,
             "selfLink": f"{zone_url}/reservations/{res.name}",
             "specificReservationRequired": True,
+            **({"shareSettings": {"shareType": "SPECIFIC_PROJECTS"}} if owner != c.project else {}),
             "specificReservation": {
                 "count": str(res.count),
                 "inUseCount": str(self.pools.reservation_in_use()),
                 "instanceProperties": {"machineType": self.reservation_machine_type()},
             },
             "status": "READY",
+        }
+
+    @property
+    def region(self) -> str:
+        return region_of(self.config.location)
+
+    def workload_policy(self, name: str) -> WorkloadPolicyConfig | None:
+        """The workload policy ``name`` of the cluster's project and region, if declared."""
+        return next((w for w in self.config.workload_policies if w.name == name), None)
+
+    def resource_policy_json(self, name: str) -> dict[str, Any]:
+        """A workload policy as Compute's resourcePolicies.get answers it."""
+        w = self.workload_policy(name)
+        assert w is not None
+        c = self.config
+        region_url = f"https://www.googleapis.com/compute/v1/projects/{c.project}/regions/{self.region}"
+        return {
+            "kind": "compute#resourcePolicy",
+            "id": str(int(hashlib.sha256(f"{c.project}/{self.region}/{name}".encode()).hexdigest()[:15], 16)),
+            "name": name,
+            "region": region_url,
+            "selfLink": f"{region_url}/resourcePolicies/{name}",
+            "status": "READY",
+            "workloadPolicy": {"type": w.type, "acceleratorTopology": w.accelerator_topology},
         }
 
     def cluster_json(self, ca_b64: str, enums_as_int: bool) -> dict[str, Any]:
@@ -182,11 +212,13 @@ class SimCluster:
         }
 
     # ---- nodes (called by NodePools) -----------------------------------------------------------
-    def add_node(self, pool: NodePool, zone: str) -> str:
+    def add_node(self, pool: NodePool, zone: str, name: str | None = None) -> str:
+        """Register a Node of ``pool`` in ``zone``: a new name, or ``name`` for a VM GKE recreated."""
         self._node_seq += 1
-        digest = "".join(self.rng.choice("0123456789abcdef") for _ in range(8))
-        tail = "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(4))
-        name = f"gke-{self.config.name[:16]}-{pool.name[:20]}-{digest}-{tail}"
+        if name is None:
+            digest = "".join(self.rng.choice("0123456789abcdef") for _ in range(8))
+            tail = "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(4))
+            name = f"gke-{self.config.name[:16]}-{pool.name[:20]}-{digest}-{tail}"
         self.store.create("nodes", node_object(self, pool, name, self._node_seq, zone))
         return name
 
@@ -307,5 +339,6 @@ class SimCluster:
             },
             "faults": self.faults.model_dump(),
             "fault_counts": dict(self.fault_counts),
+            **self.disruptions.stats(),
             "timings": self.timings.model_dump(),
         }

@@ -37,6 +37,11 @@ _COMPUTE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 KNOWN_TPU_TYPES = ("v5e", "v5p", "v6e", "v7x")
 
+# What GKE does to running work (falcon_ray.sim.disruptions): host maintenance, auto-repair,
+# capacity taken back (flex-start run limit, preemption).
+DisruptionKind = Literal["maintenance", "repair", "reclaim"]
+DISRUPTION_KINDS: tuple[DisruptionKind, ...] = ("maintenance", "repair", "reclaim")
+
 # A Compute zone is its region plus "-<letter>": us-central1-a is a zone of us-central1.
 _ZONE = re.compile(r"^[a-z]+(-[a-z]+)*\d+-[a-z]$")
 
@@ -96,6 +101,20 @@ class Timings(_Strict):
     autoscaler_scale_down: float = Field(
         30.0, ge=0, description="a node of an autoscaled pool empty this long is removed (not below min)"
     )
+    maintenance_notice: float = Field(
+        1.0,
+        ge=0,
+        description="host maintenance: the scheduled-maintenance-time label is on the node(s) this long "
+        "before GKE drains them",
+    )
+    maintenance_duration: float = Field(
+        2.0, ge=0, description="host maintenance: the drained node(s) stay NotReady this long, then come back"
+    )
+    repair_detect: float = Field(
+        1.0,
+        ge=0,
+        description="auto-repair: a node is NotReady this long before GKE recreates its VM (the whole slice)",
+    )
 
 
 class Faults(_Strict):
@@ -136,6 +155,17 @@ class Faults(_Strict):
     deny_images: list[str] = Field(
         default_factory=list, description="image prefixes an admission webhook refuses"
     )
+    disruption_rate_per_node_hour: float = Field(
+        0.0,
+        ge=0,
+        description="random disruptions: a Poisson rate per hour (of the sim's clock) for every node that has a "
+        "running pod",
+    )
+    disruption_kinds: list[DisruptionKind] = Field(
+        default_factory=lambda: list(DISRUPTION_KINDS),
+        min_length=1,
+        description="the kinds random disruptions take, by turns",
+    )
 
     @model_validator(mode="after")
     def _rates_fit(self) -> Faults:
@@ -155,12 +185,33 @@ class ReservationConfig(_Strict):
     zone: str | None = Field(
         None, description="the reservation's zone; default: the cluster's zone, or its first node location"
     )
+    project: str | None = Field(
+        None,
+        description="the project that owns it (a reservation shared with the cluster's project); "
+        "default: the cluster's project",
+    )
 
     @field_validator("name")
     @classmethod
     def _name_shape(cls, v: str) -> str:
         if not _COMPUTE_NAME.match(v):
             raise ValueError(f"{v!r} is not a valid reservation name (lower-case letters, digits, dashes)")
+        return v
+
+
+class WorkloadPolicyConfig(_Strict):
+    """A Compute workload policy (a regional resource policy) in the cluster's project and
+    region, as ``gcloud compute resource-policies create workload-policy`` makes it."""
+
+    name: str
+    type: Literal["HIGH_THROUGHPUT", "HIGH_AVAILABILITY"] = "HIGH_THROUGHPUT"
+    accelerator_topology: str = Field(description="the TPU topology it places, e.g. 2x2x2")
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, v: str) -> str:
+        if not _COMPUTE_NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid resource policy name (lower-case letters, digits, dashes)")
         return v
 
 
@@ -179,6 +230,9 @@ class ClusterConfig(_Strict):
     gcs_bucket: str | None = None
     status: Literal["active", "maintenance", "offline"] = "active"
     reservation: ReservationConfig | None = None
+    workload_policies: list[WorkloadPolicyConfig] = Field(
+        default_factory=list, description="Compute workload policies in the cluster's project and region"
+    )
     chips: int = Field(64, ge=0, description="TPU chips available to on-demand, spot and flex-start pools")
     timings: Timings = Field(default_factory=Timings)
     faults: Faults = Field(default_factory=Faults)
@@ -242,6 +296,13 @@ class ClusterConfig(_Strict):
         return list(self.node_locations or [self.location])
 
     @property
+    def reservation_project(self) -> str | None:
+        """The project that owns the reservation (None without one)."""
+        if self.reservation is None:
+            return None
+        return self.reservation.project or self.project
+
+    @property
     def reservation_zone(self) -> str | None:
         if self.reservation is None:
             return None
@@ -282,7 +343,7 @@ class FleetConfig(_Strict):
         for c in self.clusters:
             if c.reservation is None:
                 continue
-            key = (c.project, c.reservation_zone or "", c.reservation.name)
+            key = (c.reservation_project or c.project, c.reservation_zone or "", c.reservation.name)
             if key in seen:
                 raise ValueError(
                     f"reservation {c.reservation.name!r} in {c.project}/{key[1]} is declared by both "

@@ -48,6 +48,9 @@ _IS: dict[str, Callable[[Any], bool]] = {
     "boolean": lambda v: isinstance(v, bool),
     "[]object": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     "[]string": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "[]integer": lambda v: (
+        isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    ),
     "map[string]string": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
 }
 POD_SPEC_FIELDS = {
@@ -243,6 +246,8 @@ def validate_job_spec(name: str, spec: Any) -> dict[str, Any]:
             else f'Unsupported value: "{restart}": supported values: "OnFailure", "Never"'
         )
         raise invalid(rk, name, "spec.template.spec.restartPolicy", "FieldValueNotSupported", detail)
+    if spec.get("podFailurePolicy") is not None:
+        validate_pod_failure_policy(name, spec, pod_spec)
     for key in ("parallelism", "completions", "backoffLimit", "activeDeadlineSeconds"):
         value = spec.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
@@ -261,6 +266,108 @@ def validate_job_spec(name: str, spec: Any) -> dict[str, Any]:
             "Required value: when completion mode is Indexed",
         )
     return spec
+
+
+POD_FAILURE_ACTIONS = ("Count", "FailIndex", "FailJob", "Ignore")
+MAX_POD_FAILURE_RULES = 20
+
+
+def validate_pod_failure_policy(name: str, spec: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+    """422 as the apiserver's ``validatePodFailurePolicy``: restartPolicy Never, well-formed rules.
+
+    Wording from kubernetes ``pkg/apis/batch/validation/validation.go``; the first problem found is reported.
+    """
+    rk = RESOURCES["jobs"]
+    policy = spec["podFailurePolicy"]
+    check_fields(rk, policy, "spec.podFailurePolicy", {"rules": "[]object"})
+    restart = pod_spec.get("restartPolicy")
+    if restart != "Never":
+        raise invalid(
+            rk,
+            name,
+            "spec.template.spec.restartPolicy",
+            "FieldValueInvalid",
+            f'Invalid value: "{restart}": only "Never" is supported when podFailurePolicy is specified',
+        )
+    rules = policy.get("rules") or []
+    if len(rules) > MAX_POD_FAILURE_RULES:
+        raise invalid(
+            rk,
+            name,
+            "spec.podFailurePolicy.rules",
+            "FieldValueTooMany",
+            f"Too many: {len(rules)}: must have at most {MAX_POD_FAILURE_RULES} items",
+        )
+    containers = {c.get("name") for key in ("containers", "initContainers") for c in pod_spec.get(key) or []}
+    for i, rule in enumerate(rules):
+        at = f"spec.podFailurePolicy.rules[{i}]"
+        check_fields(
+            rk, rule, at, {"action": "string", "onExitCodes": "object", "onPodConditions": "[]object"}
+        )
+        action = rule.get("action")
+        if not action:
+            detail = 'Required value: valid values: ["Count" "FailIndex" "FailJob" "Ignore"]'
+            raise invalid(rk, name, f"{at}.action", "FieldValueRequired", detail)
+        if action == "FailIndex" and spec.get("backoffLimitPerIndex") is None:
+            detail = 'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'
+            raise invalid(rk, name, f"{at}.action", "FieldValueInvalid", detail)
+        if action not in POD_FAILURE_ACTIONS:
+            detail = (
+                f'Unsupported value: "{action}": supported values: "Count", "FailIndex", "FailJob", "Ignore"'
+            )
+            raise invalid(rk, name, f"{at}.action", "FieldValueNotSupported", detail)
+        on_codes, on_conditions = rule.get("onExitCodes"), rule.get("onPodConditions")
+        if on_codes is not None and on_conditions:
+            detail = "Invalid value: specifying both OnExitCodes and OnPodConditions is not supported"
+            raise invalid(rk, name, at, "FieldValueInvalid", detail)
+        if on_codes is None and not on_conditions:
+            detail = "Invalid value: specifying one of OnExitCodes and OnPodConditions is required"
+            raise invalid(rk, name, at, "FieldValueInvalid", detail)
+        if on_codes is not None:
+            _validate_on_exit_codes(rk, name, on_codes, f"{at}.onExitCodes", containers)
+        for j, pattern in enumerate(on_conditions or []):
+            check_fields(rk, pattern, f"{at}.onPodConditions[{j}]", {"type": "string", "status": "string"})
+            if not pattern.get("type"):
+                raise invalid(
+                    rk, name, f"{at}.onPodConditions[{j}].type", "FieldValueRequired", "Required value"
+                )
+            status = pattern.get("status", "True")
+            if status not in ("False", "True", "Unknown"):
+                detail = f'Unsupported value: "{status}": supported values: "False", "True", "Unknown"'
+                raise invalid(rk, name, f"{at}.onPodConditions[{j}].status", "FieldValueNotSupported", detail)
+
+
+def _validate_on_exit_codes(
+    rk: ResourceKind, name: str, req: dict[str, Any], at: str, containers: set[Any]
+) -> None:
+    check_fields(rk, req, at, {"containerName": "string", "operator": "string", "values": "[]integer"})
+    operator = req.get("operator")
+    if operator not in ("In", "NotIn"):
+        detail = (
+            'Required value: valid values: ["In" "NotIn"]'
+            if not operator
+            else f'Unsupported value: "{operator}": supported values: "In", "NotIn"'
+        )
+        raise invalid(rk, name, f"{at}.operator", "FieldValueNotSupported", detail)
+    container = req.get("containerName")
+    if container is not None and container not in containers:
+        detail = f'Invalid value: "{container}": must be one of the container or initContainer names in the pod template'
+        raise invalid(rk, name, f"{at}.containerName", "FieldValueInvalid", detail)
+    values = req.get("values") or []
+    if not values:
+        raise invalid(
+            rk, name, f"{at}.values", "FieldValueInvalid", "Invalid value: at least one value is required"
+        )
+    for j, value in enumerate(values):
+        if operator == "In" and value == 0:
+            detail = "Invalid value: 0: must not be 0 for the In operator"
+            raise invalid(rk, name, f"{at}.values[{j}]", "FieldValueInvalid", detail)
+        if value in values[:j]:
+            raise invalid(rk, name, f"{at}.values[{j}]", "FieldValueDuplicate", f"Duplicate value: {value}")
+    if values != sorted(values):
+        raise invalid(
+            rk, name, f"{at}.values", "FieldValueInvalid", f"Invalid value: {values}: must be ordered"
+        )
 
 
 def validate_node(node: dict[str, Any]) -> None:
@@ -336,7 +443,11 @@ def default_job(body: dict[str, Any], name: str, uid: str) -> None:
     spec.setdefault("backoffLimit", 6)
     spec.setdefault("suspend", False)
     spec.setdefault("manualSelector", False)
-    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    policy = spec.get("podFailurePolicy")
+    spec.setdefault("podReplacementPolicy", "Failed" if policy is not None else "TerminatingOrFailed")
+    for rule in (policy or {}).get("rules") or []:
+        for pattern in rule.get("onPodConditions") or []:
+            pattern.setdefault("status", "True")  # the apiserver's default
     template_labels = spec["template"].setdefault("metadata", {}).setdefault("labels", {})
     if not spec.get("manualSelector"):
         spec["selector"] = {"matchLabels": {CONTROLLER_UID_LABEL: uid}}

@@ -26,6 +26,8 @@ Control endpoints on port P (no authentication):
 * ``POST /sim/clusters/{name}/compact`` ``{"keep": N}`` - drop watch history
   (forces 410 Expired for older resourceVersions).
 * ``POST /sim/auth`` ``{"required": bool, "token_ttl": seconds}``.
+* ``POST /sim/clusters/{name}/disrupt`` ``{"kind": "maintenance"|"repair"|"reclaim", "node": NODE}`` -
+  disrupt NODE's slice now (see :mod:`~falcon_ray.sim.disruptions`); answers the record.
 """
 
 from __future__ import annotations
@@ -136,7 +138,10 @@ class SimFleet:
 
         runners: list[web.AppRunner] = []
         try:
-            front = web.Application(middlewares=[self.callers.middleware(_front_api), google_errors], client_max_size=16 * 1024 * 1024)
+            front = web.Application(
+                middlewares=[self.callers.middleware(_front_api), google_errors],
+                client_max_size=16 * 1024 * 1024,
+            )
             front.add_routes(metadata_routes(self.book, self.config.metadata))
             front.add_routes(gcp_routes(self))
             front.add_routes(self._control_routes())
@@ -252,6 +257,11 @@ class SimFleet:
 
         return self._call(compact)
 
+    def disrupt(self, cluster: str, kind: str, node: str) -> dict[str, Any] | None:
+        """Disrupt ``node``'s slice (its whole pool for a multi-host slice) now; the record, or None."""
+        c = self._cluster(cluster)
+        return self._call(lambda: c.disruptions.disrupt(kind, c.disruptions.slice_of(node), trigger="api"))
+
     # ---- control HTTP routes -------------------------------------------------------------------
     def _control_routes(self) -> list[web.RouteDef]:
         def cluster_of(request: web.Request) -> SimCluster:
@@ -299,6 +309,20 @@ class SimFleet:
             c.store.compact(keep)
             return json_response({"compacted_resource_version": c.store.compacted_rv})
 
+        async def disrupt(request: web.Request) -> web.Response:
+            c = cluster_of(request)
+            body = await read_json_object(request, "google")
+            kind, node = body.get("kind"), body.get("node")
+            if not isinstance(node, str) or c.store.get("nodes", "", node) is None:
+                raise GoogleError(404, f"no node named {node!r} in cluster {c.config.name}")
+            try:
+                record = c.disruptions.disrupt(str(kind), c.disruptions.slice_of(node), trigger="api")
+            except ValueError as e:
+                raise GoogleError(400, str(e), "INVALID_ARGUMENT") from None
+            if record is None:
+                raise GoogleError(409, f"node {node} is already under a disruption", "ABORTED")
+            return json_response(record)
+
         async def auth(request: web.Request) -> web.Response:
             body = await read_json_object(request, "google")
             unknown = set(body) - {"required", "token_ttl"}
@@ -322,5 +346,6 @@ class SimFleet:
             web.post("/sim/clusters/{name}/timings", timings),
             web.post("/sim/clusters/{name}/reset", reset),
             web.post("/sim/clusters/{name}/compact", compact),
+            web.post("/sim/clusters/{name}/disrupt", disrupt),
             web.post("/sim/auth", auth),
         ]

@@ -142,13 +142,87 @@ def job_finished(job: dict[str, Any]) -> str | None:
     return None
 
 
+def match_pod_failure_policy(
+    policy: dict[str, Any] | None, pod: dict[str, Any]
+) -> tuple[str | None, bool, str | None]:
+    """(FailJob message, counts toward backoffLimit, action) for a Failed pod, as the job controller's
+    ``matchPodFailurePolicy`` (kubernetes pkg/controller/job/pod_failure_policy.go): rules in order, the
+    first match wins; a rule with an unknown action is skipped; no match is the default (counted)."""
+    if not policy:
+        return None, True, None
+    md = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    for index, rule in enumerate(policy.get("rules") or []):
+        action = rule.get("action")
+        message = None
+        if rule.get("onExitCodes") is not None:
+            container = _matching_container(status, rule["onExitCodes"])
+            if container is None:
+                continue
+            code = container["state"]["terminated"].get("exitCode")
+            message = (
+                f"Container {container.get('name')} for pod {md.get('namespace')}/{md.get('name')} failed with "
+                f"exit code {code} matching {action} rule at index {index}"
+            )
+        elif rule.get("onPodConditions"):
+            condition = _matching_condition(status, rule["onPodConditions"])
+            if condition is None:
+                continue
+            message = (
+                f"Pod {md.get('namespace')}/{md.get('name')} has condition {condition.get('type')} matching "
+                f"{action} rule at index {index}"
+            )
+        else:
+            continue
+        if action == "Ignore":
+            return None, False, "Ignore"
+        if action == "Count":
+            return None, True, "Count"
+        if action == "FailJob":
+            return message, True, "FailJob"
+        # FailIndex needs backoffLimitPerIndex (not modelled); unknown actions are skipped
+    return None, True, None
+
+
+def _matching_container(status: dict[str, Any], req: dict[str, Any]) -> dict[str, Any] | None:
+    values = req.get("values") or []
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for cs in status.get(key) or []:
+            terminated = (cs.get("state") or {}).get("terminated")
+            if terminated is None:
+                continue
+            if req.get("containerName") is not None and req["containerName"] != cs.get("name"):
+                continue
+            code = terminated.get("exitCode", 0)
+            if code == 0:
+                continue
+            if (req.get("operator") == "In" and code in values) or (
+                req.get("operator") == "NotIn" and code not in values
+            ):
+                return cs
+    return None
+
+
+def _matching_condition(status: dict[str, Any], patterns: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for cond in status.get("conditions") or []:
+        for pattern in patterns:
+            if cond.get("type") == pattern.get("type") and cond.get("status") == pattern.get(
+                "status", "True"
+            ):
+                return cond
+    return None
+
+
 @dataclass
 class JobTrack:
     counted: set[str] = field(default_factory=set)
     succeeded: int = 0
     failed: int = 0
+    ignored: int = 0  # failed pods a podFailurePolicy Ignore rule matched: not in status.failed
     succeeded_indexes: set[int] = field(default_factory=set)
     deadline_armed: bool = False
+    policy: dict[str, Any] | None = None  # spec.podFailurePolicy
+    fail_job_message: str | None = None  # set by the first pod that matched a FailJob rule
 
     def count(self, pod: dict[str, Any], phase: str) -> None:
         uid = pod["metadata"]["uid"]
@@ -160,8 +234,15 @@ class JobTrack:
             index = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
             if index is not None and index.isdigit():
                 self.succeeded_indexes.add(int(index))
-        else:
-            self.failed += 1
+            return
+        if (pod.get("status") or {}).get("phase") == "Failed":  # only Failed pods are matched
+            message, counts, _action = match_pod_failure_policy(self.policy, pod)
+            if not counts:
+                self.ignored += 1
+                return
+            if message and self.fail_job_message is None:
+                self.fail_job_message = message
+        self.failed += 1
 
 
 class Workloads:
@@ -245,6 +326,7 @@ class Workloads:
         uid = job["metadata"]["uid"]
         spec = job.get("spec") or {}
         track = self._tracks.setdefault(uid, JobTrack())
+        track.policy = spec.get("podFailurePolicy")
         pods = [p for p in self.store.list("pods", ns) if (owner_job(p) or ("", ""))[1] == uid]
         for p in pods:
             phase = (p.get("status") or {}).get("phase", "Pending")
@@ -264,7 +346,9 @@ class Workloads:
 
         finish: tuple[str, str, str] | None = None
         deadline = spec.get("activeDeadlineSeconds")
-        if track.failed > backoff_limit:
+        if track.fail_job_message is not None:
+            finish = ("Failed", "PodFailurePolicy", track.fail_job_message)
+        elif track.failed > backoff_limit:
             finish = ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
         elif (
             deadline is not None and status.get("startTime") and self._job_age(job, status) >= float(deadline)

@@ -14,7 +14,9 @@ converging, the way kube-controller-manager, kube-scheduler and the kubelets do:
   / ``failed`` (omitted when zero, as the API does), ``ready``,
   ``completedIndexes``, ``completionTime`` and the conditions
   ``SuccessCriteriaMet`` + ``Complete`` or ``FailureTarget`` + ``Failed``
-  (reasons ``BackoffLimitExceeded`` or ``DeadlineExceeded``). A failed Job's
+  (reasons ``BackoffLimitExceeded``, ``DeadlineExceeded`` or ``PodFailurePolicy``).
+  ``spec.podFailurePolicy`` is applied to every pod that ends Failed, as
+  :func:`match_pod_failure_policy` (FailJob / Ignore / Count). A failed Job's
   remaining pods are deleted.
 * Scheduler: binds each unbound Pending pod to the first Ready node (by name)
   that matches its nodeSelector / required node affinity, whose taints it

@@ -128,6 +128,7 @@ class ClusterGateway:
         self.gke = None
         self.compute = None  # built by the first reservation read (see _refresh_reservation)
         self._compute_args: tuple = ()  # (credentials, user agent) of the last connect
+        self.policy_api = None  # gcp.ResourcePolicyApi, built by the first workload-policy check
         self.kube = None
         self.watcher = None
         self.connect_error = ""
@@ -389,6 +390,42 @@ class ClusterGateway:
             zones.insert(0, self.reservation_zone)
         return zones
 
+    def _reservation_owner(self) -> tuple[str, str]:
+        """(project, name) of the default reservation: the project that owns it (P of
+        ``projects/P/...``, a reservation shared from P), else the cluster's."""
+        c = self.cluster
+        try:
+            ref = render.parse_reservation(c.default_reservation)
+        except ValueError:  # a registry row from before the forms were checked: as it was read then
+            return c.project, render.reservation_parts(c.default_reservation)[1]
+        return ref.owner(c.project), ref.name
+
+    def _check_workload_policy(self, op: PoolOp) -> None:
+        """A pool placed by a TPU7x workload policy: read the policy through Compute (the
+        cluster's project and region) before the create; ``render.workload_policy_problem``
+        decides, and a problem fails the create as PERMANENT (its Message names the gcloud
+        command). Compute's transient errors are retried as the create's own."""
+        policy = render.pool_policy_name(op.request or {})
+        if not policy:
+            return
+        c = self.cluster
+        if self.policy_api is None:
+            from falcon_ray.gcp import ResourcePolicyApi
+
+            creds, ua = self._compute_args
+            self.policy_api = ResourcePolicyApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
+        found = self.policy_api.get(c.project, render.cluster_region(c), policy)
+        self.last_ok["compute"] = time.time()
+        try:
+            lease = self.store.get_lease(c.id, op.name)
+        except Fenced:
+            raise
+        except Exception:  # the topology only makes the message more precise
+            lease = None
+        problem = render.workload_policy_problem(policy, lease.topology if lease else "", c, found)
+        if problem:
+            raise CloudError(ErrorKind.PERMANENT, problem)
+
     def _refresh_reservation(self) -> None:
         c = self.cluster
         if not c.default_reservation or self.gke is None:
@@ -400,12 +437,12 @@ class ClusterGateway:
             self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         if (self.reservation is not None or self.reservation_error) and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
             return
-        _, name = render.reservation_parts(c.default_reservation)
+        project, name = self._reservation_owner()
         zones = self._reservation_zones()
         self.reservation_at = time.monotonic()
         for zone in zones:
             try:
-                r = self.compute.reservation(c.project, zone, name)
+                r = self.compute.reservation(project, zone, name)
             except CloudError as e:
                 if e.kind == ErrorKind.NOT_FOUND:
                     continue  # reservations are zonal: try the cluster's next zone
@@ -420,7 +457,7 @@ class ClusterGateway:
             self._record_ledger()
             return
         tried = ", ".join(zones) or "none known"
-        message = f"reservation {name} not found in the zone(s) of cluster {c.name}: {tried}"
+        message = f"reservation {name} of project {project} not found in the zone(s) of cluster {c.name}: {tried}"
         log.warning("cluster %s: %s", self.name, message)
         self.reservation_error = ReservationError(ErrorKind.NOT_FOUND, message)
         self.reservation = None
@@ -621,6 +658,7 @@ class ClusterGateway:
         c = self.cluster
         try:
             if op.kind == OpKind.CREATE:
+                self._check_workload_policy(op)
                 op.operation = self.gke.create_node_pool(c.project, c.location, c.name, op.request)
             else:
                 name = self.gke.delete_node_pool(c.project, c.location, c.name, op.name)

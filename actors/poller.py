@@ -34,6 +34,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Reason
+from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
 from falcon_ray.spec import SpecError, SupplyMode, parse_spec
 from falcon_ray.store import Fenced, Store
 
@@ -147,6 +148,8 @@ class IntakePoller:
         for o in offers:
             if o.unfit == scheduling.Unfit.NO_RESERVATION:
                 parts.append(self.msg("offer_no_reservation", cluster=o.cluster))
+            elif o.unfit == scheduling.Unfit.FLEX_START_MAX_RUN:
+                parts.append(self.msg("offer_flex_start_max_run", cluster=o.cluster, seconds=spec.timeout_seconds, limit=f"{FLEX_START_MAX_RUN_SECONDS // 86400} days"))
             elif o.mode == SupplyMode.RESERVATION:
                 tops = ", ".join(o.topologies) or "-"
                 parts.append(self.msg("offer_reservation", cluster=o.cluster, reservation=o.reservation, machine_type=o.machine_type, topologies=tops))

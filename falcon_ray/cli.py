@@ -23,10 +23,12 @@ from typing import Any
 
 import click
 import sqlalchemy as sa
+import yaml
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import tpu
-from falcon_ray.config import SettingsError
+from falcon_ray import render, scheduling, tpu
+from falcon_ray.config import SettingsError, load_settings
+from falcon_ray.model import Cluster
 from falcon_ray.render import ZONE_RE
 from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import DEFAULT_DB_URL, Store, Task, migrate
@@ -275,7 +277,7 @@ def _tpu_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--location", required=True, help="GKE location (zone or region).")
 @click.option("--tpu-type", required=True, callback=_tpu_type, help=f"One of {', '.join(tpu.tpu_types())}.")
 @click.option("--gcs-bucket", default="", help="Bucket for the Jobs' logs.")
-@click.option("--reservation", default="", help="Default reservation: NAME in the cluster's zone, or ZONE/NAME for a regional cluster (empty: flex-start by default).")
+@click.option("--reservation", default="", callback=lambda c, p, v: _reservation(v), help="Default reservation: NAME (the cluster's project, read in its zone), ZONE/NAME, projects/PROJECT/reservations/NAME (shared from PROJECT) or projects/PROJECT/zones/ZONE/reservations/NAME (empty: flex-start by default).")
 @click.option("--status", type=click.Choice(CLUSTER_STATUSES), default="active", show_default=True)
 @click.option("--namespace", default="falcon-jobs", show_default=True, help="Namespace the Jobs run in.")
 @click.option("--service-account", default="falcon-job", show_default=True, help="Kubernetes SA the Jobs run as.")
@@ -356,6 +358,17 @@ def clusters_set_status(name: str, status: str, db_url: str, as_json: bool) -> N
         echo_json(after.to_dict())
     else:
         click.echo(f"{after.name}: {before.status} -> {after.status}")
+
+
+def _reservation(value: str) -> str:
+    """A registry reservation in one of the accepted forms (else exit 2), stripped."""
+    if not value:
+        return ""
+    try:
+        render.parse_reservation(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value.strip()
 
 
 def _zone(value: str) -> str:
@@ -599,6 +612,112 @@ def status(task_ids: tuple[int, ...], events: bool, limit: int, db_url: str, as_
             click.echo("no tasks")
     if missing:
         raise CliError(f"not found: task {', '.join(str(i) for i in missing)}")
+
+
+# --- render: what Falcon would send, for one cluster and one spec --------------------------
+
+
+def _spec_text(value: str) -> str:
+    if value.startswith("@"):
+        try:
+            return Path(value[1:]).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidInput(f"cannot read spec file {value[1:]!r}: {_first_line(e)}") from None
+    return value
+
+
+@main.command("render")
+@click.option("--project", required=True, help="GCP project of the cluster.")
+@click.option("--location", required=True, help="GKE location (zone or region).")
+@click.option("--tpu-type", required=True, callback=_tpu_type, help=f"One of {', '.join(tpu.tpu_types())}.")
+@click.option("--reservation", default="", callback=lambda c, p, v: _reservation(v), help="Default reservation, as for clusters add.")
+@click.option("--gcs-bucket", default="", help="Bucket for the Jobs' logs.")
+@click.option("--zone", default="", callback=lambda c, p, v: _zone(v), help="Zone of pools without a reservation zone (regional clusters).")
+@click.option("--cluster", "cluster_name", default="edge", show_default=True, help="Cluster name (queue label).")
+@click.option("--namespace", default="falcon-jobs", show_default=True, help="Namespace the Jobs run in.")
+@click.option("--service-account", default="falcon-job", show_default=True, help="Kubernetes SA the Jobs run as.")
+@click.option("--spec", "spec_arg", required=True, metavar="JSON|@FILE", help="The task spec, as in the jobs table.")
+@click.option("--task-id", type=click.IntRange(1, 2**63 - 1), default=1, show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None, help="Settings YAML (scopes, idle times, workload policy).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"node_pool", "job", "service"} as JSON.')
+def render_cmd(
+    project: str,
+    location: str,
+    tpu_type: str,
+    reservation: str,
+    gcs_bucket: str,
+    zone: str,
+    cluster_name: str,
+    namespace: str,
+    service_account: str,
+    spec_arg: str,
+    task_id: int,
+    config_path: str | None,
+    as_json: bool,
+) -> None:
+    """Print what Falcon would send for one task on one cluster, changing nothing: the
+    node-pool create (GKE REST JSON), the Job and the headless Service (multi-host). The
+    supply mode is chosen as the controller would. No database, no cloud call: a reservation
+    given as NAME on a regional cluster needs --zone (the controller finds its zone through
+    Compute)."""
+    settings = load_settings(config_path)
+    try:
+        spec = parse_spec(_spec_text(spec_arg))
+    except SpecError as e:
+        raise InvalidInput(f"invalid task spec: {e}") from None
+    if spec.tpu_type != tpu_type:
+        raise InvalidInput(f"the spec asks for TPU type {spec.tpu_type}; the cluster offers {tpu_type}")
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    cluster = Cluster(
+        id=cluster_name, name=cluster_name, project=project, location=location, tpu_type=tpu_type,
+        gcs_bucket=gcs_bucket, default_reservation=reservation, status="active", namespace=namespace,
+        service_account=service_account, created_at=now, updated_at=now, zone=zone,
+    )
+    offer = scheduling.offer(spec, cluster)
+    if not offer.serves:
+        raise InvalidInput(f"the controller would not place this task on {cluster_name}: {_unfit_text(offer, spec)}")
+    mode = offer.mode
+    pool = render.node_pool_name(task_id, spec.topology)
+    try:
+        request = render.node_pool_request(
+            spec, cluster, mode, pool, task_id,
+            idle_seconds=settings.idle_seconds(mode),
+            workload_policy=settings.workload_policy(spec.topology) if spec.tpu_type == "v7x" else None,
+            installation=settings.installation,
+            zone=zone or None,
+            oauth_scopes=settings.node_oauth_scopes,
+            service_account=settings.node_service_account,
+        )
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+    job = render.job_manifest(task_id, spec, cluster, pool, render.queue_label(cluster_name, spec.topology), settings.installation)
+    service = render.headless_service(task_id, spec, cluster, settings.installation) if spec.shape.multi_host else None
+    out = {"node_pool": request, "job": job, "service": service}
+    if as_json:
+        echo_json(out)
+        return
+    parent = f"projects/{project}/locations/{location}/clusters/{cluster_name}"
+    click.echo(f"# supply mode: {mode.value}")
+    click.echo(f"# node pool: POST https://container.googleapis.com/v1/{parent}/nodePools  {{\"nodePool\": ...}}")
+    click.echo(yaml.safe_dump(request, sort_keys=False, allow_unicode=True).rstrip())
+    click.echo(f"# job: POST /apis/batch/v1/namespaces/{namespace}/jobs")
+    click.echo(yaml.safe_dump(job, sort_keys=False, allow_unicode=True).rstrip())
+    if service is None:
+        click.echo("# service: none (single-host slice)")
+    else:
+        click.echo(f"# service: POST /api/v1/namespaces/{namespace}/services")
+        click.echo(yaml.safe_dump(service, sort_keys=False, allow_unicode=True).rstrip())
+
+
+def _unfit_text(offer: scheduling.Offer, spec: Any) -> str:
+    if offer.unfit == scheduling.Unfit.NO_RESERVATION:
+        return "the task asks for reservation supply and no --reservation is given"
+    if offer.unfit == scheduling.Unfit.FLEX_START_MAX_RUN:
+        return (
+            f"flex-start VMs run at most {render.FLEX_START_MAX_RUN_SECONDS // 86400} days (maxRunDuration), "
+            f"shorter than the task's timeout_seconds {spec.timeout_seconds}"
+        )
+    return f"{offer.unfit}"
 
 
 # --- commands from other modules (keep at the very end) ----------------------------------

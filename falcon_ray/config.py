@@ -55,6 +55,15 @@ class Settings(BaseModel):
         3, ge=1, description="failed delete attempts after which the task's Message says the pool is not deleted"
     )
     orphan_scan_interval_s: float = Field(60.0, gt=0, description="ClusterActor: seconds between orphan scans")
+    node_oauth_scopes: list[str] = Field(
+        default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"],
+        min_length=1,
+        description="OAuth scopes of the nodes of every pool Falcon creates (config.oauthScopes); "
+        "cloud-platform lets IAM decide, as xpk does",
+    )
+    node_service_account: str = Field(
+        "", description="service account of the nodes (config.serviceAccount); empty: the Compute Engine default"
+    )
     v7x_workload_policy: str = Field(
         "falcon-{topology}", description="name of the TPU7x workload policy per topology (UNVERIFIED field mapping)"
     )

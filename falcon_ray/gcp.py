@@ -398,7 +398,9 @@ class ComputeApi(_RestApi):
         super().__init__(*args, **kwargs)
 
     def reservation(self, project: str, zone: str, name: str) -> ReservationInfo:
-        """A specific reservation's size and use; NOT_FOUND raises (a registry error)."""
+        """A specific reservation's size and use; NOT_FOUND raises (a registry error).
+        ``project`` is the reservation's owner: for a reservation shared from another
+        project (``projects/P/reservations/R`` in the registry) that is P, not the cluster's."""
         res = _call(
             lambda: self.client.get(
                 project=project,
@@ -416,6 +418,45 @@ class ComputeApi(_RestApi):
             status=res.status,
             machine_type=specific.instance_properties.machine_type or "",
         )
+
+    def close(self) -> None:
+        self.client.transport.close()
+
+
+class ResourcePolicyApi(_RestApi):
+    """Compute Engine resource policies (REST): whether a TPU7x workload policy exists.
+
+    Loaded only by a ClusterActor that creates a pool naming a workload policy
+    (``placementPolicy.policyName``); lean like ``ComputeApi``."""
+
+    CLIENT: Any = None  # compute_v1 ResourcePoliciesClient, loaded by the first ResourcePolicyApi
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if ResourcePolicyApi.CLIENT is None:
+            _lean_compute_v1()
+            from google.cloud.compute_v1.services.resource_policies import ResourcePoliciesClient
+
+            ResourcePolicyApi.CLIENT = ResourcePoliciesClient
+        super().__init__(*args, **kwargs)
+
+    def get(self, project: str, region: str, name: str) -> dict[str, Any] | None:
+        """The resource policy as Compute's JSON (camelCase: ``name``, ``workloadPolicy``
+        ``{type, acceleratorTopology}``, ``status``), or None when it does not exist."""
+        try:
+            policy = _call(
+                lambda: self.client.get(
+                    project=project,
+                    region=region,
+                    resource_policy=name,
+                    retry=self.retry.build(_READ_RETRY),
+                    timeout=self.retry.request_timeout,
+                )
+            )
+        except CloudError as e:
+            if e.kind == ErrorKind.NOT_FOUND:
+                return None
+            raise
+        return _message_dict(policy)
 
     def close(self) -> None:
         self.client.transport.close()

@@ -139,6 +139,12 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "{cluster}: no reservation",
         "{cluster}: 未配置 reservation",
     ),
+    "offer_flex_start_max_run": (
+        "{cluster}: flex-start, whose VMs run at most {limit} (maxRunDuration), "
+        "shorter than the task's timeout_seconds {seconds}",
+        "{cluster}: flex-start,其 VM 最多运行 {limit} (maxRunDuration),"
+        "短于任务的 timeout_seconds {seconds}",
+    ),
     "offer_supply": (
         "{cluster}: {supply} {tpu_type}, any topology",
         "{cluster}: {supply} {tpu_type},任意拓扑",

@@ -44,6 +44,7 @@ from typing import Protocol, TypeVar
 
 from falcon_ray import tpu
 from falcon_ray.model import Destination, QueueTask, WaitingQueue
+from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
 from falcon_ray.spec import SupplyMode, TaskSpec
 
 
@@ -274,6 +275,7 @@ class Unfit(StrEnum):
     NO_RESERVATION = "no_reservation"  # reservation supply, and the cluster has no reservation
     MACHINE_TYPE = "machine_type"  # its reservation holds VMs of another machine type
     TOPOLOGY = "topology"  # the topology is not in the cluster's TPU catalogue
+    FLEX_START_MAX_RUN = "flex_start_max_run"  # flex-start, and the task's timeout exceeds its run limit
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,12 @@ def reservation_topologies(tpu_type: str, machine_type: str) -> tuple[str, ...]:
     return tuple(t for t in tpu.topologies(tpu_type) if tpu.lookup(tpu_type, t).machine_type == machine_type)
 
 
+def outlives_flex_start(spec: TaskSpec, mode: SupplyMode, max_run_s: int = FLEX_START_MAX_RUN_SECONDS) -> bool:
+    """Flex-start VMs run at most ``max_run_s`` (the pool's ``maxRunDuration``, 7 days):
+    a task with a longer timeout would be cut off by GKE, so flex-start cannot serve it."""
+    return mode == SupplyMode.FLEX_START and spec.timeout_seconds > max_run_s
+
+
 def offer(spec: TaskSpec, c: RankableCluster, machine_type: str | None = None) -> Offer:
     """Can ``c`` serve ``spec``? A reservation serves only the shapes of the machine type it
     holds (``machine_type``: a fresher reading than the cluster row's); a reservation not
@@ -308,6 +316,8 @@ def offer(spec: TaskSpec, c: RankableCluster, machine_type: str | None = None) -
     catalogue = tuple(tpu.topologies(c.tpu_type))
     if spec.topology not in catalogue:
         return Offer(c.name, c.tpu_type, mode, topologies=catalogue, unfit=Unfit.TOPOLOGY)
+    if outlives_flex_start(spec, mode):
+        return Offer(c.name, c.tpu_type, mode, topologies=catalogue, unfit=Unfit.FLEX_START_MAX_RUN)
     if mode != SupplyMode.RESERVATION:
         return Offer(c.name, c.tpu_type, mode, topologies=catalogue)
     if not c.default_reservation:

@@ -215,6 +215,9 @@ def pool_request(d: Decision, t: QueueTask, mode: SupplyMode, name: str) -> dict
         workload_policy=d.s.workload_policy(t.spec.topology) if t.spec.tpu_type == "v7x" else None,
         installation=d.s.installation,
         zone=pool_zone(d, mode),
+        oauth_scopes=d.s.node_oauth_scopes,
+        service_account=d.s.node_service_account,
+        node_zones=d.v.zones,
     )
 
 

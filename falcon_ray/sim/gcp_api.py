@@ -15,7 +15,12 @@ a regional cluster):
 * ``GET  /v1/projects/{p}/locations/{l}/operations[/{op}]``.
 * ``GET  /compute/v1/projects/{p}/zones/{z}/reservations[/{r}]`` - a reservation
   exists only in its own zone (``reservation.zone``, default the cluster's zone
-  or first node location); asked in another zone it is 404, as Compute says it.
+  or first node location); asked in another zone it is 404, as Compute says it. It
+  lives in its owner's project (``reservation.project``, default the cluster's): a
+  reservation shared from another project is read there.
+* ``GET  /compute/v1/projects/{p}/regions/{r}/resourcePolicies/{name}`` - a workload
+  policy a cluster of project ``p`` in region ``r`` declares (``workload_policies``);
+  404 for any other name.
 
 Behaviour: enums are read as numbers or names; answers are camelCase and use
 enum numbers when the request asked ``$alt=json;enum-encoding=int`` (as the
@@ -55,7 +60,7 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
             raise GoogleError(401, UNAUTHENTICATED, "UNAUTHENTICATED")
 
     def known_project(project: str) -> None:
-        if not any(c.config.project == project for c in fleet.clusters.values()):
+        if not any(project in (c.config.project, c.config.reservation_project) for c in fleet.clusters.values()):
             raise GoogleError(
                 403,
                 f"Permission denied on resource project {project} (or it may not exist).",
@@ -153,7 +158,7 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
         owners = [
             c
             for c in fleet.clusters.values()
-            if c.config.project == p
+            if c.config.reservation_project == p
             and c.config.reservation_zone == zone
             and c.config.reservation is not None
             and (name is None or c.config.reservation.name == name)
@@ -181,6 +186,24 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
             {"kind": "compute#reservationList", "items": [c.reservation_json() for c in owners]}
         )
 
+    async def get_resource_policy(request: web.Request) -> web.Response:
+        p, region, name = (
+            request.match_info["project"],
+            request.match_info["region"],
+            request.match_info["policy"],
+        )
+        owners = [
+            c
+            for c in fleet.clusters.values()
+            if c.config.project == p and c.region == region and c.workload_policy(name) is not None
+        ]
+        authenticate(request, owners[0] if owners else None)
+        known_project(p)
+        if not owners:
+            raise GoogleError(404, f"The resource 'projects/{p}/regions/{region}/resourcePolicies/{name}' was not found")
+        owners[0].inject_api_fault()
+        return json_response(owners[0].resource_policy_json(name))
+
     base = "/v1/projects/{project}/locations/{location}"
     cluster_path = base + "/clusters/{cluster}"
     compute = "/compute/v1/projects/{project}/zones/{zone}/reservations"
@@ -195,4 +218,5 @@ def gcp_routes(fleet: SimFleet) -> list[web.RouteDef]:
         web.get(base + "/operations/{operation}", get_operation),
         web.get(compute, list_reservations),
         web.get(compute + "/{reservation}", get_reservation),
+        web.get("/compute/v1/projects/{project}/regions/{region}/resourcePolicies/{policy}", get_resource_policy),
     ]

@@ -163,7 +163,26 @@ def _reservation_name(config: dict[str, Any]) -> str | None:
             "Invalid reservation affinity: SPECIFIC_RESERVATION needs "
             f"key '{RESERVATION_KEY}' and exactly one reservation name in 'values'.",
         )
-    return values[0].rsplit("/", 1)[-1]
+    return _reservation_ref(values[0])[1]
+
+
+_SHARED_RESERVATION = re.compile(r"^projects/([^/]+)/reservations/([^/]+)$")
+
+
+def _reservation_ref(value: str) -> tuple[str | None, str]:
+    """(owner project or None for the pool's own, name) of an affinity value: a bare name (a
+    reservation of the cluster's project) or ``projects/P/reservations/NAME`` (one shared
+    from P), the two forms Compute's ReservationAffinity documents; else 400."""
+    m = _SHARED_RESERVATION.match(value)
+    if m:
+        return m.group(1), m.group(2)
+    if "/" in value or not value:
+        raise GoogleError(
+            400,
+            f"Invalid reservation affinity value {value!r}: give a reservation name of the cluster's project "
+            "or projects/PROJECT/reservations/NAME for a reservation shared from another project.",
+        )
+    return None, value
 
 
 def _autoscaling(spec: dict[str, Any], zone_count: int) -> AutoscalingRange | None:
@@ -466,7 +485,8 @@ class NodePools:
         size = initial or (autoscaling.max_nodes if autoscaling else 0)
         topology, slice_hosts = None, 1
         if family is not None:
-            topology, slice_hosts = _tpu_slice(request, config, family, machine_type, per_host, size)
+            placed = self._placed_by_policy(request)
+            topology, slice_hosts = _tpu_slice(placed, config, family, machine_type, per_host, size)
         if slice_hosts > 1 and autoscaling and autoscaling.max_nodes != slice_hosts:
             raise GoogleError(
                 400,
@@ -491,6 +511,23 @@ class NodePools:
             autoscaling=autoscaling,
             slice_hosts=slice_hosts,
         )
+
+    def _placed_by_policy(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A request whose ``placementPolicy.policyName`` names a workload policy: the policy
+        must exist in the cluster's project and region (else 404), and its accelerator
+        topology is the slice's (the policy replaces ``tpuTopology``)."""
+        placement = request.get("placementPolicy") or {}
+        name = placement.get("policyName") if isinstance(placement, dict) else None
+        if not name:
+            return request
+        c = self.cluster
+        policy = c.workload_policy(name)
+        if policy is None:
+            raise GoogleError(
+                404,
+                f"The resource 'projects/{c.config.project}/regions/{c.region}/resourcePolicies/{name}' was not found",
+            )
+        return {**request, "placementPolicy": {**placement, "tpuTopology": policy.accelerator_topology}}
 
     def _pool_zones(self, request: dict[str, Any], tpu: bool) -> list[str]:
         """The pool's zones: ``locations``, else the cluster's node locations (400 when GKE refuses them)."""
@@ -545,8 +582,10 @@ class NodePools:
         """Why ``pool`` cannot consume its reservation at all (unknown, other zone, other machine type)."""
         c = self.cluster.config
         res, res_zone = c.reservation, c.reservation_zone
-        path = f"projects/{c.project}/zones/{pool.zones[0]}/reservations/{pool.reservation}"
-        if res is None or res.name != pool.reservation:
+        values = ((pool.request.get("config") or {}).get("reservationAffinity") or {}).get("values") or [""]
+        project = _reservation_ref(values[0])[0] or c.project  # a bare name is the cluster's project's
+        path = f"projects/{project}/zones/{pool.zones[0]}/reservations/{pool.reservation}"
+        if res is None or res.name != pool.reservation or project != c.reservation_project:
             return {"code": CODE_NOT_FOUND, "message": f"Reservation '{path}' was not found."}
         if pool.zones != [res_zone]:
             return {

@@ -625,6 +625,7 @@ GKE_PERMISSIONS = {
     "get_operation": "container.operations.get",
 }
 COMPUTE_PERMISSIONS = {"get": "compute.reservations.get"}  # ReservationsClient
+POLICY_PERMISSIONS = {"get": "compute.resourcePolicies.get"}  # ResourcePoliciesClient
 K8S_VERBS = {
     "create": "create",
     "read": "get",
@@ -672,6 +673,7 @@ def permissions_the_code_needs() -> dict[str, set[str]]:
     for cls, table, client in (
         ("GkeApi", GKE_PERMISSIONS, "container_v1.ClusterManagerClient"),
         ("ComputeApi", COMPUTE_PERMISSIONS, "compute_v1.ReservationsClient"),
+        ("ResourcePolicyApi", POLICY_PERMISSIONS, "ResourcePoliciesClient"),
     ):
         assert cls in classes, f"falcon_ray/gcp.py has no class {cls}"
         assert client in ast.unparse(classes[cls]), f"{cls} no longer builds a {client}"

@@ -50,6 +50,8 @@ UNITS: dict[str, str] = {
     "pool_delete_report_after": "attempts",
     "orphan_scan_interval_s": "seconds",
     "v7x_workload_policy": "name template (`{topology}`)",
+    "node_oauth_scopes": "list of OAuth scope URLs",
+    "node_service_account": "service account email",
     "capacity_retry_first_s": "seconds",
     "capacity_retry_factor": "factor",
     "capacity_retry_max_s": "seconds",

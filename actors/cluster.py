@@ -51,6 +51,7 @@ threaded actor), never on an event loop.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import random
@@ -79,6 +80,7 @@ from falcon_ray.model import (
     PoolView,
     ReservationError,
     ReservationView,
+    RunEvidence,
 )
 from falcon_ray.spec import SupplyMode
 from falcon_ray.store import Fenced, Store, utcnow
@@ -147,6 +149,12 @@ class ClusterGateway:
         self.job_queue: dict[int, str] = {}
         self.jobs_synced = False
         self.failure_detail: dict[str, str] = {}
+        # the runs a decision may have to classify (falcon_ray.faults): per Job uid, what was
+        # read of its pods and nodes when it failed or its pods stopped being ready, the Jobs
+        # that had every pod ready once, and since when one has had fewer
+        self.evidence: dict[str, RunEvidence] = {}
+        self.full_ready: set[str] = set()
+        self.short_since: dict[str, dt.datetime] = {}
         self.ops: dict[str, PoolOp] = {}
         self.op_fifo: deque[PoolOp] = deque()
         self.reservation: ReservationView | None = None
@@ -265,6 +273,7 @@ class ClusterGateway:
         if obs.task_id is None:
             return None
         message = obs.message
+        evidence = None
         if obs.phase == JobPhase.FAILED:
             detail = self.failure_detail.get(obs.uid)
             if detail is None:
@@ -276,6 +285,15 @@ class ClusterGateway:
                 if detail:
                     self.failure_detail[obs.uid] = detail
             message = detail or message
+            evidence = self._evidence(obs, refresh=False)
+        elif obs.phase != JobPhase.DELETED:
+            if obs.ready >= obs.expected:
+                self.full_ready.add(obs.uid)
+                self.short_since.pop(obs.uid, None)
+                self.evidence.pop(obs.uid, None)
+            elif obs.uid in self.full_ready:  # it had every pod ready: the run falters
+                self.short_since.setdefault(obs.uid, utcnow())
+                evidence = self._evidence(obs, refresh=True)
         return JobView(
             task_id=int(obs.task_id),
             name=obs.name,
@@ -287,7 +305,24 @@ class ClusterGateway:
             expected=obs.expected,
             message=message or "",
             node_pool=obs.node_pool,
+            attempt=obs.attempt,
+            evidence=evidence,
+            short_since=self.short_since.get(obs.uid),
+            deleting=obs.deleting,
         )
+
+    def _evidence(self, obs, refresh: bool) -> RunEvidence | None:
+        """The pods and pool nodes of a Job's run (read once when it failed; at each event
+        while its pods are short of ready), for the queue's classification of the fault."""
+        if not refresh and obs.uid in self.evidence:
+            return self.evidence[obs.uid]
+        try:
+            ev = self.kube.run_evidence(obs.namespace, obs.name, obs.node_pool, obs.message)
+        except Exception as e:
+            log.warning("cluster %s: pods and nodes of %s: %s", self.name, obs.name, e)
+            return self.evidence.get(obs.uid)
+        self.evidence[obs.uid] = ev
+        return ev
 
     def _on_job(self, obs) -> None:
         jv = self._job_view(obs)
@@ -298,8 +333,12 @@ class ClusterGateway:
         with self.lock:
             before = self.jobs.get(jv.task_id)
             if jv.phase == JobPhase.DELETED:
-                self.jobs.pop(jv.task_id, None)
-            else:
+                if before is None or before.name == jv.name:  # not a newer attempt's Job
+                    self.jobs.pop(jv.task_id, None)
+                for cache in (self.failure_detail, self.evidence, self.short_since):
+                    cache.pop(jv.uid, None)
+                self.full_ready.discard(jv.uid)
+            elif before is None or before.attempt <= jv.attempt:
                 self.jobs[jv.task_id] = jv
             if queue:
                 self.job_queue[jv.task_id] = queue
@@ -311,15 +350,20 @@ class ClusterGateway:
         queues = {}
         for obs in observations:
             jv = self._job_view(obs)
-            if jv is not None:
+            if jv is not None and (jv.task_id not in views or views[jv.task_id].attempt <= jv.attempt):
                 views[jv.task_id] = jv
                 q = (obs.labels or {}).get(render.LABEL_QUEUE, "")
                 if q:
                     queues[jv.task_id] = q
+        uids = {obs.uid for obs in observations}
         with self.lock:
             self.jobs = views
             self.job_queue.update(queues)
             self.jobs_synced = True
+            for cache in (self.failure_detail, self.evidence, self.short_since):  # Jobs gone while the watch was down
+                for uid in [u for u in cache if u not in uids]:
+                    cache.pop(uid, None)
+            self.full_ready &= uids
         self.last_ok["kubernetes"] = time.time()
         metrics.watch_relist(self.name)
         for q in set(queues.values()):
@@ -737,9 +781,11 @@ class ClusterGateway:
         self._fence()
         if self.kube is None:
             raise CloudError(ErrorKind.TRANSIENT, self.not_connected())
-        gone = self.kube.delete_job(namespace, name)
+        # Foreground: the Job object stays until its pods are gone, so its absence (the watch's
+        # DELETED) proves none of its pods still runs: the next attempt may start then
+        gone = self.kube.delete_job(namespace, name, propagation="Foreground")
         try:
-            self.kube.delete_service(namespace, name)
+            self.kube.delete_service(namespace, render.service_of_job(name))
         except CloudError:
             pass
         self.last_ok["kubernetes"] = time.time()

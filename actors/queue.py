@@ -68,6 +68,7 @@ from falcon_ray.model import (
     Cluster,
     ClusterView,
     Destination,
+    Disruption,
     ErrorKind,
     Lease,
     QueueHistory,
@@ -87,6 +88,7 @@ from falcon_ray.reconcile import (
     MarkReady,
     MoveLease,
     MoveTask,
+    RecordDisruption,
     RecordOperation,
     RefreshMessages,
     SetLastGranted,
@@ -128,6 +130,9 @@ class QueueReconciler:
         self.specs: dict[int, TaskSpec] = {}
         self.phase_since: dict[int, tuple[Phase, dt.datetime]] = {}
         self.submit_errors: dict[int, SubmitError] = {}
+        # the fleet's disruptions of each task's earlier runs (falcon_task_disruptions): read
+        # once per task when the queue first sees it, then kept from this queue's own writes
+        self.disrupted: dict[int, tuple[Disruption, ...]] = {}
         self.lock = threading.Lock()
         self.last_state: QueueState | None = None
         self.last_view: ClusterView | None = None
@@ -283,7 +288,7 @@ class QueueReconciler:
 
     def _drop(self, tid: int) -> None:
         """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
-        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.trails):
+        for cache in (self.rows, self.specs, self.submit_errors, self.phase_since, self.trails, self.disrupted):
             cache.pop(tid, None)
         self._forget_value(tid)
 
@@ -301,6 +306,10 @@ class QueueReconciler:
                 continue
             rows.append(t)
         self._phase_since(rows)
+        unknown = [t.id for t in rows if t.id not in self.disrupted]
+        if unknown:
+            found = self.store.disruptions(unknown)
+            self.disrupted.update({tid: found.get(tid, ()) for tid in unknown})
         for t in rows:
             entry = self.phase_since.get(t.id)
             self._set_value(QueueTask(
@@ -315,6 +324,7 @@ class QueueReconciler:
                 job_uid=t.job_uid,
                 message=t.message,
                 phase_since=entry[1] if entry else None,
+                disruptions=self.disrupted.get(t.id, ()),
             ))
         if self.held_values is None:
             self.held_values = tuple(self.held[k] for k in sorted(self.held))
@@ -584,6 +594,9 @@ class QueueReconciler:
             case DeleteJob():
                 self.port.delete_job(c, e.namespace, e.name)
                 return True, False
+            case RecordDisruption():
+                self._record_disruption(e)
+                return True, False
             case Unassign():
                 won = st.unassign(e.task_id, e.message, e.expect)
                 if won:
@@ -592,6 +605,22 @@ class QueueReconciler:
             case MoveTask():
                 return self._move(e)
         raise TypeError(f"unknown effect {e!r}")
+
+    def _record_disruption(self, e: RecordDisruption) -> None:
+        """Write the run the fleet ended (idempotent by task and attempt) and keep it."""
+        first = self.store.record_disruption(e.task_id, e.attempt, e.kind, e.node, e.job, e.detail)
+        known = self.disrupted.get(e.task_id, ())
+        if len(known) == e.attempt:
+            self.disrupted[e.task_id] = (*known, Disruption(e.attempt, e.kind, e.node, e.job, e.detail, self.clock()))
+        elif len(known) < e.attempt:  # not known here: read it back with the row
+            self.disrupted.pop(e.task_id, None)
+        self.changed.add(e.task_id)
+        if first:
+            log.warning(
+                "task %s: run %s disrupted by the fleet (%s, node %s): %s", e.task_id, e.attempt, e.kind, e.node or "?", e.detail,
+                extra={"falcon_task_id": e.task_id, "cluster": self.cluster_name, "topology": self.topology},
+            )
+            metrics.disruption(self.cluster_name, e.kind)
 
     def _messages_written(self, updates) -> None:
         """The kept rows carry the Messages just written (a row whose phase moved meanwhile
@@ -706,6 +735,8 @@ class QueueReconciler:
             },
         )
         metrics.task_transition(self.cluster_name, self.topology, e.to)
+        if e.to == lc.RECOVERING:
+            metrics.recovery(self.cluster_name, self.topology)
         if task is None:
             return
         now = self.clock()

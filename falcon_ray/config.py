@@ -81,6 +81,16 @@ class Settings(BaseModel):
     submit_budget_s: float = Field(
         600.0, gt=0, description="a Job submission refused for now (5xx, timeouts) is retried this long, then JobSubmitFailed"
     )
+    # --- disruptions (the fleet ended a run: maintenance, repair, reclaim)
+    max_recoveries: int = Field(
+        3, ge=0, le=100, description="new attempts after the fleet disrupted a task's run, unless its spec says max_recoveries; past them Failed/Disrupted"
+    )
+    disruption_grace_s: float = Field(
+        60.0, gt=0, description="a Running task whose pods are not all ready while nodes under them are NotReady or gone is recovered after this long"
+    )
+    recovery_pool_wait_s: float = Field(
+        3600.0, gt=0, description="a recovering task waits this long for its pool's nodes to come back, then acquires a new pool (ahead of the queue)"
+    )
     # --- calls between actors
     actor_call_timeout_s: float = Field(
         60.0, gt=0, description="QueueActor: longest wait for one call to its ClusterActor (observe, pools, Jobs)"

@@ -50,7 +50,8 @@ from google.api_core.retry import Retry
 from kubernetes import client, watch
 
 from falcon_ray.errors import CloudError, ErrorKind, classify
-from falcon_ray.render import CONTAINER_NAME, LABEL_TASK_ID, MANAGED_SELECTOR
+from falcon_ray.model import NodeState, PodEnd, RunEvidence
+from falcon_ray.render import CONTAINER_NAME, LABEL_TASK_ID, MANAGED_SELECTOR, job_attempt
 from falcon_ray.tpu import NODEPOOL_LABEL
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class JobObservation:
     resource_version: str
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     node_pool: str = ""  # the pool its pods select (cloud.google.com/gke-nodepool)
+    attempt: int = 0  # which run of its task (falcon.dev/attempt)
+    deleting: bool = False  # metadata.deletionTimestamp is set: a delete is under way
 
     @property
     def terminal(self) -> bool:
@@ -187,6 +190,8 @@ class JobObservation:
             resource_version=str(meta.get("resourceVersion") or ""),
             labels=labels,
             node_pool=str((((spec.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}).get(NODEPOOL_LABEL, "")),
+            attempt=job_attempt(labels, str(meta.get("name") or "")),
+            deleting=bool(meta.get("deletionTimestamp")),
         )
 
 
@@ -265,6 +270,49 @@ def _failure_of_pod(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     if status.get("phase") == "Failed" and (status.get("reason") or status.get("message")):
         return "~", f"Pod {name} failed: {_reason_message(status.get('reason'), status.get('message'))}"
     return None
+
+
+# GKE's marks of host maintenance on a node ("Manage GKE node disruption for GPUs and TPUs"):
+# the scheduled time and the maintenance in progress as labels, and the taint it adds
+# before it drains the node.
+MAINTENANCE_LABELS = ("cloud.google.com/scheduled-maintenance-time", "cloud.google.com/active-node-maintenance")
+MAINTENANCE_TAINTS = ("cloud.google.com/impending-node-termination", "cloud.google.com/active-node-maintenance")
+
+
+def _pod_end(pod: Mapping[str, Any]) -> PodEnd:
+    """A pod as ``faults.classify`` reads it: where it ran, whether the fleet took it
+    (``DisruptionTarget``), how its task's container ended or why it never started."""
+    info = _pod_info(pod)
+    status = pod.get("status") or {}
+    disruption = next(
+        (
+            _reason_message(c.get("reason"), c.get("message"))
+            for c in status.get("conditions") or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        "",
+    )
+    code: int | None = None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if term is not None and cs.get("name") in (CONTAINER_NAME, None):
+            code = int(term.get("exitCode") or 0)
+    return PodEnd(
+        name=info.name, node=info.node_name, phase=info.phase, disruption=disruption or "",
+        exit_code=code, reason=info.reason, message=info.message[:300],
+    )
+
+
+def _node_state(node: Mapping[str, Any]) -> NodeState:
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    labels = meta.get("labels") or {}
+    taints = {str(t.get("key") or "") for t in spec.get("taints") or []}
+    return NodeState(
+        name=str(meta.get("name") or ""),
+        ready=_condition_true(node, "Ready"),
+        maintenance=any(k in labels for k in MAINTENANCE_LABELS) or bool(taints & set(MAINTENANCE_TAINTS)),
+        unschedulable=bool(spec.get("unschedulable")),
+    )
 
 
 # --- the API ---------------------------------------------------------------------------
@@ -415,6 +463,18 @@ class KubeApi:
             )
             for n in body.get("items") or []
         ]
+
+    def run_evidence(self, namespace: str, job: str, pool: str, condition: str = "") -> RunEvidence:
+        """What ``faults.classify`` needs of one Job's run: its pods and the nodes of its pool.
+        A node list that cannot be read is marked so (then an absent node proves nothing)."""
+        pods = tuple(_pod_end(p) for p in self._list_pod_dicts(namespace, f"job-name={job}"))
+        try:
+            body = self._json(self.core.list_node, label_selector=f"{NODEPOOL_LABEL}={pool}") if pool else {"items": []}
+            nodes, listed = tuple(_node_state(n) for n in body.get("items") or []), bool(pool)
+        except CloudError as e:
+            log.warning("nodes of pool %s: %s", pool, e)
+            nodes, listed = (), False
+        return RunEvidence(pods=pods, nodes=nodes, condition=condition, nodes_listed=listed)
 
     def job_failure_message(self, namespace: str, job: str | Mapping[str, Any]) -> str:
         """Why a Job failed, from its pods: the earliest failed container, e.g.

@@ -37,6 +37,9 @@ class Reason(StrEnum):
     CLUSTER_BUSY = "ClusterBusy"
     WAITING_FOR_NODE = "WaitingForNode"
     DISPATCHING = "Dispatching"
+    # the fleet disrupted its run (host maintenance, node repair, capacity reclaimed): a new
+    # attempt of its Job is on the way; it holds its pool but not the acquisition slot
+    RECOVERING = "Recovering"
     # Failed: why
     NODE_POOL_TIMEOUT = "NodePoolTimeout"
     NODE_POOL_FAILED = "NodePoolFailed"
@@ -46,6 +49,7 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"  # the spec column failed validation
     UNSUPPORTED_TPU_TYPE = "UnsupportedTPUType"  # no registered cluster offers the TPU type
     NO_CANDIDATE_CLUSTER = "NoCandidateCluster"  # clusters exist, none can take this task
+    DISRUPTED = "Disrupted"  # the fleet disrupted its runs more often than its max_recoveries
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.ABORTED})
@@ -65,6 +69,7 @@ FAILURE_REASONS = frozenset(
         Reason.INVALID_SPEC,
         Reason.UNSUPPORTED_TPU_TYPE,
         Reason.NO_CANDIDATE_CLUSTER,
+        Reason.DISRUPTED,
     }
 )
 
@@ -84,6 +89,7 @@ PROVISIONING = P(Status.PENDING, Reason.PROVISIONING)
 CLUSTER_BUSY = P(Status.PENDING, Reason.CLUSTER_BUSY)
 WAITING_FOR_NODE = P(Status.PENDING, Reason.WAITING_FOR_NODE)
 DISPATCHING = P(Status.PENDING, Reason.DISPATCHING)
+RECOVERING = P(Status.PENDING, Reason.RECOVERING)
 RUNNING = P(Status.RUNNING)
 SUCCEEDED = P(Status.SUCCEEDED)
 ABORTING = P(Status.ABORTING)
@@ -96,7 +102,7 @@ def failed(reason: Reason) -> Phase:
 
 
 ACQUIRING_PHASES = (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE, DISPATCHING)
-PENDING_PHASES = (NEW, WAITING, *ACQUIRING_PHASES)
+PENDING_PHASES = (NEW, WAITING, *ACQUIRING_PHASES, RECOVERING)
 LIVE_PHASES = (*PENDING_PHASES, RUNNING)
 
 # Who causes each move.
@@ -150,6 +156,22 @@ def _edges() -> dict[tuple[Phase, Phase], str]:
     add((DISPATCHING, WAITING_FOR_NODE, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed")
     add((DISPATCHING, WAITING_FOR_NODE, RUNNING), failed(Reason.JOB_FAILED), f"{QUEUE}: the Job failed (pod failure, OOM, ...)")
     add((DISPATCHING, RUNNING), failed(Reason.TIMEOUT), f"{QUEUE}: dispatched_at + timeout_seconds passed")
+    # recovery: the fleet, not the task, ended a run (reconcile.recover, falcon_ray.faults)
+    add(
+        (DISPATCHING, WAITING_FOR_NODE, RUNNING),
+        RECOVERING,
+        f"{QUEUE}: the fleet disrupted the run (maintenance, repair, reclaim, a lost node or pool) and its recoveries are not used up; its Job is deleted",
+    )
+    add(RECOVERING, RUNNING, f"{QUEUE}: every pod of the new attempt's Job is active (the attempt's timeout clock starts)")
+    add(RECOVERING, WAITING, f"{QUEUE}: its pool is gone or did not come back within recovery_pool_wait_s; it acquires a new one, ahead of the queue")
+    add(RECOVERING, SUCCEEDED, f"{QUEUE}: the new attempt's Job completed")
+    add(RECOVERING, failed(Reason.JOB_FAILED), f"{QUEUE}: the new attempt's Job failed by the task's own fault")
+    add(RECOVERING, failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the new attempt's Job")
+    add(
+        (DISPATCHING, WAITING_FOR_NODE, RUNNING, RECOVERING),
+        failed(Reason.DISRUPTED),
+        f"{QUEUE}: the fleet disrupted the run once more than the task's max_recoveries allows",
+    )
     # abort: the upper layer may abort any live task; Falcon finishes it
     add(LIVE_PHASES, ABORTING, f"{UPPER}: abort requested")
     add(ABORTING, ABORTED, f"{QUEUE} (or {POLLER} for a task unassigned or aborted while Waiting): Job and pool handled")

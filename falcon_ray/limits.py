@@ -36,6 +36,8 @@ REPORT_GRACE_TICKS = 3
 class Action(StrEnum):
     FAIL = "fail"
     RERANK = "re-rank"
+    REACQUIRE = "new pool"  # the task goes back to Waiting, ahead of the queue, for a new pool
+    RECOVER = "recover"  # the run is ended as the fleet's fault: a new attempt
     REPORT = "report"
 
 
@@ -51,6 +53,8 @@ class Wait(StrEnum):
     SUBMIT = "submit"
     PODS = "pods"
     ABORT = "abort"
+    RECOVERY = "recovery"
+    DEGRADED = "degraded"
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,11 @@ LIMITS: tuple[WaitLimit, ...] = (
               "submit_budget_s", ENTERED, Action.FAIL, "dispatch.submit_refused", Reason.JOB_SUBMIT_FAILED),
     WaitLimit(Wait.PODS, lc.DISPATCHING, "its Job was accepted; its pods are starting",
               TASK_TIMEOUT, "the first accepted Job (dispatched_at)", Action.FAIL, "finish.timed_out", Reason.TIMEOUT),
+    WaitLimit(Wait.DEGRADED, lc.RUNNING, "pods of its Job are not all ready and nodes under them are NotReady or gone",
+              "disruption_grace_s", "when the ClusterActor first saw the Job short of ready pods", Action.RECOVER,
+              "Decision.fleet_ended"),
+    WaitLimit(Wait.RECOVERY, lc.RECOVERING, "the fleet disrupted its run; its pool's nodes are to come back for the next attempt",
+              "recovery_pool_wait_s", ENTERED, Action.REACQUIRE, "recover.recovering"),
     WaitLimit(Wait.ABORT, lc.ABORTING, "its Job and pool are being cleaned up",
               "aborting_limit_s", "the abort request (aborting_at)", Action.REPORT, ""),
 )  # fmt: skip
@@ -133,6 +142,7 @@ def wait_of(
     out_of_service: bool = False,
     contested: bool = False,
     capacity_refused: bool = False,
+    degraded: bool = False,
 ) -> Wait | None:
     """Which row a live task is in, from facts its row and its cluster's show; None for a
     phase no row covers (Running is bounded by its own timeout, terminal phases by nothing)."""
@@ -144,6 +154,8 @@ def wait_of(
         return Wait.PODS if job_accepted else Wait.SUBMIT
     if phase == lc.CLUSTER_BUSY:
         return Wait.CAPACITY if capacity_refused else Wait.RESERVATION
+    if phase == lc.RUNNING:
+        return Wait.DEGRADED if degraded else None
     return next((row.wait for row in LIMITS if row.phase == phase), None)
 
 

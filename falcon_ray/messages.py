@@ -118,8 +118,36 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Job {job} submitted, waiting for pods ({active}/{expected} active)...",
         "Job {job} 已提交,等待 Pod 启动 ({active}/{expected} active)...",
     ),
+    # Pending / Recovering: the fleet ended a run, a new attempt is on the way
+    "attempt": (
+        "Attempt {attempt} of {attempts} after {kind} at {at} UTC ({detail})",
+        "第 {attempt}/{attempts} 次尝试,上次运行因 {kind} 于 {at} UTC 中断 ({detail})",
+    ),
+    "recovering_job_gone": (
+        "{attempt}: waiting for Job {job} of the disrupted run to be deleted (waiting {waited})...",
+        "{attempt}: 等待被中断运行的 Job {job} 删除 (已等待 {waited})...",
+    ),
+    "recovering_submit": (
+        "{attempt}: submitting Job {job} on node pool {pool}...",
+        "{attempt}: 正在 node pool {pool} 上提交 Job {job}...",
+    ),
+    "recovering_nodes": (
+        "{attempt}: Job {job} submitted on node pool {pool}, waiting for its nodes to come back ({ready}/{expected} Ready, {active}/{expected} pods active; waiting {waited}, at most {limit})...",
+        "{attempt}: Job {job} 已提交到 node pool {pool},等待节点恢复 ({ready}/{expected} Ready,{active}/{expected} Pod active;已等待 {waited},最多 {limit})...",
+    ),
+    "recovering_new_pool": (
+        "{attempt}: {why}; acquiring a new node pool ahead of the queue",
+        "{attempt}: {why};优先于队列中其他任务获取新的 node pool",
+    ),
+    "pool_gone": ("node pool {pool} is gone", "node pool {pool} 已不存在"),
+    "pool_not_back": (
+        "the nodes of node pool {pool} did not come back within {limit} (recovery_pool_wait_s)",
+        "node pool {pool} 的节点在 {limit} 内没有恢复 (recovery_pool_wait_s)",
+    ),
+    "waiting_recovery": ("{attempt}; ", "{attempt};"),
     # Running / Succeeded
     "running": ("Pod running ({active}/{expected} active)", "Pod 运行中 ({active}/{expected} active)"),
+    "running_attempt": ("Pod running ({active}/{expected} active); {attempt}", "Pod 运行中 ({active}/{expected} active);{attempt}"),
     "succeeded": ("", ""),
     # Failed
     "invalid_spec": ("Invalid task spec: {detail}", "任务 spec 无效: {detail}"),
@@ -160,6 +188,14 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
     "node_pool_failed": ("Node pool creation failed: {detail}", "node pool 创建失败: {detail}"),
     "job_submit_failed": ("Kubernetes Job submission failed: {detail}", "K8s Job 提交失败: {detail}"),
     "job_failed": ("{detail}", "{detail}"),
+    "disrupted": (
+        "The fleet disrupted this task's runs {count} time(s), more than its max_recoveries ({limit}) allows: {history}",
+        "集群侧故障中断了该任务的运行 {count} 次,超过 max_recoveries ({limit}): {history}",
+    ),
+    "disruption_item": (
+        "#{n} {kind} on node {node} at {at} UTC ({detail})",
+        "#{n} {kind},节点 {node},{at} UTC ({detail})",
+    ),
     "timeout": ("Task timed out ({seconds}s), Job cancelled", "任务超时 ({seconds}s),已取消 Job"),
     # Abort
     "aborting": (

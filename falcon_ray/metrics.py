@@ -23,7 +23,7 @@ POLL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]
 
 # name -> (kind, description, tag keys[, buckets])
 DEFINITIONS: dict[str, tuple] = {
-    "falcon_queue_tasks": ("gauge", "Tasks per queue by state (waiting, acquiring, running, aborting)", ("cluster", "topology", "state")),
+    "falcon_queue_tasks": ("gauge", "Tasks per queue by state (waiting, acquiring, recovering, running, aborting)", ("cluster", "topology", "state")),
     "falcon_pending_reason_seconds": ("histogram", "Time a task spent in one Pending reason", ("cluster", "topology", "reason"), TIME_BUCKETS),
     "falcon_time_to_running_seconds": ("histogram", "Time from task creation to Running", ("cluster", "topology"), TIME_BUCKETS),
     "falcon_task_transitions_total": ("counter", "Task phase changes written by Falcon", ("cluster", "topology", "status", "reason")),
@@ -41,6 +41,8 @@ DEFINITIONS: dict[str, tuple] = {
     "falcon_poll_rows_total": ("counter", "Rows read by intake polls", ()),
     "falcon_orphan_pools_deleted_total": ("counter", "Leaked Falcon pools found by the orphan scan and deleted", ("cluster",)),
     "falcon_idle_tpu_chip_seconds_total": ("counter", "Chip-seconds of Falcon pools with no running Job", ("cluster",)),
+    "falcon_disruptions_total": ("counter", "Runs the fleet ended (maintenance, repair, reclaim, ...), by kind", ("cluster", "kind")),
+    "falcon_recoveries_total": ("counter", "New attempts started after a disruption", ("cluster", "topology")),
     "falcon_queue_tick_seconds": ("histogram", "Duration of one QueueActor reconcile", ("cluster", "topology"), POLL_BUCKETS),
 }
 
@@ -101,12 +103,14 @@ def queue_depth(cluster: str, topology: str, tasks, waiting: int = 0) -> None:
     """``tasks``: the queue's tasks (or those not Waiting, with the ``waiting`` count)."""
     from falcon_ray import lifecycle as lc
 
-    counts = {"waiting": waiting, "acquiring": 0, "running": 0, "aborting": 0}
+    counts = {"waiting": waiting, "acquiring": 0, "recovering": 0, "running": 0, "aborting": 0}
     for t in tasks:
         if t.phase == lc.WAITING:
             counts["waiting"] += 1
         elif t.phase in lc.ACQUIRING_PHASES:
             counts["acquiring"] += 1
+        elif t.phase == lc.RECOVERING:
+            counts["recovering"] += 1
         elif t.phase == lc.RUNNING:
             counts["running"] += 1
         elif t.phase == lc.ABORTING:
@@ -130,6 +134,14 @@ def task_transition(cluster: str, topology: str, to) -> None:
     _inc("falcon_task_transitions_total", **tags)
     if to.status in lc.TERMINAL:
         _inc("falcon_task_outcomes_total", **tags)
+
+
+def disruption(cluster: str, kind: str) -> None:
+    _inc("falcon_disruptions_total", cluster=cluster, kind=kind)
+
+
+def recovery(cluster: str, topology: str) -> None:
+    _inc("falcon_recoveries_total", cluster=cluster, topology=topology)
 
 
 def lease_moved(cluster: str, topology: str, src, dst) -> None:

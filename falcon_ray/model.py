@@ -297,6 +297,40 @@ class OpView:
 
 
 @dataclass(frozen=True)
+class PodEnd:
+    """One pod of a Job as the cluster shows it when the run ended or faltered."""
+
+    name: str
+    node: str  # the node it was bound to ("" never bound)
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    disruption: str = ""  # its DisruptionTarget condition, when True: "Reason: message"
+    exit_code: int | None = None  # of the task's container, once terminated
+    reason: str = ""  # the container's terminated or waiting reason, else the pod's
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node of the Job's pool, as listed with the pods (a node not listed is gone)."""
+
+    name: str
+    ready: bool
+    maintenance: bool = False  # GKE's notice of host maintenance is on it
+    unschedulable: bool = False  # cordoned (drained for maintenance or repair)
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What the ClusterActor read about a Job's run when it failed, or when its pods
+    stopped being ready: its pods, the nodes of its pool, the Job's Failed condition."""
+
+    pods: tuple[PodEnd, ...] = ()
+    nodes: tuple[NodeState, ...] = ()
+    condition: str = ""  # the Job's Failed (or FailureTarget) condition: "Reason: message"
+    nodes_listed: bool = True  # False: the node list could not be read (absence proves nothing)
+
+
+@dataclass(frozen=True)
 class JobView:
     task_id: int
     name: str
@@ -308,6 +342,10 @@ class JobView:
     expected: int
     message: str = ""
     node_pool: str = ""  # the pool its pods select
+    attempt: int = 0  # which run of the task (falcon.dev/attempt)
+    evidence: RunEvidence | None = None  # read when it failed or its pods stopped being ready
+    short_since: dt.datetime | None = None  # since when it has had fewer ready pods than it had
+    deleting: bool = False  # its delete is under way (deletionTimestamp): not asked again
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", JobPhase(self.phase))
@@ -394,14 +432,37 @@ class QueueTask:
     job_uid: str | None
     message: str
     phase_since: dt.datetime | None = None  # when it entered ``phase``, from the event log
+    # the fleet's disruptions of its earlier runs, oldest first: the next Job is attempt len()
+    disruptions: tuple[Disruption, ...] = ()
+
+    @property
+    def attempt(self) -> int:
+        return len(self.disruptions)
 
     @property
     def priority(self) -> int:
-        return self.spec.priority
+        """The pick rule's priority: a task recovering from a disruption goes ahead of every
+        task that has not run yet (its spec's priority orders it among the recovering)."""
+        return self.spec.priority + (RECOVERY_PRIORITY if self.disruptions else 0)
 
     def with_message(self, message: str) -> QueueTask:
         """The same value with another Message (a copy)."""
         return _with_message(self, message)
+
+
+RECOVERY_PRIORITY = 1000  # above any spec priority (-100..100)
+
+
+@dataclass(frozen=True)
+class Disruption:
+    """One run of a task that the fleet ended (a ``falcon_task_disruptions`` row)."""
+
+    attempt: int  # the run it ended (0: the first)
+    kind: str  # faults.DisruptionKind
+    node: str
+    job: str
+    detail: str
+    at: dt.datetime
 
 
 @dataclass(frozen=True)

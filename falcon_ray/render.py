@@ -61,10 +61,12 @@ LABEL_MANAGED_BY = "managed-by"
 MANAGED_BY_VALUE = "falcon"
 LABEL_TASK_ID = "falcon.dev/task-id"
 LABEL_QUEUE = "falcon.dev/queue"
+LABEL_ATTEMPT = "falcon.dev/attempt"  # which run of the task a Job is (0 first; +1 per recovery)
 RESOURCE_LABEL_TASK = "falcon-task"  # GCE resource label on node pools (no '/' allowed there)
 RESOURCE_LABEL_INSTALLATION = "falcon-installation"  # whose pool it is (Settings.installation)
 LABEL_INSTALLATION = "falcon.dev/installation"  # the same mark on Jobs, Services and pods
 DEFAULT_INSTALLATION = "default"
+_ATTEMPT_RE = re.compile(r"^falcon-task-[0-9]+-a([0-9]+)$")
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"
 ANNOTATION_LOG_PATH = "falcon.dev/log-path"
 ANNOTATION_LOG_CAPTURE = "falcon.dev/log-capture"
@@ -171,19 +173,39 @@ def node_pool_name(task_id: int, topology: str, attempt: int = 0) -> str:
     return name + suffix
 
 
-def job_name(task_id: int) -> str:
-    if task_id < 0:
-        raise ValueError(f"task id must not be negative, got {task_id}")
-    return f"falcon-task-{task_id}"
+def job_name(task_id: int, attempt: int = 0) -> str:
+    """``falcon-task-42`` for a task's first run, ``falcon-task-42-a1`` for its second
+    (a recovery after the fleet disrupted the first), and so on: one name per attempt."""
+    if task_id < 0 or attempt < 0:
+        raise ValueError(f"task id and attempt must not be negative, got {task_id}, {attempt}")
+    return f"falcon-task-{task_id}-a{attempt}" if attempt else f"falcon-task-{task_id}"
+
+
+def job_attempt(labels: Mapping[str, str] | None, name: str = "") -> int:
+    """The attempt a Job runs, from its ``falcon.dev/attempt`` label (else its name; 0)."""
+    raw = (labels or {}).get(LABEL_ATTEMPT)
+    if raw is None:
+        m = _ATTEMPT_RE.search(name)
+        raw = m.group(1) if m else "0"
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0
+
+
+def service_of_job(job: str) -> str:
+    """The Service name of a task's Job of any attempt (``falcon-task-42-a1`` -> ``falcon-task-42``)."""
+    m = _ATTEMPT_RE.match(job)
+    return job[: -len(m.group(1)) - 2] if m else job
 
 
 def service_name(task_id: int) -> str:
-    """The headless Service of a multi-host Job; pods resolve as ``<job>-<i>.<service>``."""
+    """The headless Service of a multi-host task (every attempt's pods): ``<job>-<i>.<service>``."""
     return job_name(task_id)
 
 
-def worker_hostnames(task_id: int, hosts: int) -> list[str]:
-    job, svc = job_name(task_id), service_name(task_id)
+def worker_hostnames(task_id: int, hosts: int, attempt: int = 0) -> list[str]:
+    job, svc = job_name(task_id, attempt), service_name(task_id)
     return [f"{job}-{i}.{svc}" for i in range(hosts)]
 
 
@@ -482,7 +504,7 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _container_env(task_id: int, spec: TaskSpec, capture: bool) -> list[dict[str, Any]]:
+def _container_env(task_id: int, spec: TaskSpec, capture: bool, attempt: int = 0) -> list[dict[str, Any]]:
     shape = spec.shape
     falcon_env: list[dict[str, Any]] = [
         {"name": ENV_TASK_ID, "value": str(task_id)},
@@ -494,7 +516,7 @@ def _container_env(task_id: int, spec: TaskSpec, capture: bool) -> list[dict[str
         # GKE may inject these itself for Indexed Jobs; the values are the same.
         falcon_env.append(_field_env(ENV_WORKER_ID, f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"))
         falcon_env.append(
-            {"name": ENV_WORKER_HOSTNAMES, "value": ",".join(worker_hostnames(task_id, shape.hosts))}
+            {"name": ENV_WORKER_HOSTNAMES, "value": ",".join(worker_hostnames(task_id, shape.hosts, attempt))}
         )
     owned = {e["name"] for e in falcon_env}
     # The spec's variables first; a name Falcon sets is Falcon's (the spec validator
@@ -512,14 +534,36 @@ def _resources(spec: TaskSpec) -> dict[str, Any]:
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
+def pod_failure_policy() -> dict[str, Any]:
+    """Tells the fleet's failures from the task's, in the Job itself. Both rules end the Job
+    at once (FailJob), so Kubernetes never retries anything: a slice is re-run whole, as a
+    new attempt the controller creates, never one host replaced inside a broken slice.
+    Rule 0: a pod the fleet took (the ``DisruptionTarget`` condition: drain for host
+    maintenance, a node lost or repaired, a preemption) -- the Job's ``Failed`` condition
+    (reason ``PodFailurePolicy``) names it, and the controller starts a recovery. Rule 1:
+    the task's own container ended with a non-zero exit code -- the task's failure."""
+    return {
+        "rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn", "values": [0]}},
+        ]
+    }
+
+
 def job_manifest(
-    task_id: int, spec: TaskSpec, cluster: Cluster, pool: str, queue: str, installation: str = DEFAULT_INSTALLATION
+    task_id: int,
+    spec: TaskSpec,
+    cluster: Cluster,
+    pool: str,
+    queue: str,
+    installation: str = DEFAULT_INSTALLATION,
+    attempt: int = 0,
 ) -> dict[str, Any]:
-    """The batch/v1 Job that runs task ``task_id`` on node pool ``pool``."""
+    """The batch/v1 Job that runs attempt ``attempt`` of task ``task_id`` on node pool ``pool``."""
     shape = spec.shape
-    name = job_name(task_id)
+    name = job_name(task_id, attempt)
     namespace = cluster.namespace
-    labels = job_labels(task_id, queue, installation)
+    labels = {**job_labels(task_id, queue, installation), LABEL_ATTEMPT: str(attempt)}
     capture = logs_captured(spec, cluster)
 
     container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
@@ -534,7 +578,7 @@ def job_manifest(
             container["args"] = list(spec.args)
     if spec.working_dir:
         container["workingDir"] = spec.working_dir
-    container["env"] = _container_env(task_id, spec, capture)
+    container["env"] = _container_env(task_id, spec, capture, attempt)
     container["resources"] = _resources(spec)
     container["securityContext"] = {"privileged": False, "allowPrivilegeEscalation": False}
 
@@ -575,8 +619,10 @@ def job_manifest(
         job_annotations[ANNOTATION_LOG_CAPTURE] = "off"
 
     job_spec: dict[str, Any] = {
-        # Falcon does not retry a failed pod: the task fails with the pod's reason.
+        # Kubernetes retries nothing: a pod the task failed fails the task; a pod the fleet
+        # took fails the Job too, and the controller re-runs the whole slice as a new attempt.
         "backoffLimit": 0,
+        "podFailurePolicy": pod_failure_policy(),
         "completions": shape.hosts,
         "parallelism": shape.hosts,
         # No activeDeadlineSeconds: Falcon enforces the task timeout itself (Failed/Timeout);
@@ -612,7 +658,8 @@ def headless_service(
         },
         "spec": {
             "clusterIP": "None",
-            "selector": {"job-name": job_name(task_id)},
+            # every attempt's pods (the Job's name changes per attempt, the task's label not)
+            "selector": {LABEL_TASK_ID: str(task_id), LABEL_INSTALLATION: installation},
             # Workers look each other up while starting, before any is Ready.
             "publishNotReadyAddresses": True,
         },

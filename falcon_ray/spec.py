@@ -33,6 +33,7 @@ MAX_ARGV_ITEMS = 1024
 MAX_ENV_ITEMS = 256
 MAX_ENV_BYTES = 64 * 1024
 MAX_IMAGE_LEN = 512
+MAX_RECOVERIES = 100
 
 # Docker reference grammar, simplified: [registry[:port]/]path[:tag][@digest]
 _IMAGE_RE = re.compile(
@@ -85,6 +86,9 @@ class TaskSpec(BaseModel):
     timeout_seconds: int = Field(default=DEFAULT_TIMEOUT_SECONDS)
     # Higher first (original, Phase 4); FIFO per actor and round robin within one priority.
     priority: int = Field(default=0, ge=-100, le=100, strict=True)
+    # How many times Falcon re-runs the task after the fleet (not the task) ended a run:
+    # host maintenance, node repair, reclaimed capacity. None: Settings.max_recoveries; 0: never.
+    max_recoveries: int | None = Field(default=None, ge=0, le=MAX_RECOVERIES, strict=True)
     working_dir: str | None = None
     cpu: str | None = None
     memory: str | None = None

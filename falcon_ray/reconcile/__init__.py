@@ -17,9 +17,12 @@ The rules, in the order ``decide`` applies them (original design, sections 4-9):
 
 1. Aborting tasks: delete the Job, hand the pool to keep-or-delete, then Aborted
    (``finish.abort``).
-2. Running tasks: Succeeded, JobFailed (the Job failed or vanished) or Timeout
-   (dispatched_at + timeout passed) end them; otherwise their Message follows the
-   pods (``finish.execute``).
+2. Running tasks: Succeeded, JobFailed (the Job failed by the task's fault, or
+   vanished) or Timeout (dispatched_at + timeout passed) end them; a run the fleet ended
+   (``falcon_ray.faults``) is recovered: Recovering, or Failed/Disrupted past the task's
+   max_recoveries (``Decision.disrupt``); otherwise their Message follows the pods
+   (``finish.execute``). 2b. Recovering tasks get their next attempt on their pool, or go
+   back to Waiting, ahead of the queue, for a new one (``recover.recovering``).
 3. Re-rank: a cluster in maintenance or offline sends its Waiting tasks back to the
    poller when another cluster of the TPU type is active (``pick.rerank``).
 4. The acquisition slot: the one task that is Provisioning, ClusterBusy,
@@ -45,7 +48,7 @@ import datetime as dt
 
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
-from falcon_ray.reconcile import acquire, finish, pick, pools, positions
+from falcon_ray.reconcile import acquire, finish, pick, pools, positions, recover
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -58,6 +61,7 @@ from falcon_ray.reconcile.effects import (
     MarkReady,
     MoveLease,
     MoveTask,
+    RecordDisruption,
     RecordOperation,
     RefreshMessages,
     SetLastGranted,
@@ -76,6 +80,8 @@ def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Setting
         finish.abort(d, t)
     for t in d.running:  # 2
         finish.execute(d, t)
+    for t in d.recovering:  # 2b
+        recover.recovering(d, t)
     pick.rerank(d)  # 3
     for t in d.acquiring:  # 4
         acquire.acquire(d, t)
@@ -98,6 +104,7 @@ __all__ = [
     "MarkReady",
     "MoveLease",
     "MoveTask",
+    "RecordDisruption",
     "RecordOperation",
     "RefreshMessages",
     "SetLastGranted",

@@ -21,20 +21,31 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 
+from falcon_ray import faults, messages, scheduling
 from falcon_ray import lifecycle as lc
-from falcon_ray import messages, scheduling
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import ClusterView, JobPhase, JobView, Lease, QueueState, QueueTask, WaitingQueue
+from falcon_ray.model import (
+    ClusterView,
+    Disruption,
+    JobPhase,
+    JobView,
+    Lease,
+    QueueState,
+    QueueTask,
+    WaitingQueue,
+)
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
     Effect,
     EffectGroup,
     MoveLease,
+    RecordDisruption,
     Transition,
     UpdateTask,
 )
+from falcon_ray.spec import SupplyMode
 
 _ACQUIRING = frozenset(lc.ACQUIRING_PHASES)
 
@@ -94,6 +105,7 @@ class Decision:
         self.all_left = False
         self.aborting = by_phase.get(lc.ABORTING, [])
         self.running = by_phase.get(lc.RUNNING, [])
+        self.recovering = by_phase.get(lc.RECOVERING, [])
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
         self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute and by time
         self.expected_texts: dict[int, str] = {}  # rule 8's start estimate texts, by rounded seconds
@@ -212,14 +224,108 @@ class Decision:
         j = self.job_of(t)
         return [DeleteJob(t.id, j.namespace, j.name)] if j is not None else []
 
-    def job_outcome(self, t: QueueTask) -> tuple[Phase, str] | None:
-        """The terminal phase and Message a finished Job gives its task, if it has finished."""
+    def fleet_ended(self, t: QueueTask) -> bool:
+        """The task's Job failed by the fleet's fault, or its pods have not all been ready
+        for longer than ``disruption_grace_s`` while nodes under them are NotReady or gone:
+        a recovery (``disrupt``). True when it was decided here."""
         job = self.job_of(t)
+        if job is None or job.attempt < t.attempt:
+            return False
+        if job.phase == JobPhase.FAILED:
+            verdict = self.fleet_fault(t, job)
+        elif (
+            t.phase == lc.RUNNING
+            and job.short_since is not None
+            and (self.now - job.short_since).total_seconds() > self.s.disruption_grace_s
+        ):
+            verdict = self.fleet_fault(t, job, ended=False)
+        else:
+            return False
+        if not verdict.fleet:
+            return False
+        self.disrupt(t, job, verdict)
+        return True
+
+    def job_outcome(self, t: QueueTask) -> tuple[Phase, str] | None:
+        """The terminal phase and Message a finished Job gives its task, if it has finished
+        (a failure here is the task's own: ``fleet_ended`` is asked first)."""
+        job = self.job_of(t)
+        if job is not None and job.attempt < t.attempt:
+            return None  # an earlier run's (``earlier_attempt_left``)
         if job is not None and job.phase == JobPhase.SUCCEEDED:
             return lc.SUCCEEDED, self.msg("succeeded")
         if job is not None and job.phase == JobPhase.FAILED:
             return lc.failed(Reason.JOB_FAILED), self.msg("job_failed", detail=job.message or f"Job {job.name} failed")
         return None
+
+    # ---- disruptions: the fleet, not the task, ended a run ------------------------------------
+
+    def fleet_fault(self, t: QueueTask, job: JobView, ended: bool = True) -> faults.Verdict:
+        """Whose fault ended (``ended``) or is stalling (not ``ended``) this Job's run."""
+        lease = self.lease_by_task.get(t.id)
+        pool_name = t.node_pool_name or job.node_pool or (lease.name if lease else "")
+        pool = self.v.pools.get(pool_name)
+        flex = lease is not None and lease.supply_mode == SupplyMode.FLEX_START
+        # an absent pool proves something only for a pool the queue asked about (its lease's)
+        known = self.v.synced and lease is not None and lease.name == pool_name
+        if ended:
+            return faults.classify(job.evidence, pool, flex=flex, pools_synced=known, job_message=job.message)
+        return faults.degraded(job, pool, t.spec.shape.hosts, flex=flex, pools_synced=known)
+
+    def running_text(self, t: QueueTask, active: int) -> str:
+        """The Running Message; after a disruption it says which attempt runs and why."""
+        if t.disruptions:
+            return self.msg("running_attempt", active=active, expected=t.spec.shape.hosts, attempt=self.attempt_text(t))
+        return self.msg("running", active=active, expected=t.spec.shape.hosts)
+
+    def earlier_attempt_left(self, t: QueueTask) -> bool:
+        """A Job of an earlier run of ``t`` is still there: delete it and wait (two attempts
+        of one task never run at once: the next Job is created once it is gone)."""
+        job = self.job_of(t)
+        if job is None or job.attempt >= t.attempt:
+            return False
+        if not job.deleting:
+            self.add(f"task {t.id}: Job {job.name} of run {job.attempt} still there", DeleteJob(t.id, job.namespace, job.name))
+        return True
+
+    def max_recoveries(self, t: QueueTask) -> int:
+        return t.spec.max_recoveries if t.spec.max_recoveries is not None else self.s.max_recoveries
+
+    def attempt_text(self, t: QueueTask, last: Disruption | None = None) -> str:
+        """"Attempt 2 of 4 after maintenance at ... (detail)": which attempt and why."""
+        last = last or (t.disruptions[-1] if t.disruptions else None)
+        if last is None:
+            return ""
+        return self.msg(
+            "attempt", attempt=last.attempt + 2, attempts=self.max_recoveries(t) + 1, kind=last.kind,
+            at=last.at.strftime("%Y-%m-%d %H:%M:%S"), detail=f"node {last.node}: {last.detail}" if last.node and last.node not in last.detail else last.detail,
+        )
+
+    def disrupt(self, t: QueueTask, job: JobView, verdict: faults.Verdict) -> None:
+        """The fleet ended run ``job.attempt`` of ``t``: record it, then a new attempt
+        (Recovering, the Job deleted) or, past the task's max_recoveries, Failed/Disrupted.
+        The record comes first: it is what makes the next Job a new attempt, and writing
+        it again after a crash changes nothing."""
+        assert verdict.kind is not None
+        now_d = Disruption(job.attempt, str(verdict.kind), verdict.node, job.name, verdict.detail, self.now)
+        history = tuple(x for x in t.disruptions if x.attempt < job.attempt) + (now_d,)
+        record = RecordDisruption(t.id, job.attempt, str(verdict.kind), verdict.node, job.name, verdict.detail)
+        limit = self.max_recoveries(t)
+        if len(history) > limit:
+            items = "; ".join(
+                self.msg("disruption_item", n=i + 1, kind=x.kind, node=x.node or "?", at=x.at.strftime("%Y-%m-%d %H:%M:%S"), detail=x.detail)
+                for i, x in enumerate(history)
+            )
+            text = self.msg("disrupted", count=len(history), limit=limit, history=items)
+            self.groups.append(EffectGroup(f"task {t.id}: disrupted (record)", (record,)))
+            self.finish(t, lc.failed(Reason.DISRUPTED), text)
+            return
+        text = self.msg("recovering_job_gone", attempt=self.attempt_text(t, now_d), job=job.name, waited="<1m")
+        fields = {"dispatched_at": None, "job_uid": None}  # the next attempt's timeout clock starts afresh
+        step: Effect = (
+            UpdateTask(t.id, (lc.RECOVERING,), text, fields) if t.phase == lc.RECOVERING else Transition(t.id, (t.phase,), lc.RECOVERING, text, fields)
+        )
+        self.add(f"task {t.id}: run {job.attempt} disrupted ({verdict.kind}), recovering", record, step, DeleteJob(t.id, job.namespace, job.name))
 
     def waited(self, t: QueueTask) -> str:
         """`` (waiting 12m)``: how long the task has been in its phase, for a Message."""

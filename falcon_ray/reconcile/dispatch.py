@@ -34,16 +34,16 @@ def _in_use(lease: Lease | None) -> list[Effect]:
     return []
 
 
-def submit_effect(d: Decision, t: QueueTask, pool: str, phase: Phase = lc.DISPATCHING) -> SubmitJob:
+def submit_effect(d: Decision, t: QueueTask, pool: str, phase: Phase = lc.DISPATCHING, message: str | None = None) -> SubmitJob:
     q, s = d.q, d.s
-    manifest = render.job_manifest(t.id, t.spec, q.cluster, pool, render.queue_label(q.cluster.name, q.topology), s.installation)
+    manifest = render.job_manifest(t.id, t.spec, q.cluster, pool, render.queue_label(q.cluster.name, q.topology), s.installation, t.attempt)
     service = render.headless_service(t.id, t.spec, q.cluster, s.installation) if t.spec.shape.multi_host else None
     # on a pool with its nodes the timeout clock starts with the Job; on one that scales
     # from zero it starts when the nodes have come (WaitingForNode -> Running)
     first = t.dispatched_at is None and phase == lc.DISPATCHING
     # a Dispatching task's Message once its Job is accepted, written with the Job's uid (the
     # next round finds it already said, instead of writing it again)
-    text = d.msg("dispatching_pods", job=render.job_name(t.id), active=0, expected=t.spec.shape.hosts) if phase == lc.DISPATCHING else None
+    text = d.msg("dispatching_pods", job=render.job_name(t.id, t.attempt), active=0, expected=t.spec.shape.hosts) if phase == lc.DISPATCHING else message
     return SubmitJob(t.id, manifest, service, first=first, phase=phase, message=text)
 
 
@@ -85,6 +85,8 @@ def holds_nodes(d: Decision, lease: Lease) -> bool:
 def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
     """WaitingForNode with the Job submitted: Running once every pod is ready."""
     job, outcome = d.job_of(t), d.job_outcome(t)
+    if d.earlier_attempt_left(t) or d.fleet_ended(t):  # the fleet ended its run before every pod was ready
+        return
     if outcome is not None:  # it ran and ended between two looks
         d.finish(t, *outcome)
     elif job is None and submit_refused(d, t):
@@ -92,7 +94,7 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
     elif job is None:
         d.add(f"task {t.id}: submit Job", submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE))
     elif job.ready >= t.spec.shape.hosts:
-        text = d.msg("running", active=job.ready, expected=t.spec.shape.hosts)
+        text = d.running_text(t, job.ready)
         fields = {"job_uid": job.uid, "dispatched_at": d.now}  # the timeout clock starts now
         d.add(f"task {t.id}: running", Transition(t.id, (lc.WAITING_FOR_NODE,), lc.RUNNING, text, fields))
     elif holds_nodes(d, lease) and d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, d.phase_age_s(t)):
@@ -125,6 +127,8 @@ def submit_refused(d: Decision, t: QueueTask) -> bool:
 
 
 def dispatching(d: Decision, t: QueueTask) -> None:
+    if d.earlier_attempt_left(t):
+        return
     job = d.job_of(t)
     if job is None and submit_refused(d, t):
         return
@@ -141,7 +145,7 @@ def dispatching(d: Decision, t: QueueTask) -> None:
         d.add(f"task {t.id}: nodes scaled away", Transition(t.id, (lc.DISPATCHING,), lc.WAITING_FOR_NODE, text))
         return
     if job.ready >= expected:
-        text = d.msg("running", active=job.ready, expected=expected)
+        text = d.running_text(t, job.ready)
         d.add(f"task {t.id}: running", Transition(t.id, (lc.DISPATCHING,), lc.RUNNING, text, {"job_uid": job.uid}))
         return
     text = d.msg("dispatching_pods", job=job.name, active=job.ready, expected=expected)

@@ -119,6 +119,19 @@ class DeleteJob:
 
 
 @dataclass(frozen=True)
+class RecordDisruption:
+    """The fleet ended run ``attempt`` of a task: the durable record, written before the
+    task leaves the run (the number of such records is the task's next attempt)."""
+
+    task_id: int
+    attempt: int
+    kind: str
+    node: str
+    job: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Unassign:
     task_id: int
     message: str
@@ -140,7 +153,7 @@ class MoveTask:
 
 Effect = (
     Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | ClaimReservation | RecordOperation | MarkReady | EnsurePool
-    | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign | MoveTask
+    | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign | MoveTask | RecordDisruption
 )
 
 

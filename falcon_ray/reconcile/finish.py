@@ -42,13 +42,15 @@ def timed_out(d: Decision, t: QueueTask) -> bool:
 
 def ended(d: Decision, t: QueueTask) -> bool:
     """Rule 2 for a Dispatching or Running task: True when it was finished here."""
+    if d.earlier_attempt_left(t) or d.fleet_ended(t):
+        return True
     job, outcome = d.job_of(t), d.job_outcome(t)
     if outcome is not None:
         d.finish(t, *outcome)
     elif timed_out(d, t):
         d.finish(t, lc.failed(Reason.TIMEOUT), d.msg("timeout", seconds=t.spec.timeout_seconds))
     elif t.phase == lc.RUNNING and job is None and d.v.synced and t.id not in d.v.jobs:
-        detail = f"Job {render.job_name(t.id)} disappeared from the cluster"
+        detail = f"Job {render.job_name(t.id, t.attempt)} disappeared from the cluster"
         d.finish(t, lc.failed(Reason.JOB_FAILED), d.msg("job_failed", detail=detail))
     else:
         return False
@@ -62,6 +64,6 @@ def execute(d: Decision, t: QueueTask) -> None:
     if t.phase == lc.RUNNING:
         job = d.job_of(t)
         if job is not None:
-            d.say(t, d.msg("running", active=job.ready, expected=t.spec.shape.hosts), "running message")
+            d.say(t, d.running_text(t, job.ready), "running message")
         return
     dispatch.dispatching(d, t)

@@ -81,7 +81,7 @@ from sqlalchemy.engine import Engine
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
 from falcon_ray.messages import MAX_MESSAGE
-from falcon_ray.model import Cluster, ClusterStatus, Lease, Task, TaskEvent
+from falcon_ray.model import Cluster, ClusterStatus, Disruption, Lease, Task, TaskEvent
 from falcon_ray.store import tables as t
 
 CLUSTER_STATUSES = tuple(s.value for s in ClusterStatus)
@@ -1017,6 +1017,38 @@ class Store:
                     except ValueError:
                         continue  # a status or reason Falcon does not know: not a phase of ours
         return out
+
+    def record_disruption(self, task_id: int, attempt: int, kind: str, node: str, job: str, detail: str) -> bool:
+        """Write that the fleet ended run ``attempt`` of a task; idempotent by (task, attempt):
+        a second write of the same run changes nothing and returns False."""
+        row = dict(
+            task_id=task_id, attempt=attempt, kind=kind[:16], node=node[:128], job=job[:64],
+            detail=detail[:1000], at=self.clock(), epoch=self.epoch,
+        )
+        try:
+            with self.engine.begin() as c:
+                res = c.execute(self._insert(t.task_disruptions, row))
+                if self.epoch is not None and res.rowcount == 0:
+                    self._verify_epoch(c)
+                return True
+        except sa.exc.IntegrityError:
+            return False  # written before (a step repeated after a crash)
+
+    def disruptions(self, task_ids: Iterable[int]) -> dict[int, tuple[Disruption, ...]]:
+        """The fleet's disruptions of each task's runs, oldest first; tasks without any are absent."""
+        d = t.task_disruptions
+        ids = sorted(set(task_ids))
+        out: dict[int, list[Disruption]] = {}
+        with self.engine.connect() as c:
+            for i in range(0, len(ids), 500):
+                rows = c.execute(
+                    sa.select(d.c.task_id, d.c.attempt, d.c.kind, d.c.node, d.c.job, d.c.detail, d.c.at)
+                    .where(d.c.task_id.in_(ids[i : i + 500]))
+                    .order_by(d.c.task_id, d.c.attempt)
+                ).all()
+                for r in rows:
+                    out.setdefault(int(r.task_id), []).append(Disruption(int(r.attempt), r.kind, r.node, r.job, r.detail, r.at))
+        return {tid: tuple(ds) for tid, ds in out.items()}
 
     def capacity_refused_since(self, task_ids: Iterable[int]) -> dict[int, dt.datetime]:
         """When GKE first refused each task's node pool for capacity (its lease rows'

@@ -179,5 +179,18 @@ task_queue = sa.Table(
     sa.Index("ix_task_queue_queue", "cluster_id", "topology", "seq"),
 )
 
-FALCON_TABLES = (clusters, node_pool_leases, queue_state, leader_lease, task_events, task_queue)
+task_disruptions = sa.Table(
+    "falcon_task_disruptions",
+    metadata,
+    sa.Column("task_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("attempt", sa.Integer, primary_key=True, autoincrement=False, comment="the run the fleet ended: 0 the first"),
+    sa.Column("kind", sa.String(16), nullable=False, comment="maintenance | repair | reclaim | preempted | evicted | pool-lost"),
+    sa.Column("node", sa.String(128), nullable=False, server_default=""),
+    sa.Column("job", sa.String(64), nullable=False, server_default="", comment="the Job of that run"),
+    sa.Column("detail", sa.String(1000), nullable=False, server_default=""),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=True, comment="leader epoch of the writer"),
+)
+
+FALCON_TABLES = (clusters, node_pool_leases, queue_state, leader_lease, task_events, task_queue, task_disruptions)
 UPPER_LAYER_TABLES = (jobs,)

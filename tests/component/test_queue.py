@@ -4,12 +4,13 @@ and a fake clock. Each test reads as rows and a cluster view in, rows and port c
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from falcon_ray.lifecycle import LeaseState
-from falcon_ray.model import ClusterView, JobView, OpView, PoolView, ReservationView
+from falcon_ray.model import ClusterView, JobView, NodeState, OpView, PodEnd, PoolView, ReservationView, RunEvidence
 from falcon_ray.store.migrate import upgrade
 from tests.harness.fakes import QueueBench
 
@@ -421,3 +422,94 @@ def test_quota_exceeded_ends_node_pool_failed_at_once(bench):
     assert str(t.phase) == "Failed/NodePoolFailed" and "TPUS_PER_PROJECT" in t.message
     assert bench.port.took("delete_pool") == [("delete_pool", name)]
     assert bench.store.leases()[0].refused_at is None
+
+
+# ---- disruptions: the fleet, not the task, ended a run ----------------------------------------
+
+DISRUPTED = RunEvidence(
+    pods=(PodEnd("falcon-task-1-0-abc", "gke-node-0", "Failed", "TerminationByKubelet: host maintenance", 143, "Error"),),
+    nodes=(NodeState("gke-node-0", False, maintenance=True, unschedulable=True),),
+    condition="PodFailurePolicy: Pod falcon-jobs/falcon-task-1-0-abc has condition DisruptionTarget matching FailJob rule at index 0",
+)
+
+
+def failed_job(tid: int, attempt: int = 0, evidence: RunEvidence | None = DISRUPTED) -> dict[int, JobView]:
+    name = f"falcon-task-{tid}" + (f"-a{attempt}" if attempt else "")
+    return {tid: JobView(tid, name, "falcon-jobs", f"uid-{tid}-{attempt}", "Failed", 0, 0, 1, "", f"falcon-t{tid}-2x2", attempt, evidence)}
+
+
+def attempt_job(tid: int, attempt: int, phase: str, ready: int) -> dict[int, JobView]:
+    return {tid: JobView(tid, f"falcon-task-{tid}-a{attempt}", "falcon-jobs", f"uid-{tid}-{attempt}", phase, ready, ready, 1, "", f"falcon-t{tid}-2x2", attempt)}
+
+
+def test_a_disrupted_run_is_recovered_on_the_same_pool_as_a_new_attempt(bench):
+    tid = bench.submit(timeout_seconds=600)
+    run_to_running(bench, tid)
+    bench.port.calls.clear()
+    bench.step(ClusterView(pools=pool(tid, nodes=0), jobs=failed_job(tid)), advance=300)
+    assert bench.phase(tid) == "Pending/Recovering"
+    assert "Attempt 2 of 4 after maintenance" in bench.task(tid).message
+    assert bench.task(tid).dispatched_at is None  # the next attempt's timeout clock starts afresh
+    assert set(bench.port.took("delete_job")) == {("delete_job", f"falcon-task-{tid}")}  # again each round until it is gone
+    assert bench.port.took("submit_job") == [], "no new attempt while the old Job is there"
+    bench.port.calls.clear()
+    deleting = {tid: replace(failed_job(tid)[tid], deleting=True)}
+    bench.step(ClusterView(pools=pool(tid, nodes=0), jobs=deleting))
+    assert bench.port.took("delete_job") == [] and bench.port.took("submit_job") == [], "a delete under way is not asked again"
+    assert "waiting for Job falcon-task-1 of the disrupted run to be deleted" in bench.task(tid).message
+    (d,) = bench.store.disruptions([tid])[tid]
+    assert (d.attempt, d.kind, d.node) == (0, "maintenance", "gke-node-0")
+    # the old Job is gone: attempt 1 goes onto the same pool, whose nodes are still away
+    bench.step(ClusterView(pools=pool(tid, nodes=0)))
+    assert bench.port.took("submit_job") == [("submit_job", f"falcon-task-{tid}-a1")]
+    bench.step(ClusterView(pools=pool(tid, nodes=0), jobs=attempt_job(tid, 1, "Pending", 0)), advance=120)
+    assert bench.phase(tid) == "Pending/Recovering" and "waiting for its nodes to come back" in bench.task(tid).message
+    bench.step(ClusterView(pools=pool(tid), jobs=attempt_job(tid, 1, "Running", 1)))
+    assert bench.phase(tid) == "Running" and "Attempt 2 of 4" in bench.task(tid).message
+    # the second attempt gets its whole timeout: 590 s after it started it still runs
+    bench.step(ClusterView(pools=pool(tid), jobs=attempt_job(tid, 1, "Running", 1)), advance=590)
+    assert bench.phase(tid) == "Running"
+    bench.step(ClusterView(pools=pool(tid), jobs=attempt_job(tid, 1, "Succeeded", 0)))
+    assert bench.phase(tid) == "Succeeded"
+    assert bench.port.took("ensure_pool") == [], "the same pool served the recovery"
+
+
+def test_the_tasks_own_failure_is_not_recovered(bench):
+    tid = bench.submit()
+    run_to_running(bench, tid)
+    own = RunEvidence(pods=(PodEnd("falcon-task-1-0-abc", "gke-node-0", "Failed", "", 3, "Error"),), nodes=(NodeState("gke-node-0", True),))
+    bench.step(ClusterView(pools=pool(tid), jobs=failed_job(tid, evidence=own)))
+    assert bench.phase(tid) == "Failed/JobFailed"
+    assert bench.store.disruptions([tid]) == {}
+
+
+def test_past_max_recoveries_the_task_ends_disrupted_naming_each_disruption(bench):
+    tid = bench.submit(max_recoveries=1)
+    run_to_running(bench, tid)
+    bench.step(ClusterView(pools=pool(tid, nodes=0), jobs=failed_job(tid)))
+    assert bench.phase(tid) == "Pending/Recovering"
+    bench.step(ClusterView(pools=pool(tid, nodes=0)))
+    bench.step(ClusterView(pools=pool(tid, nodes=0), jobs=failed_job(tid, attempt=1)))
+    assert bench.phase(tid) == "Failed/Disrupted"
+    text = bench.task(tid).message
+    assert "2 time(s), more than its max_recoveries (1)" in text and text.count("maintenance on node gke-node-0") == 2
+    assert [d.attempt for d in bench.store.disruptions([tid])[tid]] == [0, 1]
+    assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls
+
+
+def test_a_recovery_whose_pool_is_gone_acquires_a_new_pool_ahead_of_the_queue(bench):
+    tid = bench.submit("alice")
+    run_to_running(bench, tid)
+    later = [bench.submit("bob") for _ in range(2)]
+    bench.step(ClusterView(pools=pool(tid), jobs=job(tid, "Running"), reservation=RES))
+    bench.step(ClusterView(pools={}, jobs=failed_job(tid, evidence=None), reservation=RES))
+    assert bench.phase(tid) == "Pending/Recovering"
+    bench.port.calls.clear()
+    bench.step(ClusterView(pools={}, reservation=RES))  # the old Job is gone, so is the pool
+    # back to Waiting with its pool's lease deleted, ahead of every task still waiting: only
+    # the slot holder (the first of the later tasks, picked while it ran) is ahead of it
+    holder, behind = later
+    assert bench.phase(tid) == "Pending/Waiting" and bench.phase(holder) == "Pending/Provisioning"
+    assert "after pool-lost" in bench.task(tid).message and "Queue position #2, 1 task(s) ahead" in bench.task(tid).message
+    assert "Queue position #3" in bench.task(behind).message
+    assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls

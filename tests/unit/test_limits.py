@@ -39,7 +39,7 @@ NOW = dt.datetime(2026, 12, 1, 12, 0, 0)
 
 def test_every_wait_phase_has_a_row_and_every_row_a_real_setting():
     phases = {row.phase for row in LIMITS}
-    assert phases == {*lc.PENDING_PHASES, lc.ABORTING}
+    assert phases == {*lc.PENDING_PHASES, lc.ABORTING, lc.RUNNING}  # Running: only a degraded run
     for row in LIMITS:
         if row.setting not in (None, TASK_TIMEOUT):
             assert row.setting in Settings.model_fields, row
@@ -57,6 +57,7 @@ def test_wait_of_gives_every_live_phase_but_running_a_row_of_that_phase(phase):
         wait = limits.wait_of(phase, **facts)
         assert wait is not None and limits.limit(wait).phase == phase
     assert limits.wait_of(lc.RUNNING) is None and limits.wait_of(lc.SUCCEEDED) is None
+    assert limits.wait_of(lc.RUNNING, degraded=True) == Wait.DEGRADED
 
 
 def test_limits_follow_the_settings():

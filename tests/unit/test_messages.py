@@ -10,6 +10,14 @@ from falcon_ray import messages
 
 PLAUSIBLE = {
     "active": 1,
+    "attempt": "Attempt 2 of 4 after maintenance at 2026-12-01 10:42:00 UTC (node gke-n-1: drained)",
+    "attempts": 4,
+    "count": 2,
+    "history": "#1 maintenance on node gke-n-1 at 2026-12-01 10:42:00 UTC (drained)",
+    "kind": "maintenance",
+    "n": 1,
+    "node": "gke-edge-a-falcon-t42-2x4-0",
+    "why": "node pool falcon-t42-2x4 is gone",
     "at": "2026-12-01 10:42",
     "ahead": 2,
     "cluster": "tpuv7x-64-node",

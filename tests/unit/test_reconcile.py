@@ -150,7 +150,10 @@ def test_finished_job_keeps_pool_when_same_topology_task_waits():
 
 def test_finished_job_deletes_pool_when_nobody_waits():
     running = task(1, phase=lc.RUNNING, pool="falcon-t1-2x2", dispatched_s=10)
-    view = ClusterView(jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Failed", 0, 0, 1, "Pod terminated: OOMKilled (exit code 137)")})
+    view = ClusterView(
+        jobs={1: JobView(1, "falcon-task-1", "ns", "u", "Failed", 0, 0, 1, "Pod terminated: OOMKilled (exit code 137)")},
+        pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 1, 1)},
+    )
     g = decide(state([running], [lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1)]), view, NOW, S)
     assert effects(g, DeletePool) == [DeletePool("falcon-t1-2x2")]
     (tr,) = effects(g, Transition)

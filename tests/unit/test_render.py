@@ -96,6 +96,9 @@ def test_pool_names_after_capacity_refusals_differ_and_stay_valid(shape, task_id
 
 def test_job_name_is_dns_1123_and_pod_hostnames_fit():
     assert render.job_name(42) == "falcon-task-42"
+    assert render.job_name(42, 2) == "falcon-task-42-a2"  # one name per attempt
+    assert render.job_attempt({"falcon.dev/attempt": "2"}) == 2 and render.job_attempt({}, "falcon-task-42-a3") == 3
+    assert render.job_attempt({}, "falcon-task-42") == 0 and render.job_attempt({"falcon.dev/attempt": "x"}) == 0
     name = render.job_name(10**18)
     assert DNS_1123_LABEL.match(name) and len(name) <= 63
     assert all(len(h.split(".")[0]) <= 63 for h in render.worker_hostnames(10**18, 64))
@@ -245,9 +248,14 @@ def test_job_manifest_matches_the_catalogue(shape):
         "falcon.dev/task-id": "42",
         "falcon.dev/queue": "edge-a.2x4",
         "falcon.dev/installation": "default",
+        "falcon.dev/attempt": "0",
     }
     assert meta["labels"] == labels and jspec["template"]["metadata"]["labels"] == labels
     assert jspec["backoffLimit"] == 0
+    # Kubernetes retries nothing; the Job's Failed condition says whether the fleet took a pod
+    rules = jspec["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1] == {"action": "FailJob", "onExitCodes": {"containerName": "task", "operator": "NotIn", "values": [0]}}
     assert "ttlSecondsAfterFinished" not in jspec and "activeDeadlineSeconds" not in jspec
     assert jspec["completions"] == jspec["parallelism"] == shape.hosts
     assert pod["restartPolicy"] == "Never"
@@ -293,7 +301,8 @@ def test_headless_service_selects_the_jobs_pods(shape):
         "labels": {"managed-by": "falcon", "falcon.dev/task-id": "42", "falcon.dev/installation": "default"},
     }
     assert svc["spec"]["clusterIP"] == "None"
-    assert svc["spec"]["selector"] == {"job-name": "falcon-task-42"}
+    # every attempt's pods: the Job's name changes per attempt, the task's labels do not
+    assert svc["spec"]["selector"] == {"falcon.dev/task-id": "42", "falcon.dev/installation": "default"}
     kubernetes_validate.validate(svc, K8S_VERSION, strict=True)
 
 

@@ -629,10 +629,10 @@ def _spec_text(value: str) -> str:
 @main.command("render")
 @click.option("--project", required=True, help="GCP project of the cluster.")
 @click.option("--location", required=True, help="GKE location (zone or region).")
-@click.option("--tpu-type", required=True, callback=_tpu_type, help=f"One of {', '.join(tpu.tpu_types())}.")
-@click.option("--reservation", default="", callback=lambda c, p, v: _reservation(v), help="Default reservation, as for clusters add.")
+@click.option("--tpu-type", required=True, help=f"One of {', '.join(tpu.tpu_types())}.")
+@click.option("--reservation", default="", help="Default reservation, as for clusters add.")
 @click.option("--gcs-bucket", default="", help="Bucket for the Jobs' logs.")
-@click.option("--zone", default="", callback=lambda c, p, v: _zone(v), help="Zone of pools without a reservation zone (regional clusters).")
+@click.option("--zone", default="", help="Zone of pools without a reservation zone (regional clusters).")
 @click.option("--cluster", "cluster_name", default="edge", show_default=True, help="Cluster name (queue label).")
 @click.option("--namespace", default="falcon-jobs", show_default=True, help="Namespace the Jobs run in.")
 @click.option("--service-account", default="falcon-job", show_default=True, help="Kubernetes SA the Jobs run as.")
@@ -661,6 +661,11 @@ def render_cmd(
     given as NAME on a regional cluster needs --zone (the controller finds its zone through
     Compute)."""
     settings = load_settings(config_path)
+    try:  # bad input is one line and exit 2 (click's own errors would add the usage)
+        _tpu_type(None, None, tpu_type)  # type: ignore[arg-type]
+        reservation, zone = _reservation(reservation), _zone(zone)
+    except click.BadParameter as e:
+        raise InvalidInput(e.format_message()) from None
     try:
         spec = parse_spec(_spec_text(spec_arg))
     except SpecError as e:

@@ -2,7 +2,7 @@
 
 Contract
 --------
-``classify(evidence, pool, *, flex, pools_synced, job_message)`` is a pure function of
+``classify(evidence, pool, *, flex, pools_synced, job_message, hosts)`` is a pure function of
 what the cluster reported about one Job's run (``model.RunEvidence``: its pods, the nodes
 of its pool, the Job's Failed condition), the pool as GKE lists it, and the pool's supply.
 It returns a ``Verdict``: ``Fault.TASK`` (the task's own failure: a non-zero exit code,
@@ -80,6 +80,8 @@ def _disrupted_kind(pod: PodEnd, node: NodeState | None, *, flex: bool, nodes_li
         return DisruptionKind.MAINTENANCE
     if text.startswith("preemptionbyscheduler"):
         return DisruptionKind.PREEMPTED
+    if flex and text.startswith("terminationbykubelet"):  # a flex-start VM shut down: taken back
+        return DisruptionKind.RECLAIM
     if nodes_listed and node is None or text.startswith("deletionbypodgc"):
         return DisruptionKind.RECLAIM if flex else DisruptionKind.REPAIR
     if node is not None and not node.ready or text.startswith("deletionbytaintmanager"):
@@ -105,6 +107,7 @@ def classify(
     flex: bool = False,
     pools_synced: bool = True,
     job_message: str = "",
+    hosts: int = 1,
 ) -> Verdict:
     """The fault of a run that ended Failed (see the module's contract)."""
     ev = evidence or RunEvidence(nodes_listed=False)
@@ -128,8 +131,8 @@ def classify(
         down = next((n for n in ev.nodes if n.maintenance), None) or next((n for n in ev.nodes if not n.ready), None)
         if down is not None:
             kind = _node_kind(down, flex=flex)
-        elif flex and ev.nodes_listed and not ev.nodes:
-            kind = DisruptionKind.RECLAIM
+        elif ev.nodes_listed and len(ev.nodes) < max(1, hosts):  # nodes of the slice are gone
+            kind = DisruptionKind.RECLAIM if flex else DisruptionKind.REPAIR
         else:
             kind = DisruptionKind.EVICTED
         return Verdict(Fault.FLEET, kind, down.name if down else "", condition)

@@ -269,7 +269,7 @@ class Decision:
         # an absent pool proves something only for a pool the queue asked about (its lease's)
         known = self.v.synced and lease is not None and lease.name == pool_name
         if ended:
-            return faults.classify(job.evidence, pool, flex=flex, pools_synced=known, job_message=job.message)
+            return faults.classify(job.evidence, pool, flex=flex, pools_synced=known, job_message=job.message, hosts=t.spec.shape.hosts)
         return faults.degraded(job, pool, t.spec.shape.hosts, flex=flex, pools_synced=known)
 
     def running_text(self, t: QueueTask, active: int) -> str:

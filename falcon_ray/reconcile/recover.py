@@ -29,12 +29,35 @@ from __future__ import annotations
 from falcon_ray import lifecycle as lc
 from falcon_ray import limits, render
 from falcon_ray.limits import Wait
-from falcon_ray.model import PoolStatus, QueueTask
+from falcon_ray.model import Lease, PoolStatus, PoolView, QueueTask
 from falcon_ray.reconcile import dispatch
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import Effect, Transition
 
 _POOL_DOWN = (PoolStatus.ERROR, PoolStatus.STOPPING)
+
+
+def needs_new_pool(d: Decision, t: QueueTask, lease: Lease | None, pool: PoolView | None, head: str) -> bool:
+    """The pool is gone, in ERROR, or its nodes did not come back in time: delete it and go
+    back to Waiting, ahead of the queue, for a new one. True when decided here."""
+    gone = lease is None or pool is None or pool.status in _POOL_DOWN
+    if not gone and not limits.passed(Wait.RECOVERY, d.s, d.phase_age_s(t)):
+        return False
+    name = lease.name if lease is not None else (t.node_pool_name or "?")
+    why = (
+        d.msg("pool_gone", pool=name)
+        if gone
+        else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0))
+    )
+    effects: list[Effect] = list(d.delete_job(t))
+    if lease is not None:
+        effects += d.delete_lease(lease, t.id)
+    text = d.msg("recovering_new_pool", attempt=head, why=why)
+    back = Transition(t.id, (lc.RECOVERING,), lc.WAITING, text, {"node_pool_name": None, "job_uid": None})
+    # the Job and the lease go first: a Waiting task must hold neither (its acquisition would
+    # take a held lease for its new pool); a crash before the move is decided here again
+    d.add(f"task {t.id}: recovery needs a new pool", *effects, back)
+    return True
 
 
 def recovering(d: Decision, t: QueueTask) -> None:
@@ -56,21 +79,7 @@ def recovering(d: Decision, t: QueueTask) -> None:
     pool = d.v.pools.get(lease.name) if lease is not None else None
     job = d.job_of(t)
     waited = d.phase_age_s(t)
-    gone = lease is None or pool is None or pool.status in _POOL_DOWN
-    if gone or limits.passed(Wait.RECOVERY, d.s, waited):
-        name = lease.name if lease is not None else (t.node_pool_name or "?")
-        why = (
-            d.msg("pool_gone", pool=name)
-            if gone
-            else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0))
-        )
-        effects: list[Effect] = list(d.delete_job(t))
-        if lease is not None:
-            effects += d.delete_lease(lease, t.id)
-        text = d.msg("recovering_new_pool", attempt=head, why=why)
-        back = Transition(t.id, (lc.RECOVERING,), lc.WAITING, text, {"node_pool_name": None, "job_uid": None})
-        # the Waiting row first: a crash after it leaves a live task whose old lease rule 6 deletes
-        d.add(f"task {t.id}: recovery needs a new pool", back, *effects)
+    if needs_new_pool(d, t, lease, pool, head):
         return
     assert lease is not None and pool is not None
     hosts = t.spec.shape.hosts

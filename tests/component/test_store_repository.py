@@ -549,3 +549,15 @@ def test_queue_leases_hold_every_row_of_an_acquiring_task_and_only_live_rows_of_
     live = store.create_lease(c.id, "2x2", "falcon-live", "reservation", None)
     got = {l.name: l.state for l in store.queue_leases(c.id, "2x2")}
     assert got == {"falcon-a": LeaseState.DELETED, "falcon-live": live.state}
+
+
+def test_disruptions_are_recorded_once_per_run_and_read_in_order(store):
+    a, b = new_task(store), new_task(store)
+    assert store.record_disruption(a, 0, "maintenance", "node-0", "falcon-task-1", "drained")
+    assert not store.record_disruption(a, 0, "repair", "node-9", "falcon-task-1", "again"), "a run is recorded once"
+    assert store.record_disruption(a, 1, "reclaim", "", "falcon-task-1-a1", "x" * 5000)  # a long detail is cut
+    got = store.disruptions([a, b])
+    assert list(got) == [a]
+    first, second = got[a]
+    assert (first.attempt, first.kind, first.node, first.job, first.detail) == (0, "maintenance", "node-0", "falcon-task-1", "drained")
+    assert (second.attempt, second.kind, len(second.detail)) == (1, "reclaim", 1000)

@@ -33,6 +33,8 @@ CASES = [
     ("slice: peer's exit code after a host was drained", RunEvidence((pod("p-1", "n-1", code=1, reason="Error"), pod(disruption="TerminationByKubelet: maintenance")), (NodeState("n-0", False, True), READY[1]), RULE1), POOL, False, Fault.FLEET, M.MAINTENANCE),
     ("exit code on a node that went NotReady", RunEvidence((pod(code=1, reason="Error"),), (NodeState("n-0", False), READY[1])), POOL, False, Fault.FLEET, M.REPAIR),
     ("pod gone, the Job names rule 0", RunEvidence((), READY, RULE0), POOL, False, Fault.FLEET, M.EVICTED),
+    ("pods and nodes deleted by repair, rule 0", RunEvidence((), (), RULE0), POOL, False, Fault.FLEET, M.REPAIR),
+    ("flex VM shut down, node still listed", RunEvidence((pod(disruption="TerminationByKubelet: Pod was terminated in response to imminent node shutdown."),), READY), POOL, True, Fault.FLEET, M.RECLAIM),
     ("pod gone, rule 0, flex pool emptied", RunEvidence((), (), RULE0), POOL, True, Fault.FLEET, M.RECLAIM),
     ("pool deleted, nothing else known", None, None, False, Fault.FLEET, M.POOL_LOST),
     ("pool in ERROR", RunEvidence((), READY), PoolView("falcon-t1-2x4", "ERROR", 0, 0, "TPU unavailable"), False, Fault.FLEET, M.POOL_LOST),

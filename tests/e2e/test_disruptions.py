@@ -1,0 +1,111 @@
+"""Disruptions end to end: the scenario of ``falcon_ray/demo/scenarios/disruptions`` (the
+fleet, the settings and the tasks ``falcon-ray demo --fleet --tasks --config`` plays), on
+the session's Ray, the real clients over HTTP, the sim disrupting runs as GKE does.
+
+Single-host and multi-host tasks are each disrupted by each kind (maintenance, repair,
+reclaim) and succeed on a later attempt; a task with ``max_recoveries: 0`` and one
+disrupted more often than its budget end Failed/Disrupted; a task exiting with code 3 ends
+Failed/JobFailed after one run. No Falcon pool is left, and no two Jobs of one task were
+ever alive at once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from importlib import resources
+
+import pytest
+
+from falcon_ray import lifecycle as lc
+from falcon_ray import render
+from falcon_ray.demo import DemoRun, demo_settings, load_tasks
+from falcon_ray.sim.fleet import load_fleet
+from tests.harness.e2e import assert_clean, reasons
+
+pytestmark = pytest.mark.timeout(300)
+
+SCENARIO = resources.files("falcon_ray.demo").joinpath("scenarios", "disruptions")
+EXPECTED = {
+    "single-maintenance": ("Succeeded", 1),
+    "single-repair": ("Succeeded", 1),
+    "single-reclaim": ("Succeeded", 1),
+    "multi-maintenance": ("Succeeded", 1),
+    "multi-repair": ("Succeeded", 1),
+    "multi-reclaim": ("Succeeded", 1),
+    "three-kinds-within-budget": ("Succeeded", 3),
+    "no-recovery-allowed": ("Failed/Disrupted", 1),
+    "over-budget": ("Failed/Disrupted", 2),
+    "own-failure": ("Failed/JobFailed", 0),
+}
+
+
+@pytest.fixture(scope="module")
+def played(ray_session, tmp_path_factory):
+    db = tmp_path_factory.mktemp("disruptions") / "falcon.db"
+    run = DemoRun(load_fleet(str(SCENARIO / "fleet.yaml")), demo_settings(str(SCENARIO / "settings.yaml")), f"sqlite:///{db}")
+    run.start()
+    try:
+        tasks = load_tasks(str(SCENARIO / "tasks.jsonl"))
+        run.play(tasks)
+        stats = assert_clean(run, timeout=240)
+        by_name = {t.name: t for t in run.tasks()}
+        yield run, by_name, stats
+    finally:
+        run.stop()
+
+
+def test_every_task_ends_as_its_disruptions_and_budget_say(played):
+    run, by_name, _ = played
+    assert set(by_name) == set(EXPECTED)
+    got = {name: (str(t.phase), len(run.store.disruptions([t.id]).get(t.id, ()))) for name, t in by_name.items()}
+    assert got == EXPECTED, {n: (by_name[n].message) for n in got if got[n] != EXPECTED[n]}
+
+
+def test_the_disruption_kinds_recorded_are_the_ones_the_fleet_injected(played):
+    run, by_name, stats = played
+    injected: dict[str, list[str]] = defaultdict(list)  # Job name -> kinds the sim applied to its pods
+    for c in stats["clusters"].values():
+        for rec in c["disruptions"]:
+            for job in rec["jobs"]:
+                injected[job.split("/", 1)[1]].append(rec["kind"])
+    for name in ("single-maintenance", "multi-maintenance", "single-repair", "multi-repair", "single-reclaim", "multi-reclaim"):
+        t = by_name[name]
+        (d,) = run.store.disruptions([t.id])[t.id]
+        assert injected[d.job] == [name.split("-")[1]], (name, d, injected[d.job])
+        assert d.kind == name.split("-")[1], (name, d)
+    # every recovery answers a disruption the fleet made: none is the task's own failure
+    for t in by_name.values():
+        for d in run.store.disruptions([t.id]).get(t.id, ()):
+            assert injected.get(d.job), (t.name, d)
+
+
+def test_a_recovered_task_went_through_recovering_and_says_which_attempt(played):
+    run, by_name, _ = played
+    for name in ("single-maintenance", "multi-repair", "single-reclaim", "three-kinds-within-budget"):
+        seen = reasons(run, by_name[name].id)
+        assert seen.count("Running") == EXPECTED[name][1] + 1, (name, seen)
+        assert seen.count("Pending/Recovering") == EXPECTED[name][1], (name, seen)
+        running = [e.message for e in run.store.events(by_name[name].id) if e.status == "Running"]
+        assert "Attempt 2 of 4 after" in running[1], running
+    over = by_name["over-budget"]
+    assert "2 time(s), more than its max_recoveries (1)" in over.message
+    assert "#1 maintenance on node" in over.message and "#2 repair on node" in over.message, over.message
+    assert reasons(run, by_name["no-recovery-allowed"].id)[-1] == "Failed/Disrupted"
+    own = by_name["own-failure"]
+    assert reasons(run, own.id).count("Running") <= 1 and "exit code 3" in own.message, own.message
+
+
+def test_each_attempt_had_its_own_job_and_never_two_at_once(played):
+    run, by_name, stats = played
+    jobs = {j["name"]: j for c in stats["clusters"].values() for j in c["jobs"]}
+    for name, (_, disruptions) in EXPECTED.items():
+        t = by_name[name]
+        runs = disruptions + (1 if name not in ("no-recovery-allowed", "over-budget") else 0)
+        names = [render.job_name(t.id, a) for a in range(runs)]
+        assert all(n in jobs for n in names), (name, names, [n for n in jobs if n.startswith(f"falcon-task-{t.id}")])
+        assert not any(n.startswith(f"falcon-task-{t.id}-a{runs}") for n in jobs), (name, "one attempt too many")
+        spans = sorted((j["created_at"][0], j["deleted_at"][-1]) for n, j in jobs.items() if render.service_of_job(n) == f"falcon-task-{t.id}")
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert end <= start, (name, spans)
+    for t in by_name.values():
+        assert lc.phase_of(t.status, t.reason).status in lc.TERMINAL

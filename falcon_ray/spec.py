@@ -26,7 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from falcon_ray import tpu
 
-MAX_TIMEOUT_SECONDS = 7 * 24 * 3600  # flex-start capacity is held at most seven days
+# A run of up to 30 days (reservation and on-demand capacity); flex-start VMs live at most
+# seven days, so a longer task is refused where flex-start is its only supply
+# (scheduling.outlives_flex_start: NoCandidateCluster, naming the limit).
+MAX_TIMEOUT_SECONDS = 30 * 24 * 3600
 DEFAULT_TIMEOUT_SECONDS = 3600
 MAX_ARGV_BYTES = 64 * 1024
 MAX_ARGV_ITEMS = 1024

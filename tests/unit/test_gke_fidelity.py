@@ -10,7 +10,7 @@ import pytest
 
 from falcon_ray import messages, render, scheduling, tpu
 from falcon_ray.config import Settings
-from falcon_ray.spec import SupplyMode
+from falcon_ray.spec import SupplyMode, parse_spec
 from tests.unit.test_render import make_cluster, make_spec
 
 V6E_2X4 = tpu.lookup("v6e", "2x4")
@@ -157,10 +157,10 @@ WEEK = render.FLEX_START_MAX_RUN_SECONDS
 
 
 def long_spec(timeout: int, supply_mode: str | None = None):
-    """A spec with any timeout: the spec validator caps it at 7 days today, this check is
-    what refuses a longer one if that cap is ever raised."""
+    """A spec with a timeout past flex-start's run limit: valid (the spec allows 30 days),
+    refused only where flex-start is the supply."""
     spec = make_spec(V6E_2X4, supply_mode=supply_mode)
-    return spec.model_copy(update={"timeout_seconds": timeout})
+    return parse_spec({**spec.model_dump(exclude_none=True), "timeout_seconds": timeout})
 
 
 @pytest.mark.parametrize(

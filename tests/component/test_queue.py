@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from falcon_ray.lifecycle import LeaseState
-from falcon_ray.model import ClusterView, JobView, NodeState, OpView, PodEnd, PoolView, ReservationView, RunEvidence
+from falcon_ray.model import (
+    ClusterView,
+    JobView,
+    NodeState,
+    OpView,
+    PodEnd,
+    PoolView,
+    ReservationView,
+    RunEvidence,
+)
 from falcon_ray.store.migrate import upgrade
 from tests.harness.fakes import QueueBench
 

@@ -7,6 +7,12 @@ The upper layer defines ``jobs`` in production. This revision exists so that the
 demo, the tests and a fresh installation have the exact columns and indexes Falcon
 reads and writes. It refuses to run over an existing ``jobs`` table instead of
 guessing whether that table matches.
+
+What an upper layer must expect of the rows Falcon writes (docs/schema.md): ``status``
+``Pending`` may follow ``Running`` (reason ``Recovering``: the fleet ended the run, a new
+attempt comes; ``dispatched_at`` and ``job_uid`` are then cleared and set again for that
+attempt), and ``Failed`` has the reason ``Disrupted`` when the fleet ended more runs than
+the task's ``max_recoveries``. ``timeout_seconds`` counts per attempt.
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ def test_render_shows_scopes_the_job_and_the_service():
     assert pool["locations"] == ["us-east5-b"]
     assert out["job"]["kind"] == "Job" and out["job"]["metadata"]["name"] == "falcon-task-42"
     assert out["service"]["kind"] == "Service"  # 2x4 is two hosts
-    if "podFailurePolicy" in json.dumps(out["job"]):  # another change adds it to job_manifest
-        assert "podFailurePolicy" in out["job"]["spec"]
+    rules = out["job"]["spec"]["podFailurePolicy"]["rules"]  # the fleet's failures told from the task's
+    assert [r["action"] for r in rules] == ["FailJob", "FailJob"]
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
 
 
 def test_render_of_a_shared_reservation_names_its_full_path_and_no_bogus_zone():

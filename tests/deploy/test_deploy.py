@@ -954,6 +954,8 @@ def test_dashboard_charts_what_operators_asked_for():
         "falcon_poll_duration_seconds_bucket",
         "falcon_orphan_pools_deleted_total",
         "falcon_idle_tpu_chip_seconds_total",
+        "falcon_disruptions_total",
+        "falcon_recoveries_total",
     }
     assert required <= used, f"not charted: {sorted(required - used)}"
     exprs = [e for _t, e in dashboard_exprs()]

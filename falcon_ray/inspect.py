@@ -238,6 +238,7 @@ def task(store: Store, task_id: int) -> dict[str, Any]:
         raise KeyError(f"no task {task_id}")
     cluster = next((c for c in store.list_clusters() if c.id == t.cluster_id), None) if t.cluster_id else None
     bucket = render.bucket_name(cluster) if cluster else ""
+    disruptions = store.disruptions([t.id]).get(t.id, ())
     return {
         "id": t.id,
         "name": t.name,
@@ -247,7 +248,12 @@ def task(store: Store, task_id: int) -> dict[str, Any]:
         "message": t.message,
         "cluster": cluster.name if cluster else None,
         "node_pool": t.node_pool_name,
-        "job_name": render.job_name(t.id) if t.dispatched_at else None,
+        "job_name": render.job_name(t.id, len(disruptions)) if t.dispatched_at or t.job_uid else None,
+        "attempt": len(disruptions),  # 0: the first run; one more per run the fleet ended
+        "disruptions": [
+            {"attempt": d.attempt, "kind": d.kind, "node": d.node, "job": d.job, "detail": d.detail, "at": d.at}
+            for d in disruptions
+        ],
         "log_prefix": f"gs://{bucket}/logs/{t.id}/" if bucket else None,
         "log_path_pattern": render.log_path(cluster, t.id, "<pod>") if cluster else None,
         "created_at": t.created_at,

@@ -70,6 +70,10 @@ def test_notebook_tables_from_the_database(store):
     other = inspect.task(store, live)
     assert other["job_name"] is None and other["log_prefix"] == f"gs://logs-a/logs/{live}/"
     assert inspect.task(store, oom)["log_prefix"] is None  # edge-b has no bucket
+    store.record_disruption(ok, 0, "maintenance", "node-0", f"falcon-task-{ok}", "drained")  # as if it had run twice
+    again = inspect.task(store, ok)
+    assert again["attempt"] == 1 and again["job_name"] == f"falcon-task-{ok}-a1"
+    assert [(d["kind"], d["node"]) for d in again["disruptions"]] == [("maintenance", "node-0")]
 
     phases = {r["phase"]: r["seconds"] for r in inspect.time_in_phases(store, ok)}
     assert phases == {

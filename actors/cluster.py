@@ -318,9 +318,9 @@ class ClusterGateway:
             return self.evidence[obs.uid]
         try:
             ev = self.kube.run_evidence(obs.namespace, obs.name, obs.node_pool, obs.message)
-        except Exception as e:
+        except Exception as e:  # the Job's own condition still tells the disruption rule from the exit-code one
             log.warning("cluster %s: pods and nodes of %s: %s", self.name, obs.name, e)
-            return self.evidence.get(obs.uid)
+            return self.evidence.get(obs.uid) or RunEvidence(condition=obs.message, nodes_listed=False)
         self.evidence[obs.uid] = ev
         return ev
 

@@ -769,6 +769,7 @@ class QueueReconciler:
             "topology": self.topology,
             "waiting": [],
             "acquiring": [],
+            "recovering": [],
             "running": [],
             "aborting": [],
             "leases": [],
@@ -795,7 +796,8 @@ class QueueReconciler:
         for pos, t in enumerate(scheduling.queue_order(state.waiting, state.last_granted), start=1):
             out["waiting"].append(dict(row(t), position=pos))
         out["acquiring"] = [row(t) for t in state.held if t.phase in lc.ACQUIRING_PHASES]
-        out["running"] = [row(t) for t in state.held if t.phase == lc.RUNNING]
+        out["recovering"] = [dict(row(t), attempt=t.attempt) for t in state.held if t.phase == lc.RECOVERING]
+        out["running"] = [dict(row(t), attempt=t.attempt) for t in state.held if t.phase == lc.RUNNING]
         out["aborting"] = [row(t) for t in state.held if t.phase == lc.ABORTING]
         out["last_granted"] = state.last_granted
         for l in state.leases:

@@ -103,12 +103,13 @@ def open_store(url: str | None = None, namespace: str | None = None) -> Store:
 
 
 def queue_depths(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per queue snapshot: how many tasks wait, hold the slot, run, abort."""
+    """One row per queue snapshot: how many tasks wait, hold the slot, recover, run, abort."""
     return [
         {
             "queue": q.get("queue") or q.get("actor"),
             "waiting": len(q.get("waiting", [])),
             "acquiring": len(q.get("acquiring", [])),
+            "recovering": len(q.get("recovering", [])),
             "running": len(q.get("running", [])),
             "aborting": len(q.get("aborting", [])),
             "error": q.get("error", ""),

@@ -80,8 +80,11 @@ def render(
             continue
         leases = q.get("leases") or []
         counts = {"waiting": len(q.get("waiting") or []), "slot": len(q.get("acquiring") or []),
-                  "running": len(q.get("running") or []), "aborting": len(q.get("aborting") or [])}  # fmt: skip
+                  "running": len(q.get("running") or []), "aborting": len(q.get("aborting") or []),
+                  "recovering": len(q.get("recovering") or [])}  # fmt: skip
         head = f"{name}  waiting {counts['waiting']}, slot {counts['slot']}, running {counts['running']}"
+        if counts["recovering"]:
+            head += f", recovering {counts['recovering']}"
         if counts["aborting"]:
             head += f", aborting {counts['aborting']}"
         head += f", pools {len(leases)}  (last granted: {q.get('last_granted') or '-'})"
@@ -94,6 +97,8 @@ def render(
             rows.append(_task_row("SLOT", "", t, in_phase, None, message_width))
         for t in q.get("waiting") or []:
             rows.append(_task_row("WAIT", str(t.get("position", "")), t, in_phase, t.get("waiting_s"), message_width))
+        for t in q.get("recovering") or []:
+            rows.append(_task_row("RECOVER", "", t, in_phase, None, message_width))
         for t in q.get("running") or []:
             rows.append(_task_row("RUN", "", t, in_phase, None, message_width))
         for t in q.get("aborting") or []:
@@ -145,7 +150,7 @@ class PhaseClock:
     def observe(self, snaps: Sequence[dict[str, Any]], now: float) -> dict[int, float]:
         seen: dict[int, tuple[str, float]] = {}
         for q in snaps:
-            for key in ("acquiring", "running", "aborting"):  # a waiting task shows its waiting time
+            for key in ("acquiring", "recovering", "running", "aborting"):  # a waiting task shows its waiting time
                 for t in q.get(key) or []:
                     tid, phase = t.get("id"), _phase(t)
                     prev = self.since.get(tid)

@@ -117,6 +117,6 @@ def test_queue_depths_counts_each_list_and_keeps_unreachable_queues():
         {"actor": "queue/edge-b/2x4", "error": "GetTimeoutError: timed out"},
     ]
     assert inspect.queue_depths(snaps) == [
-        {"queue": "queue/edge-a/2x2", "waiting": 2, "acquiring": 1, "running": 3, "aborting": 0, "error": ""},
-        {"queue": "queue/edge-b/2x4", "waiting": 0, "acquiring": 0, "running": 0, "aborting": 0, "error": "GetTimeoutError: timed out"},
+        {"queue": "queue/edge-a/2x2", "waiting": 2, "acquiring": 1, "recovering": 0, "running": 3, "aborting": 0, "error": ""},
+        {"queue": "queue/edge-b/2x4", "waiting": 0, "acquiring": 0, "recovering": 0, "running": 0, "aborting": 0, "error": "GetTimeoutError: timed out"},
     ]

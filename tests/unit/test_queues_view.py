@@ -93,3 +93,12 @@ def test_task_lines_are_checked(line, error):
     with pytest.raises(ValueError, match=error.replace("(", r"\(")):
         parse_task_line(line, "stdin:7")
     assert parse_task_line('{"actor": "a", "spec": {"x": 1}, "submit_at": 2}', "f:1")["submit_at"] == 2
+
+
+def test_render_shows_recovering_tasks_in_the_head_and_as_rows():
+    snap = dict(SNAP, recovering=[{"id": 7, "actor": "fay", "name": "train", "status": "Pending", "reason": "Recovering", "message": "Attempt 2 of 4 after maintenance", "node_pool": "falcon-t7-2x2", "waiting_s": 50.0, "attempt": 1}])
+    text = render([snap], {7: 20.0})
+    assert "running 1, recovering 1," in text.splitlines()[0]
+    (row,) = [line for line in text.splitlines() if "RECOVER" in line]
+    assert "Pending/Recovering" in row and "Attempt 2 of 4 after maintenance" in row and "falcon-t7-2x2" in row
+    assert "recovering" not in render([SNAP], {}).splitlines()[0]

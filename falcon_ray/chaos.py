@@ -11,8 +11,11 @@ fleet and database as ``falcon-ray demo``) while it injects, on a schedule scale
 QueueActor or ClusterActor killed every ``10 * scale`` seconds (``ray.kill(no_restart=False)``:
 Ray restarts it), the poller killed, short bursts of node-pool creates that fail with an
 INTERNAL error (code 13: not about capacity, so the tasks they hit end NodePoolFailed and
-are counted apart, ``failed_by_injected_create_error``), and, on MariaDB/MySQL, the
-controller's database connections killed (``KILL``). It then stops the kills, waits
+are counted apart, ``failed_by_injected_create_error``), random GKE disruptions of running
+pods (host maintenance, auto-repair, capacity reclaimed: the sim's
+``disruption_rate_per_node_hour``, ``DISRUPTION_RATE`` by default, which the controller
+must recover as new attempts), and, on MariaDB/MySQL, the controller's database
+connections killed (``KILL``). It then stops the kills, waits
 (bounded) for quiescence and returns one report. The fleet (``chaos_fleet``) is issue 10's:
 ``edge-a`` with a reservation of 6 hosts, ``edge-b`` flex-start with 32 chips, so the
 demand for capacity outgrows the supply and the capacity waits are exercised for real.
@@ -23,7 +26,8 @@ their event logs), the Message changes the run observed and the fleet's own acco
 - ``lost``: tasks not terminal at the end;
 - ``stuck``: a task that stayed in one phase with no event and no Message change for longer
   than that phase's limit (``Limits``);
-- ``second_job_creates``: Jobs the fleet saw created more than once;
+- ``second_job_creates``: Jobs the fleet saw created more than once (every attempt of a task
+  has its own name, ``falcon-task-ID-aN``: two attempts are two Jobs, not a second create);
 - ``pools_alive``: Falcon node pools alive in the fleet at the end;
 - ``aborts_overwritten``: a task whose abort landed (an Aborting event) and that the
   controller then moved anywhere but Aborted (a task that finished before the abort
@@ -32,7 +36,22 @@ their event logs), the Message changes the run observed and the fleet's own acco
   reservation shortfall (a stockout, a reservation without room, a capacity budget or a
   reservation wait that ran out), other than the soak's own injected create failures:
   capacity that comes back must be waited for, never a failure;
-- ``illegal_transitions``: event-log steps not in the lifecycle table.
+- ``illegal_transitions``: event-log steps not in the lifecycle table;
+- ``recovered_own_failure``: a recovery (a ``falcon_task_disruptions`` row) of a run the
+  fleet never disrupted: no disruption record of the sim lists its Job (in its ``jobs``,
+  or one of the Job's pods in its ``pods``) at or before the row's time, or the row's Job
+  is not that task's Job of that attempt. The controller recovered the task's own failure
+  or invented a disruption. A ``pool-lost`` row is no exception: in the soak's fleet a pool
+  ends in ERROR only at its create (the injected INTERNAL creates included, and a pool that
+  failed its create never ran a Job), and is deleted only when the controller asks (the
+  soak itself deletes no pool), so a pool lost under a run with no record is the
+  controller deleting a pool under a live run (an orphan delete, keep-or-delete): a bug;
+- ``failing_task_succeeded``: a task whose spec makes every run fail in the sim
+  (``FALCON_SIM_EXIT_CODE`` non-zero, ``FALCON_SIM_OOM``) ended Succeeded.
+
+A task that ends ``Failed/Disrupted`` (more disruptions than its ``max_recoveries``) is no
+capacity failure. ``check`` also returns ``figures``: recoveries (rows, by kind, tasks),
+tasks ended Disrupted, and the fleet's disrupted Jobs.
 
 The run adds ``controller_loop_died`` (1 when the controller's own loop, which keeps the
 leader lease and the registry, did not survive the play: its actors would run on without
@@ -56,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.render import job_name
+from falcon_ray.render import job_name, service_of_job
 from falcon_ray.sim.fleet import FAST_TIMINGS
 
 log = logging.getLogger("falcon.chaos")
@@ -70,6 +89,8 @@ INVARIANTS = (
     "aborts_overwritten",
     "failed_for_capacity",
     "illegal_transitions",
+    "recovered_own_failure",
+    "failing_task_succeeded",
 )
 CAPACITY_REFUSAL = re.compile(
     r"does not have enough resources|ZONE_RESOURCE_POOL_EXHAUSTED|stockout|GCE_STOCKOUT|resource pool exhausted"
@@ -83,6 +104,14 @@ CREATE_ERROR_CODE = 13
 RESERVATION_HOSTS = 6  # edge-a's reservation (issue 10: 6 hosts)
 FLEX_CHIPS = 32  # edge-b, flex-start by default (issue 10: 32 chips)
 DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few seconds
+# Random disruptions (the sim's ``disruption_rate_per_node_hour``, per node with a running pod,
+# per hour of real time). A soak task runs 0.2-2.5 s (timeouts 2-3 s) on 1 host, or 4 for
+# 4x4 (a slice is disrupted whole): ~2.5 node-seconds a run, so 120/h disrupts ~8% of the
+# runs (1 - exp(-120 * 2.5 / 3600)); a recovered run is exposed again.
+DISRUPTION_RATE = 120.0
+# a sim record of a disruption may carry a time up to this much later than the controller's
+# row of the recovery it caused (two clocks of one machine; the database's milliseconds)
+DISRUPTION_CLOCK_SLACK_S = 5.0
 
 # The soak's fleet timings (seconds): the e2e harness's fast profile.
 TIMINGS = FAST_TIMINGS
@@ -181,6 +210,7 @@ class Limits:
     node_pool_timeout: float
     margin: float = 30.0
     waiting: float = 240.0  # Waiting / ClusterBusy / New: a queue ahead of them may be long
+    recovery_wait: float = 0.0  # recovery_pool_wait_s: Recovering waits this long for its nodes
 
     def of(self, phase: lc.Phase, timeout_seconds: float | None) -> float | None:
         if phase.status in lc.TERMINAL:
@@ -193,6 +223,8 @@ class Limits:
             return max(self.node_pool_timeout, 60.0) + self.margin
         if phase == lc.ABORTING:
             return self.margin
+        if phase == lc.RECOVERING:  # the old Job deleted, the next submitted, the nodes back
+            return max(self.node_pool_timeout, self.recovery_wait) + self.margin
         return self.node_pool_timeout + self.margin  # Provisioning, Dispatching
 
 
@@ -228,13 +260,85 @@ def _second_create(cluster: str, job: dict[str, Any], events: dict[int, list[Any
     out: dict[str, Any] = {"cluster": cluster, "job": job["name"], "creates": job["creates"]}
     out["created_at"] = [round(x, 3) for x in job.get("created_at", ())]
     out["deleted_at"] = [round(x, 3) for x in job.get("deleted_at", ())]
-    tid = next((tid for tid in events if job_name(tid) == job["name"]), None)
-    if tid is not None:
-        out["events"] = [
-            (round(e.at.replace(tzinfo=dt.UTC).timestamp(), 3), str(_phase(e.status, e.reason)), (e.message or "")[:160])
-            for e in events[tid]
-        ]
+    tid = task_of_job(job["name"])
+    if tid is not None and tid in events:
+        out["events"] = _timeline(events[tid])
     return out
+
+
+def _timeline(evs: list[Any]) -> list[tuple[float, str, str]]:
+    return [(_unix(e.at), str(_phase(e.status, e.reason)), (e.message or "")[:160]) for e in evs]
+
+
+def _unix(at: dt.datetime) -> float:
+    """A database time (naive UTC) as Unix seconds, the fleet's clock."""
+    return round((at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp(), 3)
+
+
+_JOB_NAME = re.compile(r"^falcon-task-([0-9]+)(?:-a[0-9]+)?$")
+# a pod of the sim's Job J: J-SUFFIX, or J-INDEX-SUFFIX (Indexed Jobs), SUFFIX 5 characters
+_POD_OF_JOB = re.compile(r"^(falcon-task-[0-9]+(?:-a[0-9]+)?)(?:-[0-9]+)?-[a-z0-9]{5}$")
+
+
+def task_of_job(name: str) -> int | None:
+    """The task of a Job of any attempt (``falcon-task-42``, ``falcon-task-42-a1`` -> 42)."""
+    m = _JOB_NAME.match(name or "")
+    return int(m.group(1)) if m and service_of_job(name) == job_name(int(m.group(1))) else None
+
+
+def disrupted_jobs(fleet: dict[str, Any]) -> dict[str, float | None]:
+    """Every Job the sim's disruption records name: its ``jobs`` (``namespace/name``), and
+    the Jobs of its ``pods`` (a pod that came onto a node between a maintenance notice and
+    the drain is drained with it, and only ``pods`` is brought up to date then); the
+    earliest record's time (Unix seconds; None when a record has none)."""
+    out: dict[str, float | None] = {}
+
+    def note(job: str, at: float | None) -> None:
+        if job not in out or (at is not None and out[job] is not None and at < out[job]):  # type: ignore[operator]
+            out[job] = at
+
+    for c in fleet.get("clusters", {}).values():
+        for r in c.get("disruptions") or ():
+            at = r.get("at")
+            for ref in r.get("jobs") or ():
+                note(str(ref).rsplit("/", 1)[-1], at)
+            for ref in r.get("pods") or ():
+                m = _POD_OF_JOB.match(str(ref).rsplit("/", 1)[-1])
+                if m:
+                    note(m.group(1), at)
+    return out
+
+
+def _own_failure_recovered(tid: int, d: Any, fleet_jobs: dict[str, float | None]) -> str | None:
+    """Why the recovery row ``d`` of task ``tid`` is not one of a run the fleet disrupted (None: it is)."""
+    if d.job != job_name(tid, d.attempt):
+        return f"the row names Job {d.job!r}, not the task's Job of attempt {d.attempt} ({job_name(tid, d.attempt)})"
+    if d.job not in fleet_jobs:
+        return "no disruption record of the fleet lists this Job"
+    at = fleet_jobs[d.job]
+    if at is not None and at > _unix(d.at) + DISRUPTION_CLOCK_SLACK_S:
+        return f"the fleet disrupted this Job only {at - _unix(d.at):.1f}s after the recovery was recorded"
+    return None
+
+
+def spec_always_fails(spec: str) -> bool:
+    """The sim fails every run of this spec: ``FALCON_SIM_EXIT_CODE`` non-zero (a value that
+    is no integer counts as 1, as in the sim) or ``FALCON_SIM_OOM`` set (exit code 137)."""
+    try:
+        env = (json.loads(spec) or {}).get("env") or {}
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(env, dict):
+        return False
+    if str(env.get("FALCON_SIM_OOM", "")).lower() in ("1", "true", "yes"):
+        return True
+    raw = env.get("FALCON_SIM_EXIT_CODE")
+    if raw is None:
+        return False
+    try:
+        return int(str(raw)) != 0
+    except ValueError:
+        return True
 
 
 def check(
@@ -245,13 +349,17 @@ def check(
     fleet: dict[str, Any],
     limits: Limits,
     pauses: tuple[tuple[float, float], ...] = (),
+    disruptions: dict[int, tuple[Any, ...]] | None = None,
 ) -> dict[str, Any]:
     """The invariants of a soak; ``tasks`` are ``jobs`` rows (``model.Task``), ``events``
     their event logs by task id (``model.TaskEvent``, in order), ``observed`` the Message
     changes seen while it ran (times on the clock of ``end_at``), ``fleet`` the sim's stats.
     ``pauses``: (start, end) stretches in which the controller could not write at all (a
-    database outage); a quiet stretch does not count them against a phase's limit."""
+    database outage); a quiet stretch does not count them against a phase's limit.
+    ``disruptions``: the ``falcon_task_disruptions`` rows by task (``Store.disruptions``)."""
     out: dict[str, list[Any]] = {k: [] for k in INVARIANTS}
+    disruptions = disruptions or {}
+    fleet_jobs = disrupted_jobs(fleet)
     for t in tasks:
         phase = _phase(t.status, t.reason)
         if phase.status not in lc.TERMINAL:
@@ -272,6 +380,18 @@ def check(
             out["aborts_overwritten"].append({"id": t.id, "events": [str(p) for p in phases], "final": str(phase)})
         if failed_for_capacity(phase, t.message or ""):
             out["failed_for_capacity"].append({"id": t.id, "message": t.message})
+        if phase == lc.SUCCEEDED and spec_always_fails(t.spec):
+            out["failing_task_succeeded"].append({"id": t.id, "spec_env": (_json_or_none(t.spec) or {}).get("env")})
+        for d in disruptions.get(t.id, ()):
+            why = _own_failure_recovered(t.id, d, fleet_jobs)
+            if why is not None:
+                out["recovered_own_failure"].append(
+                    {
+                        "id": t.id, "attempt": d.attempt, "kind": d.kind, "job": d.job, "node": d.node,
+                        "at": _unix(d.at), "detail": (d.detail or "")[:200], "why": why,
+                        "fleet_jobs": _jobs_of_task(fleet, t.id), "events": _timeline(evs),
+                    }
+                )
     for cname, c in fleet.get("clusters", {}).items():
         for j in c.get("jobs", []):
             if j.get("creates", 0) > 1:
@@ -289,11 +409,43 @@ def check(
                     }
                 )
     counts = {k: len(v) for k, v in out.items()}
-    return {"ok": not any(counts.values()), "invariants": counts, "details": {k: v for k, v in out.items() if v}}
+    rows = [d for tid in (t.id for t in tasks) for d in disruptions.get(tid, ())]
+    figures = {
+        "recoveries": len(rows),
+        "recoveries_by_kind": dict(sorted(Counter(d.kind for d in rows).items())),
+        "recovered_tasks": sum(1 for t in tasks if disruptions.get(t.id)),
+        "disrupted": sum(1 for t in tasks if _phase(t.status, t.reason) == lc.failed(lc.Reason.DISRUPTED)),
+        "fleet_disrupted_jobs": sum(1 for j in fleet_jobs if task_of_job(j) is not None),
+    }
+    return {"ok": not any(counts.values()), "invariants": counts, "details": {k: v for k, v in out.items() if v}, "figures": figures}
+
+
+def _jobs_of_task(fleet: dict[str, Any], tid: int) -> list[dict[str, Any]]:
+    """The fleet's records of every Job of a task (each attempt), and the disruptions that named them."""
+    out = []
+    for cname, c in fleet.get("clusters", {}).items():
+        for j in c.get("jobs", []):
+            if task_of_job(j.get("name", "")) == tid:
+                out.append({"cluster": cname, **{k: j.get(k) for k in ("name", "creates", "created_at", "deleted_at")}})
+        for r in c.get("disruptions") or ():
+            names = {str(x).rsplit("/", 1)[-1] for x in r.get("jobs") or ()}
+            names |= {m.group(1) for x in r.get("pods") or () if (m := _POD_OF_JOB.match(str(x).rsplit("/", 1)[-1]))}
+            if any(task_of_job(n) == tid for n in names):
+                out.append({"cluster": cname, "disruption": r.get("kind"), "at": r.get("at"), "jobs": sorted(names), "pool": r.get("pool")})
+    return out
+
+
+def _json_or_none(text: str) -> dict[str, Any] | None:
+    try:
+        v = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def failed_for_capacity(phase: lc.Phase, message: str) -> bool:
-    """NodePoolFailed for capacity that comes back, not by the soak's injected create errors."""
+    """NodePoolFailed for capacity that comes back, not by the soak's injected create errors
+    (a task ended Failed/Disrupted is not one, whatever its Message says)."""
     return phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and bool(CAPACITY_REFUSAL.search(message)) and CREATE_ERROR not in message
 
 
@@ -360,6 +512,7 @@ class ChaosRun:
         progress=None,
         db_outage_s: float = 30.0,
         margin_s: float = 30.0,
+        disruption_rate: float = DISRUPTION_RATE,
     ) -> None:
         self.n, self.play_s, self.seed, self.db_url, self.scale = tasks, minutes * 60.0, seed, db_url, scale
         self.drain_s = drain_s if drain_s is not None else max(90.0, 0.5 * self.play_s)
@@ -370,6 +523,8 @@ class ChaosRun:
         # Limits.margin: Aborting's whole limit, and what Running and the creates get on top
         # of their own timeouts (a killed actor's restart must fit in it)
         self.margin_s = margin_s
+        # random disruptions per node-hour of a node with a running pod (0: none)
+        self.disruption_rate = disruption_rate
         self.proxy = None
         self.pauses: list[tuple[float, float]] = []  # the outage, in seconds of the play
         self.overrides = settings_overrides or {}
@@ -386,9 +541,15 @@ class ChaosRun:
     def _settings(self):
         from falcon_ray.demo import demo_settings
 
-        base = {"node_pool_timeout_s": 20, "registry_interval_s": 1}
+        # recovery_pool_wait_s, disruption_grace_s: the production 1 h and 60 s scaled down
+        # (a recovering task whose pool's nodes do not come back acquires a new pool)
+        base = {"node_pool_timeout_s": 20, "registry_interval_s": 1, "recovery_pool_wait_s": 20, "disruption_grace_s": 10}
         base.update(self.overrides)
         return demo_settings(**base)
+
+    def _set_disruptions(self) -> None:
+        for c in ("edge-a", "edge-b"):
+            self.run.sim.set_faults(c, disruption_rate_per_node_hour=self.disruption_rate)
 
     def _set_faults(self) -> None:
         s = self.scale
@@ -501,6 +662,8 @@ class ChaosRun:
         try:
             if self.faults:
                 self._set_faults()
+            if self.disruption_rate > 0:
+                self._set_disruptions()
             plain_abort = self.run.abort
 
             def counted_abort(task_id: int) -> bool:
@@ -627,9 +790,11 @@ class ChaosRun:
         store = self.run.store
         tasks = _retry(lambda: self.run.tasks())
         events = {t.id: _retry(lambda tid=t.id: store.events(tid)) for t in tasks}
+        disruptions = _retry(lambda: store.disruptions([t.id for t in tasks]))
         fleet = self.run.sim.stats()
-        limits = Limits(node_pool_timeout=float(self.run.settings.node_pool_timeout_s), margin=self.margin_s)
-        verdict = check(tasks, events, self.observed, end_at, fleet, limits, tuple(self.pauses))
+        st = self.run.settings
+        limits = Limits(node_pool_timeout=float(st.node_pool_timeout_s), margin=self.margin_s, recovery_wait=float(st.recovery_pool_wait_s))
+        verdict = check(tasks, events, self.observed, end_at, fleet, limits, tuple(self.pauses), disruptions)
         # the controller's own loop (lease, registry) must outlive every fault, as its actors do
         loop_alive = self.run.thread is not None and self.run.thread.is_alive()
         verdict["invariants"]["controller_loop_died"] = 0 if loop_alive else 1
@@ -639,6 +804,8 @@ class ChaosRun:
             for k, v in (c.get("fault_counts") or {}).items():
                 injected[k] += v
             injected["pool_ops_refused_as_concurrent"] += c.get("rejected_pool_ops", 0)
+            for kind, v in (c.get("disruption_counts") or {}).items():
+                injected[f"disruption_{kind}"] += v
         outcomes = Counter(str(_phase(t.status, t.reason)) for t in tasks)
         injected["failed_by_injected_create_error"] = sum(1 for t in tasks if failed_by_injection(_phase(t.status, t.reason), t.message or ""))
         return {
@@ -654,6 +821,10 @@ class ChaosRun:
             "details": verdict["details"],
             "faults_injected": dict(sorted(injected.items())),
             "outcomes": dict(sorted(outcomes.items())),
+            # the fleet's disruptions the controller recovered: rows of falcon_task_disruptions
+            # (by kind), tasks with one, tasks ended Failed/Disrupted, Jobs the fleet disrupted
+            "recoveries": verdict["figures"],
+            "disruption_rate_per_node_hour": self.disruption_rate,
             # tasks that waited in ClusterBusy (reservation headroom or a stockout) at least once
             "waited_cluster_busy": sum(1 for evs in events.values() if any(_phase(e.status, e.reason) == lc.CLUSTER_BUSY for e in evs)),
             "kinds": dict(sorted(Counter(i["kind"] for i in plan).items())),
@@ -718,6 +889,12 @@ def summarize(report: dict[str, Any]) -> str:
         "outcomes: " + ", ".join(f"{k}={v}" for k, v in report["outcomes"].items())
         + f"; waited in ClusterBusy: {report.get('waited_cluster_busy', 0)}",
     ]
+    rec = report.get("recoveries")
+    if rec:
+        lines.append(
+            f"recoveries: {rec['recoveries']} ({', '.join(f'{k}={v}' for k, v in rec['recoveries_by_kind'].items()) or 'none'}) "
+            f"of {rec['recovered_tasks']} task(s); ended Disrupted: {rec['disrupted']}; Jobs the fleet disrupted: {rec['fleet_disrupted_jobs']}"
+        )
     for k, v in report["details"].items():
         for d in v[:10]:
             lines.append(f"  {k}: {json.dumps(d, default=str)[:300]}")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 
 from falcon_ray import chaos
 from falcon_ray.chaos import Limits, Observed, check, make_plan
-from falcon_ray.model import Task, TaskEvent
+from falcon_ray.model import Disruption, Task, TaskEvent
 
 T0 = dt.datetime(2026, 1, 1)
 LIMITS = Limits(node_pool_timeout=20, margin=10, waiting=100)
@@ -178,3 +179,129 @@ def test_a_database_outage_does_not_count_against_a_quiet_phase():
     assert _longest_quiet(obs, 200.0, limits, None)["quiet_s"] == 50.0
     assert _longest_quiet(obs, 200.0, limits, None, pauses=((110.0, 140.0),)) is None  # 20 s outside the outage
     assert _longest_quiet(obs, 200.0, limits, None, pauses=((140.0, 145.0),))["quiet_s"] == 45.0
+
+
+# ---- disruptions: a recovery must be of a run the fleet disrupted -----------------------------------
+
+RECOVERED = ("Pending", "Pending/Waiting", "Pending/Provisioning", "Pending/Dispatching", "Running", "Pending/Recovering", "Running", "Succeeded")
+
+
+def row(attempt: int, job: str, kind: str = "maintenance", at_s: float = 10.0) -> Disruption:
+    return Disruption(attempt=attempt, kind=kind, node="gke-n-1", job=job, detail="pod ...: DisruptionTarget", at=T0 + dt.timedelta(seconds=at_s))
+
+
+def fleet_with(*records: dict, jobs: tuple[str, ...] = ("falcon-task-1", "falcon-task-1-a1")) -> dict:
+    return {"clusters": {"edge-a": {"jobs": [{"name": j, "creates": 1} for j in jobs], "node_pools": [], "disruptions": list(records)}}}
+
+
+def record(kind: str = "maintenance", jobs: tuple[str, ...] = ("falcon-jobs/falcon-task-1",), pods: tuple[str, ...] = (), at_s: float = 9.0) -> dict:
+    return {"kind": kind, "pool": "falcon-1", "nodes": ["gke-n-1"], "pods": list(pods), "jobs": list(jobs), "at": T0.replace(tzinfo=dt.UTC).timestamp() + at_s}
+
+
+def judge(rows: dict, fleet: dict, tasks=None, events=None):
+    tasks = tasks or [task(1, "Succeeded")]
+    return check(tasks, events or {1: evs(1, *RECOVERED)}, {}, 50, fleet, LIMITS, disruptions=rows)
+
+
+def test_a_recovery_of_a_run_the_fleet_disrupted_passes():
+    r = judge({1: (row(0, "falcon-task-1"),)}, fleet_with(record()))
+    assert r["ok"] and r["invariants"]["recovered_own_failure"] == 0
+    assert r["figures"]["recoveries"] == 1 and r["figures"]["recovered_tasks"] == 1 and r["figures"]["recoveries_by_kind"] == {"maintenance": 1}
+
+
+def test_a_recovery_without_a_disruption_record_of_its_job_is_the_tasks_own_failure_recovered():
+    # the fleet disrupted attempt 0, but the controller also recovered attempt 1 (say, its exit code)
+    rows = {1: (row(0, "falcon-task-1"), row(1, "falcon-task-1-a1", kind="pool-lost", at_s=20))}
+    r = judge(rows, fleet_with(record()))
+    assert not r["ok"] and r["invariants"]["recovered_own_failure"] == 1
+    d = r["details"]["recovered_own_failure"][0]
+    assert (d["id"], d["attempt"], d["job"], d["kind"]) == (1, 1, "falcon-task-1-a1", "pool-lost")
+    assert "no disruption record" in d["why"]
+    # what lines it up: the fleet's records of the task's Jobs and the task's event log
+    assert {j.get("name") for j in d["fleet_jobs"] if "name" in j} == {"falcon-task-1", "falcon-task-1-a1"}
+    assert len(d["events"]) == len(RECOVERED)
+
+
+def test_no_disruption_at_all_and_a_recovery_row_fails():
+    r = judge({1: (row(0, "falcon-task-1"),)}, fleet_with())
+    assert r["invariants"]["recovered_own_failure"] == 1
+
+
+def test_a_record_of_another_tasks_job_does_not_cover_a_recovery():
+    # falcon-task-10 and falcon-task-1-a1 were disrupted; falcon-task-1 was not
+    fleet = fleet_with(record(jobs=("falcon-jobs/falcon-task-10", "falcon-jobs/falcon-task-1-a1")))
+    r = judge({1: (row(0, "falcon-task-1"),)}, fleet)
+    assert r["invariants"]["recovered_own_failure"] == 1
+
+
+def test_a_row_naming_a_job_that_is_not_the_tasks_attempt_fails_even_if_the_fleet_disrupted_it():
+    fleet = fleet_with(record(jobs=("falcon-jobs/falcon-task-1-a1",)))
+    r = judge({1: (row(0, "falcon-task-1-a1"),)}, fleet)  # attempt 0's Job is falcon-task-1
+    assert r["invariants"]["recovered_own_failure"] == 1 and "not the task's Job of attempt 0" in r["details"]["recovered_own_failure"][0]["why"]
+
+
+def test_a_disruption_recorded_after_the_recovery_did_not_cause_it():
+    late = record(at_s=10.0 + chaos.DISRUPTION_CLOCK_SLACK_S + 5)
+    assert judge({1: (row(0, "falcon-task-1", at_s=10.0),)}, fleet_with(late))["invariants"]["recovered_own_failure"] == 1
+    close = record(at_s=10.0 + chaos.DISRUPTION_CLOCK_SLACK_S - 1)  # two clocks, a little apart
+    assert judge({1: (row(0, "falcon-task-1", at_s=10.0),)}, fleet_with(close))["invariants"]["recovered_own_failure"] == 0
+
+
+def test_a_job_drained_with_a_maintenance_it_came_after_is_covered_by_the_records_pods():
+    # the record's jobs were taken at the notice; the Job's pods came onto the node before the drain
+    pods = ("falcon-jobs/falcon-task-1-a1-0-bc2d4", "falcon-jobs/falcon-task-7-x4z9q")
+    fleet = fleet_with(record(jobs=("falcon-jobs/falcon-task-7",), pods=pods))
+    r = judge({1: (row(0, "falcon-task-1"), row(1, "falcon-task-1-a1", at_s=20))}, fleet)
+    assert [d["attempt"] for d in r["details"]["recovered_own_failure"]] == [0]  # a1's pod is in pods; task-1's is not
+
+
+def test_pod_names_map_to_their_jobs_without_confusing_attempts_and_indexes():
+    fleet = fleet_with(record(jobs=(), pods=("ns/falcon-task-5-a1-bcdfg", "ns/falcon-task-6-0-bcdfg", "ns/falcon-task-50-a2345", "ns/other-x-bcdfg")))
+    assert set(chaos.disrupted_jobs(fleet)) == {"falcon-task-5-a1", "falcon-task-6", "falcon-task-50"}
+    assert chaos.task_of_job("falcon-task-5-a1") == 5 and chaos.task_of_job("falcon-task-5") == 5
+    assert chaos.task_of_job("falcon-task-5-x") is None and chaos.task_of_job("falcon-task-") is None
+
+
+def test_a_task_ended_disrupted_is_no_capacity_failure_and_is_counted():
+    msg = "The fleet disrupted this task's runs 4 time(s), more than its max_recoveries (3) allows: ... GCE_STOCKOUT ... does not have enough resources"
+    rows = {1: tuple(row(a, chaos.job_name(1, a), kind="reclaim", at_s=10 + a) for a in range(4))}
+    fleet = fleet_with(record(kind="reclaim", jobs=tuple(f"ns/{chaos.job_name(1, a)}" for a in range(4))))
+    r = judge(rows, fleet, tasks=[task(1, "Failed", "Disrupted", msg)], events={1: evs(1, "Pending", "Pending/Waiting")})
+    assert r["invariants"]["failed_for_capacity"] == 0 and r["invariants"]["recovered_own_failure"] == 0
+    assert r["figures"]["disrupted"] == 1 and r["figures"]["recoveries"] == 4
+    # the same message on NodePoolFailed is a capacity failure: the check can tell them apart
+    assert check([task(1, "Failed", "NodePoolFailed", msg)], {}, {}, 10, FLEET_CLEAN, LIMITS)["invariants"]["failed_for_capacity"] == 1
+
+
+def test_a_second_create_of_an_attempts_job_finds_its_task():
+    fleet = {"clusters": {"edge-a": {"jobs": [{"name": "falcon-task-3", "creates": 1}, {"name": "falcon-task-3-a1", "creates": 2}], "node_pools": []}}}
+    r = check([task(3, "Succeeded")], {3: evs(3, *RECOVERED)}, {}, 50, fleet, LIMITS)
+    # two attempts of one task are two Jobs; the attempt created twice is the bug
+    assert r["invariants"]["second_job_creates"] == 1
+    second = r["details"]["second_job_creates"][0]
+    assert second["job"] == "falcon-task-3-a1" and len(second["events"]) == len(RECOVERED)
+
+
+def test_a_task_whose_every_run_fails_must_not_succeed():
+    def spec_task(tid, status, env):
+        t = task(tid, status)
+        return dataclasses.replace(t, spec=json.dumps({"timeout_seconds": 60, "env": env}))
+
+    tasks = [
+        spec_task(1, "Succeeded", {"FALCON_SIM_EXIT_CODE": "1"}),
+        spec_task(2, "Succeeded", {"FALCON_SIM_OOM": "1"}),
+        spec_task(3, "Succeeded", {"FALCON_SIM_EXIT_CODE": "0"}),
+        spec_task(4, "Failed", {"FALCON_SIM_EXIT_CODE": "1"}),
+        spec_task(5, "Succeeded", {"FALCON_SIM_RUN_SECONDS": "1"}),
+    ]
+    tasks[3] = dataclasses.replace(tasks[3], reason="JobFailed")
+    r = check(tasks, {}, {}, 10, FLEET_CLEAN, LIMITS)
+    assert sorted(d["id"] for d in r["details"]["failing_task_succeeded"]) == [1, 2]
+
+
+def test_recovering_may_stay_quiet_as_long_as_the_recovery_wait():
+    quiet = obs((0, "Pending", "Recovering", "attempt 2/4: Job falcon-task-1-a1 submitted"), (45, "Running", "", ""), (46, "Succeeded", "", ""))
+    base = check([task(1, "Succeeded")], {}, {1: quiet}, 50, FLEET_CLEAN, LIMITS)  # 20 + 10 s
+    assert base["invariants"]["stuck"] == 1 and base["details"]["stuck"][0]["phase"] == "Pending/Recovering"
+    longer = Limits(node_pool_timeout=20, margin=10, waiting=100, recovery_wait=40)  # 40 + 10 s
+    assert check([task(1, "Succeeded")], {}, {1: quiet}, 50, FLEET_CLEAN, longer)["invariants"]["stuck"] == 0

@@ -60,7 +60,7 @@ from typing import Any
 
 from actors.port import Port
 from falcon_ray import lifecycle as lc
-from falcon_ray import metrics, reconcile, render, scheduling, tpu
+from falcon_ray import faults, metrics, reconcile, render, scheduling, tpu
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Status
 from falcon_ray.model import (
@@ -615,7 +615,7 @@ class QueueReconciler:
         elif len(known) < e.attempt:  # not known here: read it back with the row
             self.disrupted.pop(e.task_id, None)
         self.changed.add(e.task_id)
-        if first:
+        if first and faults.counted(e.kind):
             log.warning(
                 "task %s: run %s disrupted by the fleet (%s, node %s): %s", e.task_id, e.attempt, e.kind, e.node or "?", e.detail,
                 extra={"falcon_task_id": e.task_id, "cluster": self.cluster_name, "topology": self.topology},

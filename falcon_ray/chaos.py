@@ -309,10 +309,17 @@ def disrupted_jobs(fleet: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def _own_failure_recovered(tid: int, d: Any, fleet_jobs: dict[str, float | None]) -> str | None:
-    """Why the recovery row ``d`` of task ``tid`` is not one of a run the fleet disrupted (None: it is)."""
+def _own_failure_recovered(tid: int, d: Any, fleet_jobs: dict[str, float | None], rows: tuple[Any, ...] = ()) -> str | None:
+    """Why the recovery row ``d`` of task ``tid`` is not one of a run the fleet disrupted (None: it is).
+    An ``abandoned`` row (a recovery that left its pool, not a disruption) must follow a
+    disruption of the run before it: it is never a recovery of its own."""
     if d.job != job_name(tid, d.attempt):
         return f"the row names Job {d.job!r}, not the task's Job of attempt {d.attempt} ({job_name(tid, d.attempt)})"
+    if d.kind == "abandoned":
+        before = next((r for r in rows if r.attempt == d.attempt - 1), None)
+        if before is None or before.kind == "abandoned":
+            return "an abandoned attempt that follows no disruption"
+        return None
     if d.job not in fleet_jobs:
         return "no disruption record of the fleet lists this Job"
     at = fleet_jobs[d.job]
@@ -382,8 +389,9 @@ def check(
             out["failed_for_capacity"].append({"id": t.id, "message": t.message})
         if phase == lc.SUCCEEDED and spec_always_fails(t.spec):
             out["failing_task_succeeded"].append({"id": t.id, "spec_env": (_json_or_none(t.spec) or {}).get("env")})
-        for d in disruptions.get(t.id, ()):
-            why = _own_failure_recovered(t.id, d, fleet_jobs)
+        rows = disruptions.get(t.id, ())
+        for d in rows:
+            why = _own_failure_recovered(t.id, d, fleet_jobs, rows)
             if why is not None:
                 out["recovered_own_failure"].append(
                     {
@@ -411,7 +419,7 @@ def check(
     counts = {k: len(v) for k, v in out.items()}
     rows = [d for tid in (t.id for t in tasks) for d in disruptions.get(tid, ())]
     figures = {
-        "recoveries": len(rows),
+        "recoveries": sum(1 for d in rows if d.kind != "abandoned"),  # by kind below, the abandoned pools too
         "recoveries_by_kind": dict(sorted(Counter(d.kind for d in rows).items())),
         "recovered_tasks": sum(1 for t in tasks if disruptions.get(t.id)),
         "disrupted": sum(1 for t in tasks if _phase(t.status, t.reason) == lc.failed(lc.Reason.DISRUPTED)),

@@ -156,15 +156,19 @@ def register(main: click.Group) -> None:
     @click.option("--no-db-kills", is_flag=True, help="Kill no database connections and play no outage (MariaDB/MySQL).")
     @click.option("--db-outage", "db_outage_s", default=30.0, show_default=True, type=click.FloatRange(min=0),
                   help="MariaDB/MySQL: seconds the database refuses the controller's connections, once mid-play (0: none).")  # fmt: skip
+    @click.option("--disruption-rate", "disruption_rate", default=120.0, show_default=True, type=click.FloatRange(min=0),
+                  help="Random GKE disruptions (maintenance, repair, reclaim) per node-hour of a node with a running pod (0: none).")  # fmt: skip
     @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
     @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False, writable=True),
                   help="Also write the JSON report to this file (Ray may print to stdout too).")  # fmt: skip
-    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, db_outage_s, as_json, out_path):
+    def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_faults, no_db_kills, db_outage_s, disruption_rate, as_json, out_path):
         """Soak the controller on the simulated fleet under faults and kills; report the invariants.
 
         Exit code 1 when a task was lost or stuck, a Job created twice, a Falcon pool left
         alive, an abort overwritten, a task failed for capacity that comes back (a stockout
-        or a reservation shortfall), or an illegal lifecycle step; 0 when every invariant holds.
+        or a reservation shortfall), an illegal lifecycle step, a recovery of a run the fleet
+        did not disrupt, or a task whose every run fails ending Succeeded; 0 when every
+        invariant holds.
         """
         from falcon_ray.chaos import ChaosRun, summarize
 
@@ -173,7 +177,7 @@ def register(main: click.Group) -> None:
 
         soak = ChaosRun(
             n_tasks, minutes, seed, db_url, scale=scale, drain_s=drain_s, kills=not no_kills, faults=not no_faults, db_kills=not no_db_kills, progress=say,
-            db_outage_s=db_outage_s,
+            db_outage_s=db_outage_s, disruption_rate=disruption_rate,
         )
         report = soak.run_soak()
         if out_path:

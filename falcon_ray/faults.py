@@ -48,6 +48,15 @@ class DisruptionKind(StrEnum):
     PREEMPTED = "preempted"  # the scheduler preempted the pod for another
     EVICTED = "evicted"  # another disruption Kubernetes reports (eviction, taint manager)
     POOL_LOST = "pool-lost"  # the node pool was deleted or failed under the run
+    # not a disruption: a recovery left its pool (gone, or its nodes not back in time) and its
+    # attempt's Job name with it; the next attempt, on a new pool, takes the next name. Such a
+    # row is not counted against max_recoveries (the disruption before it was).
+    ABANDONED = "abandoned"
+
+
+def counted(kind: str) -> bool:
+    """Does a disruption row of this kind use up one of the task's max_recoveries?"""
+    return kind != DisruptionKind.ABANDONED
 
 
 @dataclass(frozen=True)

@@ -437,7 +437,14 @@ class QueueTask:
 
     @property
     def attempt(self) -> int:
+        """The run its next (or current) Job is: one more per disruption row, so every Job
+        of the task has its own name (``render.job_name(id, attempt)``)."""
         return len(self.disruptions)
+
+    @property
+    def recoveries(self) -> tuple[Disruption, ...]:
+        """The disruptions that used up one of its max_recoveries (not the abandoned pools)."""
+        return tuple(d for d in self.disruptions if d.kind != "abandoned")
 
     @property
     def priority(self) -> int:

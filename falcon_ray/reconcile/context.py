@@ -292,12 +292,14 @@ class Decision:
         return t.spec.max_recoveries if t.spec.max_recoveries is not None else self.s.max_recoveries
 
     def attempt_text(self, t: QueueTask, last: Disruption | None = None) -> str:
-        """"Attempt 2 of 4 after maintenance at ... (detail)": which attempt and why."""
-        last = last or (t.disruptions[-1] if t.disruptions else None)
-        if last is None:
+        """"Attempt 2 of 4 after maintenance at ... (detail)": which attempt and why (the
+        attempt counts the disruptions, not the pools a recovery left)."""
+        history = t.recoveries if last is None else (*t.recoveries, last)
+        if not history:
             return ""
+        last = history[-1]
         return self.msg(
-            "attempt", attempt=last.attempt + 2, attempts=self.max_recoveries(t) + 1, kind=last.kind,
+            "attempt", attempt=len(history) + 1, attempts=self.max_recoveries(t) + 1, kind=last.kind,
             at=last.at.strftime("%Y-%m-%d %H:%M:%S"), detail=f"node {last.node}: {last.detail}" if last.node and last.node not in last.detail else last.detail,
         )
 
@@ -308,7 +310,7 @@ class Decision:
         it again after a crash changes nothing."""
         assert verdict.kind is not None
         now_d = Disruption(job.attempt, str(verdict.kind), verdict.node, job.name, verdict.detail, self.now)
-        history = tuple(x for x in t.disruptions if x.attempt < job.attempt) + (now_d,)
+        history = tuple(x for x in t.recoveries if x.attempt < job.attempt) + (now_d,)
         record = RecordDisruption(t.id, job.attempt, str(verdict.kind), verdict.node, job.name, verdict.detail)
         limit = self.max_recoveries(t)
         if len(history) > limit:

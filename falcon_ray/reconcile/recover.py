@@ -16,7 +16,9 @@ moves it on, one step per call:
   back within ``recovery_pool_wait_s``, the pool goes to keep-or-delete's delete and the
   task goes back to Waiting, where the pick rule takes it ahead of every task that has not
   run (``QueueTask.priority``) and the normal acquisition finds it a new pool (ledger,
-  capacity waits and budgets included);
+  capacity waits and budgets included); the attempt it leaves is recorded as
+  ``abandoned`` (not counted against max_recoveries), so the new pool's Job has a name no
+  Job of the old pool ever had;
 - the attempt's Job: every pod ready makes it Running (its timeout clock starts again);
   it completing makes it Succeeded; it failing is classified again (``Decision.fleet_ended``:
   another disruption, or the task's own failure, JobFailed);
@@ -26,13 +28,13 @@ moves it on, one step per call:
 
 from __future__ import annotations
 
+from falcon_ray import faults, limits, render
 from falcon_ray import lifecycle as lc
-from falcon_ray import limits, render
 from falcon_ray.limits import Wait
 from falcon_ray.model import Lease, PoolStatus, PoolView, QueueTask
 from falcon_ray.reconcile import dispatch
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
-from falcon_ray.reconcile.effects import Effect, Transition
+from falcon_ray.reconcile.effects import Effect, RecordDisruption, Transition
 
 _POOL_DOWN = (PoolStatus.ERROR, PoolStatus.STOPPING)
 
@@ -49,7 +51,10 @@ def needs_new_pool(d: Decision, t: QueueTask, lease: Lease | None, pool: PoolVie
         if gone
         else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0))
     )
-    effects: list[Effect] = list(d.delete_job(t))
+    # this attempt's name stays with the pool it leaves (its Job may exist there, or be about
+    # to: a submit whose answer was lost): the next attempt, on a new pool, takes the next one
+    job = render.job_name(t.id, t.attempt)
+    effects: list[Effect] = [RecordDisruption(t.id, t.attempt, faults.DisruptionKind.ABANDONED.value, "", job, why), *d.delete_job(t)]
     if lease is not None:
         effects += d.delete_lease(lease, t.id)
     text = d.msg("recovering_new_pool", attempt=head, why=why)

@@ -506,7 +506,7 @@ def test_past_max_recoveries_the_task_ends_disrupted_naming_each_disruption(benc
     assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls
 
 
-def test_a_recovery_whose_pool_is_gone_acquires_a_new_pool_ahead_of_the_queue(bench):
+def test_a_recovery_whose_pool_is_gone_acquires_a_new_pool_ahead_of_the_queue_under_a_new_job_name(bench):
     tid = bench.submit("alice")
     run_to_running(bench, tid)
     later = [bench.submit("bob") for _ in range(2)]
@@ -522,3 +522,8 @@ def test_a_recovery_whose_pool_is_gone_acquires_a_new_pool_ahead_of_the_queue(be
     assert "after pool-lost" in bench.task(tid).message and "Queue position #2, 1 task(s) ahead" in bench.task(tid).message
     assert "Queue position #3" in bench.task(behind).message
     assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls
+    # the attempt it left keeps its Job name: the new pool's run is attempt 2, and the
+    # abandoned pool did not use up a recovery
+    kinds = [(d.attempt, d.kind) for d in bench.store.disruptions([tid])[tid]]
+    assert kinds == [(0, "pool-lost"), (1, "abandoned")]
+    assert "Attempt 2 of 4 after pool-lost" in bench.task(tid).message

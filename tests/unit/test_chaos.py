@@ -305,3 +305,16 @@ def test_recovering_may_stay_quiet_as_long_as_the_recovery_wait():
     assert base["invariants"]["stuck"] == 1 and base["details"]["stuck"][0]["phase"] == "Pending/Recovering"
     longer = Limits(node_pool_timeout=20, margin=10, waiting=100, recovery_wait=40)  # 40 + 10 s
     assert check([task(1, "Succeeded")], {}, {1: quiet}, 50, FLEET_CLEAN, longer)["invariants"]["stuck"] == 0
+
+
+def test_an_abandoned_attempt_after_a_disruption_is_no_recovery_of_its_own():
+    from falcon_ray import chaos
+    from falcon_ray.model import Disruption
+
+    at = dt.datetime(2026, 12, 1, 12, 0, 0)
+    first = Disruption(0, "reclaim", "", "falcon-task-7", "reclaimed", at)
+    left = Disruption(1, "abandoned", "", "falcon-task-7-a1", "the nodes did not come back", at)
+    fleet_jobs = {"falcon-task-7": at.replace(tzinfo=dt.UTC).timestamp()}
+    assert chaos._own_failure_recovered(7, left, fleet_jobs, (first, left)) is None
+    alone = Disruption(0, "abandoned", "", "falcon-task-7", "x", at)
+    assert chaos._own_failure_recovered(7, alone, fleet_jobs, (alone,)) == "an abandoned attempt that follows no disruption"

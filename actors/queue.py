@@ -59,8 +59,8 @@ from dataclasses import replace
 from typing import Any
 
 from actors.port import Port
-from falcon_ray import lifecycle as lc
 from falcon_ray import faults, metrics, reconcile, render, scheduling, tpu
+from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Status
 from falcon_ray.model import (

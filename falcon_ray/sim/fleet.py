@@ -115,6 +115,12 @@ class Timings(_Strict):
         ge=0,
         description="auto-repair: a node is NotReady this long before GKE recreates its VM (the whole slice)",
     )
+    pod_termination: float = Field(
+        0.2,
+        ge=0,
+        description="a deleted pod that runs on a node keeps running (and holding its TPU) this long, its "
+        "termination grace period, before it ends and is removed",
+    )
 
 
 class Faults(_Strict):

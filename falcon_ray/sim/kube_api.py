@@ -13,7 +13,9 @@ semantics the official ``kubernetes`` client relies on:
   a JSON merge patch - and JSON patch); the ``status`` subresource; delete with
   ``propagationPolicy`` (query or DeleteOptions body; deleting a Job deletes its
   pods unless ``Orphan`` - note the real API defaults to Orphan for batch/v1
-  Jobs, so always send Background); deletecollection; pod ``log``.
+  Jobs, so always send Background; ``Foreground`` answers 200 with the Job, which
+  now has ``deletionTimestamp`` and the ``foregroundDeletion`` finalizer and goes
+  once its pods are gone, see :meth:`Workloads.delete_job`); deletecollection; pod ``log``.
 * Server-side metadata from :class:`ObjectStore`; Job defaulting as the API
   server does it (selector on ``controller-uid``, template labels, parallelism,
   completions, backoffLimit 6, completionMode).
@@ -69,6 +71,7 @@ _SERVER_METADATA = (
     "resourceVersion",
     "creationTimestamp",
     "deletionTimestamp",
+    "deletionGracePeriodSeconds",
     "generation",
     "selfLink",
 )
@@ -380,6 +383,9 @@ class KubeApi:
             for key, value in md.items():
                 if key in _SERVER_METADATA or key in ("name", "namespace"):
                     result["metadata"][key] = value
+            for key in _SERVER_METADATA:
+                if key not in md:  # a client cannot set them (e.g. deletionTimestamp)
+                    result["metadata"].pop(key, None)
             result["kind"], result["apiVersion"] = rk.kind, rk.api_version
             admission.validate_metadata(rk, result["metadata"])
             if rk.plural == "jobs":
@@ -462,6 +468,10 @@ class KubeApi:
         deleted = self._delete_one(rk, ns, name, opts.get("propagationPolicy") or "Background")
         if rk.plural in ("pods", "services"):
             return json_response(deleted)  # the API answers these deletes with the object
+        if rk.plural == "jobs" and self.store.get(rk.plural, ns, name) is deleted:
+            # not removed yet (Foreground: deletionTimestamp and the foregroundDeletion finalizer):
+            # the apiserver answers 200 with the object as it now is
+            return json_response(deleted)
         return json_response(
             {
                 "kind": "Status",

@@ -28,6 +28,14 @@ converging, the way kube-controller-manager, kube-scheduler and the kubelets do:
   (default 1), each container with exit code ``FALCON_SIM_EXIT_CODE`` (default
   0); ``FALCON_SIM_OOM=1`` or exit code 137 is reason ``OOMKilled``. Pods are
   restartPolicy Never in effect (OnFailure is treated the same).
+* Job deletion and the garbage collector (:meth:`Workloads.delete_job`):
+  ``Foreground`` marks the Job (``deletionTimestamp``, finalizer
+  ``foregroundDeletion``) and removes it once no pod with ``blockOwnerDeletion``
+  is left; ``Background`` removes it at once; ``Orphan`` strips the pods'
+  ownerReference to it, then removes it. The pods are deleted gracefully: one
+  on a node keeps running (and its TPU) for ``timings.pod_termination`` with
+  ``deletionTimestamp`` set, then ends Failed (exit 143) and is removed; an
+  ended or unbound one goes at once. A Job being deleted gets no new pods.
 
 Work triggered by store events is batched into one pass per loop iteration.
 """
@@ -35,6 +43,7 @@ Work triggered by store events is batched into one pass per loop iteration.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,6 +64,7 @@ INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
 TERMINAL = ("Succeeded", "Failed")
+FOREGROUND_FINALIZER = "foregroundDeletion"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -309,21 +319,190 @@ class Workloads:
 
     # ---- job controller ------------------------------------------------------------------------
     def delete_job(self, namespace: str, name: str, propagation: str) -> dict[str, Any] | None:
-        job = self.store.delete("jobs", namespace, name)
+        """Delete a Job the way the apiserver and the garbage collector do, per ``propagation``.
+
+        * ``Foreground``: the Job gets ``deletionTimestamp`` and the ``foregroundDeletion`` finalizer
+          and stays (the caller answers it); its pods are deleted (:meth:`delete_pod_gracefully`);
+          once no pod that blocks its deletion remains, the Job is removed (see :meth:`_sync_deleting`).
+        * ``Background``: the Job is removed now, then its pods are deleted gracefully.
+        * ``Orphan``: its pods lose their ownerReference to it, then the Job is removed.
+
+        A Job already being deleted is returned unchanged. Returns the Job (as stored, or as removed),
+        None when absent.
+        """
+        job = self.store.get("jobs", namespace, name)
         if job is None:
             return None
+        md = job["metadata"]
+        if md.get("deletionTimestamp"):
+            return job
+        uid = md["uid"]
         self.cluster.record_job_delete(job)
-        if propagation != "Orphan":
-            uid = job["metadata"]["uid"]
-            for pod in list(self.store.list("pods", namespace)):
-                owner = owner_job(pod)
-                if owner and owner[1] == uid:
-                    self.store.delete("pods", namespace, pod["metadata"]["name"])
+        if propagation == "Foreground":
+            now = rfc3339()
+
+            def mark(obj: dict[str, Any]) -> None:
+                omd = obj["metadata"]
+                omd["deletionTimestamp"] = now
+                omd["deletionGracePeriodSeconds"] = 0
+                finalizers = omd.setdefault("finalizers", [])
+                if FOREGROUND_FINALIZER not in finalizers:
+                    finalizers.append(FOREGROUND_FINALIZER)
+
+            self.store.mutate("jobs", namespace, name, mark)
+            for pod in self._dependents(namespace, uid):
+                self.delete_pod_gracefully(pod)
+            self._dirty_and_arm(namespace, name)  # removed by the pass once nothing blocks it
+            return self.store.get("jobs", namespace, name) or job
+        if propagation == "Orphan":
+            for pod in self._dependents(namespace, uid):
+
+                def orphan(obj: dict[str, Any]) -> None:
+                    refs = [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
+                    if refs:
+                        obj["metadata"]["ownerReferences"] = refs
+                    else:
+                        obj["metadata"].pop("ownerReferences", None)
+
+                self.store.mutate("pods", namespace, pod["metadata"]["name"], orphan)
+            return self.remove_job(namespace, name) or job
+        gone = self.remove_job(namespace, name) or job
+        for pod in self._dependents(namespace, uid):
+            self.delete_pod_gracefully(pod)
+        return gone
+
+    def remove_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Take the Job object out of the store (watch: DELETED) and note when in its record's ``gone_at``."""
+        job = self.store.delete("jobs", namespace, name)
+        if job is not None:
+            rec = self.cluster.job_records.get((namespace, name))
+            if rec is not None:
+                rec.setdefault("gone_at", []).append(time.time())
         return job
+
+    def _dependents(self, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
+        """The pods with an ownerReference to ``owner_uid`` (controller or not)."""
+        return [
+            p
+            for p in self.store.list("pods", namespace)
+            if any(r.get("uid") == owner_uid for r in p["metadata"].get("ownerReferences") or [])
+        ]
+
+    def delete_pod_gracefully(self, pod: dict[str, Any]) -> None:
+        """Delete a pod as the garbage collector's delete does: a pod that has ended (Succeeded/Failed)
+        or was never bound to a node goes at once; one on a node gets ``deletionTimestamp`` (now +
+        its grace period) and ``deletionGracePeriodSeconds``, keeps running and holding its TPU for
+        ``timings.pod_termination``, then ends (Failed, exit 143) and is removed. A pod already
+        terminating is left alone."""
+        md = pod["metadata"]
+        ns, name, uid = md.get("namespace", ""), md["name"], md["uid"]
+        if md.get("deletionTimestamp"):
+            return
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        grace = self.cluster.timings.pod_termination
+        if phase in TERMINAL or not (pod.get("spec") or {}).get("nodeName") or grace <= 0:
+            self.store.delete("pods", ns, name)
+            return
+        deadline = rfc3339_from(time.time() + grace)
+        whole_seconds = max(1, math.ceil(grace))
+
+        def mark(obj: dict[str, Any]) -> None:
+            obj["metadata"]["deletionTimestamp"] = deadline
+            obj["metadata"]["deletionGracePeriodSeconds"] = whole_seconds
+
+        self.store.mutate("pods", ns, name, mark)
+        self.cluster.record_event(pod, "Normal", "Killing", "Stopping container(s)")
+        self.cluster.call_later(grace, self._end_termination, ns, name, uid)
+
+    def _end_termination(self, ns: str, name: str, uid: str) -> None:
+        """The grace period of a deleted pod is over: its containers end (SIGTERM, exit 143), the pod
+        is Failed, then removed (the kubelet's last status write, then its final delete)."""
+        pod = self._live_pod(ns, name, uid)
+        if pod is None:
+            return
+        if (pod.get("status") or {}).get("phase") == "Running":
+            now = rfc3339()
+
+            def end(obj: dict[str, Any]) -> None:
+                st = obj["status"]
+                st["phase"] = "Failed"
+                for cond in st.get("conditions") or []:
+                    if cond["type"] in ("Ready", "ContainersReady"):
+                        cond.update(status="False", reason="PodCompleted", lastTransitionTime=now)
+                for cs in st.get("containerStatuses") or []:
+                    running = (cs.get("state") or {}).get("running")
+                    if running is None:
+                        continue
+                    cs["state"] = {
+                        "terminated": {
+                            "exitCode": 143,
+                            "reason": "Error",
+                            "startedAt": running.get("startedAt", now),
+                            "finishedAt": now,
+                            "containerID": cs.get("containerID", ""),
+                        }
+                    }
+                    cs["ready"] = False
+                    cs["started"] = False
+
+            self.store.mutate("pods", ns, name, end)
+        self.store.delete("pods", ns, name)
+
+    def _sync_deleting(self, job: dict[str, Any]) -> None:
+        """A Job with ``deletionTimestamp``: no new pods. Remove it once its ``foregroundDeletion``
+        finalizer has nothing left to wait for (no pod with ``blockOwnerDeletion`` remains), as the
+        garbage collector does; until then keep ``active`` / ``terminating`` / ``ready`` current."""
+        md = job["metadata"]
+        ns, name, uid = md.get("namespace", ""), md["name"], md["uid"]
+        pods = self._dependents(ns, uid)
+        blocking = [
+            p
+            for p in pods
+            if any(
+                r.get("uid") == uid and r.get("blockOwnerDeletion")
+                for r in p["metadata"].get("ownerReferences") or []
+            )
+        ]
+        finalizers = md.get("finalizers") or []
+        if not finalizers:  # a client took the finalizer off: nothing holds the object any more
+            self.remove_job(ns, name)
+            return
+        if not blocking:
+            # the GC drops its finalizer; with no finalizer left the apiserver removes the object
+            others = [f for f in finalizers if f != FOREGROUND_FINALIZER]
+            if not others:
+                self.remove_job(ns, name)
+                return
+            if len(others) != len(finalizers):
+
+                def drop(obj: dict[str, Any]) -> None:
+                    obj["metadata"]["finalizers"] = others
+
+                self.store.mutate("jobs", ns, name, drop)
+        running = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL]
+        active = [p for p in running if not p["metadata"].get("deletionTimestamp")]
+        terminating = len(running) - len(active)
+        ready = sum(1 for p in active if _pod_ready(p))
+
+        def write(obj: dict[str, Any]) -> None:
+            st = obj.setdefault("status", {})
+            if active:
+                st["active"] = len(active)
+            else:
+                st.pop("active", None)
+            st["ready"] = ready
+            st["terminating"] = terminating
+
+        self.store.mutate("jobs", ns, name, write)
 
     def _sync_job(self, ns: str, name: str) -> None:
         job = self.store.get("jobs", ns, name)
-        if job is None or job_finished(job):
+        if job is None:
+            return
+        if job["metadata"].get("deletionTimestamp"):
+            self._sync_deleting(job)
+            return
+        if job_finished(job):
             return
         uid = job["metadata"]["uid"]
         spec = job.get("spec") or {}
@@ -518,7 +697,9 @@ class Workloads:
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
                 if phase not in TERMINAL:
-                    used[node] += tpu_request(pod)
+                    used[node] += tpu_request(pod)  # a terminating pod holds its TPU until it is gone
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue
                 if phase == "Pending" and pod["metadata"]["uid"] not in self._bound:
                     pending.append(pod)  # created with spec.nodeName: the kubelet still has to start it
             elif phase == "Pending":
@@ -659,6 +840,8 @@ class Workloads:
         pod = self._live_pod(ns, name, uid)
         if pod is None or (pod.get("status") or {}).get("phase") != "Pending":
             return
+        if pod["metadata"].get("deletionTimestamp"):
+            return  # deleted before its containers started: it is removed when its grace period ends
         plans = [container_plan(c) for c in pod["spec"].get("containers") or []]
         now = rfc3339()
         started = time.time()
@@ -733,6 +916,8 @@ class Workloads:
             self.logs.setdefault(uid, []).append(
                 f"[falcon-sim] {now} container {pl.name} exited with code {pl.exit_code} ({pl.reason})"
             )
+        if pod["metadata"].get("deletionTimestamp"):
+            self.store.delete("pods", ns, name)  # ended inside its grace period: the kubelet removes it now
 
 
 def rfc3339_from(ts: float) -> str:

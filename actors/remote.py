@@ -381,11 +381,26 @@ def ensure_poller(settings: Settings, db_url: str, epoch: int | None = None):
     return PollerActor.options(**opts).remote(settings, db_url, epoch)
 
 
+# What a ClusterActor or QueueActor asks of ``Settings.actor_resource``: a token amount, so
+# that the resource only steers them to the nodes that advertise it (KubeRay's worker group
+# advertises 1000), never limits how many fit on one. The poller asks for none: it stays
+# with the driver on the head (deploy/kuberay-workers, docs/deploy.md "Sizing").
+ACTOR_RESOURCE_AMOUNT = 0.001
+
+
+def _worker_options(name: str, settings: Settings, max_concurrency: int) -> dict[str, Any]:
+    """``names.options`` plus ``resources={actor_resource: 0.001}`` when the setting names one."""
+    opts = names.options(name, settings.namespace, max_concurrency)
+    if settings.actor_resource:
+        opts["resources"] = {settings.actor_resource: ACTOR_RESOURCE_AMOUNT}
+    return opts
+
+
 def ensure_cluster(cluster: str, settings: Settings, db_url: str, epoch: int | None = None):
-    opts = names.options(names.cluster_name(cluster), settings.namespace, CLUSTER_CONCURRENCY)
+    opts = _worker_options(names.cluster_name(cluster), settings, CLUSTER_CONCURRENCY)
     return ClusterActor.options(**opts).remote(cluster, settings, db_url, epoch)
 
 
 def ensure_queue(cluster: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None):
-    opts = names.options(names.queue_name(cluster, topology), settings.namespace, QUEUE_CONCURRENCY)
+    opts = _worker_options(names.queue_name(cluster, topology), settings, QUEUE_CONCURRENCY)
     return QueueActor.options(**opts).remote(cluster, topology, settings, db_url, epoch)

@@ -121,6 +121,12 @@ class Settings(BaseModel):
         description="this controller's mark on its pools and Jobs; installations sharing a cluster never touch each other's",
     )
     namespace: str = Field("falcon", description="Ray namespace of the actors")
+    actor_resource: str = Field(
+        "",
+        pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
+        description="custom Ray resource every ClusterActor and QueueActor asks for (0.001 of it), so they run only on "
+        "nodes that advertise it (the worker group of deploy/kuberay-workers); empty: no custom resource, any node",
+    )
     leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
     registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles; a busy QueueActor re-reads the registry (cluster status, reservation) as often")
     health_port: int = Field(8088, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")

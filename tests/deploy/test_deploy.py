@@ -40,8 +40,9 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUBERAY = DEPLOY / "kuberay"
 KUBERAY_GSA = DEPLOY / "kuberay-gsa"
+KUBERAY_WORKERS = DEPLOY / "kuberay-workers"
 DB_UPGRADE = KUBERAY / "db-upgrade"
-KUSTOMIZATIONS = (KUBERAY, KUBERAY_GSA, DB_UPGRADE)
+KUSTOMIZATIONS = (KUBERAY, KUBERAY_GSA, KUBERAY_WORKERS, DB_UPGRADE)
 ROLE_FILE = DEPLOY / "iam" / "falcon-controller-role.yaml"
 PRINT_GCLOUD = DEPLOY / "iam" / "print-gcloud.sh"
 DASHBOARD = DEPLOY / "grafana" / "falcon-dashboard.json"
@@ -489,9 +490,12 @@ def _identity(doc: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 def resolve_kustomization(directory: Path, seen: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
-    """A minimal kustomize: resources (files and directories), namespace, images, and
-    strategic-merge patches of metadata. Enough to prove every entry exists, parses and
-    lands in the right namespace without duplicates."""
+    """A minimal kustomize: resources (files and directories), namespace, images,
+    strategic-merge patches (maps merged key by key, lists replaced: what kustomize does
+    for a custom resource such as the RayCluster, and for the lists our patches of core
+    kinds set) and inline JSON patches (add / replace) of one named target. Enough to
+    prove every entry exists, parses and lands in the right namespace without duplicates,
+    and to check what the overlays change."""
     directory = directory.resolve()
     assert directory not in seen, f"kustomization cycle through {directory}"
     k = one(directory / "kustomization.yaml")
@@ -507,6 +511,13 @@ def resolve_kustomization(directory: Path, seen: tuple[Path, ...] = ()) -> list[
                 assert doc.get("kind") != "Kustomization"
                 objects.append(doc)
     for patch in k.get("patches", []):
+        if "path" not in patch:  # an inline JSON patch of one named target
+            target = patch["target"]
+            matches = [o for o in objects if (o["kind"], o["metadata"]["name"]) == (target["kind"], target["name"])]
+            assert len(matches) == 1, f"{rel(directory)}: a JSON patch targets no single object ({target})"
+            for op in yaml.safe_load(patch["patch"]):
+                _json_patch(matches[0], op)
+            continue
         p = one(directory / patch["path"])
         matches = [
             o for o in objects if (o["kind"], o["metadata"]["name"]) == (p["kind"], p["metadata"]["name"])
@@ -515,6 +526,9 @@ def resolve_kustomization(directory: Path, seen: tuple[Path, ...] = ()) -> list[
         for key in ("labels", "annotations"):
             if key in p["metadata"]:
                 matches[0]["metadata"].setdefault(key, {}).update(p["metadata"][key])
+        for key, value in p.items():
+            if key not in ("apiVersion", "kind", "metadata"):
+                matches[0][key] = _merge(matches[0].get(key), value)
     if "namespace" in k:
         for o in objects:
             if o["kind"] not in CLUSTER_SCOPED:
@@ -533,15 +547,43 @@ def resolve_kustomization(directory: Path, seen: tuple[Path, ...] = ()) -> list[
     return objects
 
 
+def _merge(base: Any, patch: Any) -> Any:
+    """Strategic merge as kustomize does it for a custom resource: maps key by key, a null
+    deletes, anything else (lists included) replaces."""
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return patch
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(base.get(key), value)
+    return out
+
+
+def _json_patch(doc: dict[str, Any], op: dict[str, Any]) -> None:
+    """One RFC 6902 ``add`` or ``replace`` (all our overlays use)."""
+    assert op["op"] in ("add", "replace"), f"unsupported JSON patch op {op['op']}"
+    *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
+    node: Any = doc
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        assert op["op"] == "replace" and int(last) < len(node), op["path"]
+        node[int(last)] = op["value"]
+    else:
+        assert op["op"] == "add" or last in node, f"replace of a missing {op['path']}"
+        node[last] = op["value"]
+
+
 def _containers(o: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers of a pod template: a Job's, or a RayCluster's head and worker groups'."""
     spec = o.get("spec", {})
-    for path in (("template", "spec"), ("headGroupSpec", "template", "spec")):
-        node: Any = spec
-        for key in path:
-            node = node.get(key, {}) if isinstance(node, dict) else {}
-        if node.get("containers"):
-            return node["containers"]
-    return []
+    if o.get("kind") == "RayCluster":
+        groups = [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
+        return [c for g in groups for c in g["template"]["spec"]["containers"]]
+    node = spec.get("template", {}).get("spec", {})
+    return node.get("containers", [])
 
 
 def test_kustomization_lists_every_manifest_and_nothing_else():
@@ -566,7 +608,7 @@ def test_kustomizations_resolve(directory: Path):
     if directory == KUBERAY_GSA:
         sa = next(o for o in objects if o["kind"] == "ServiceAccount")
         assert "iam.gke.io/gcp-service-account" in sa["metadata"]["annotations"]
-    images = {rel(d): one(d / "kustomization.yaml")["images"] for d in (KUBERAY, DB_UPGRADE)}
+    images = {rel(d): one(d / "kustomization.yaml")["images"] for d in (KUBERAY, KUBERAY_WORKERS, DB_UPGRADE)}
     assert len({json.dumps(v, sort_keys=True) for v in images.values()}) == 1, (
         f"image settings differ: {images}"
     )
@@ -610,6 +652,138 @@ def test_kubectl_kustomize_builds_the_same_objects(directory: Path):
         want = by_id[_identity(o)]
         assert [c["image"] for c in _containers(o)] == [c["image"] for c in _containers(want)]
         assert o["metadata"].get("annotations", {}) == want["metadata"].get("annotations", {})
+        # the patches merge as kustomize merges them: what the other tests read is what applies
+        for key in ("spec", "data"):
+            assert o.get(key) == want.get(key), f"{rel(directory)}: {o['kind']}/{o['metadata']['name']} {key} differs"
+
+
+# --- the worker-group overlay (deploy/kuberay-workers) -------------------------------------------
+
+
+def workers_build() -> dict[tuple[str, str], dict[str, Any]]:
+    """The overlay resolved, by (kind, name)."""
+    return {(o["kind"], o["metadata"]["name"]): o for o in resolve_kustomization(KUBERAY_WORKERS)}
+
+
+def ray_resources_param(value: str) -> dict[str, float]:
+    """KubeRay's ``rayStartParams.resources``: a JSON object, quoted for the shell with
+    its inner quotes escaped (``'"{\\"Custom1\\": 1}"'`` in YAML)."""
+    assert value.startswith('"') and value.endswith('"'), f"resources must be shell-quoted: {value!r}"
+    return json.loads(value[1:-1].replace('\\"', '"'))
+
+
+def secret_refs(c: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (e["name"], e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+def test_workers_overlay_lists_every_file_of_its_directory():
+    k = one(KUBERAY_WORKERS / "kustomization.yaml")
+    used = {r for r in k["resources"] if not r.startswith("..")} | {p["path"] for p in k["patches"] if "path" in p}
+    on_disk = {p.name for p in KUBERAY_WORKERS.glob("*.yaml") if p.name != "kustomization.yaml"}
+    assert used == on_disk
+    assert "../kuberay" in k["resources"], "the overlay builds on the base"
+
+
+def test_workers_overlay_adds_one_worker_group_with_the_heads_identity_token_and_image():
+    built = workers_build()
+    rc = built[("RayCluster", "falcon")]
+    head = rc["spec"]["headGroupSpec"]
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] >= 1
+    params = group["rayStartParams"]
+    assert all(isinstance(v, str) for v in params.values()), "rayStartParams values must be strings"
+    assert params["num-cpus"] == "0", "the actors reserve no CPU; nothing else belongs there"
+    pod = group["template"]["spec"]
+    head_pod = head["template"]["spec"]
+    # Workload Identity: the same Kubernetes service account as the head, so the same principal
+    assert pod["serviceAccountName"] == head_pod["serviceAccountName"] == CONTROLLER
+    sa = built[("ServiceAccount", CONTROLLER)]
+    assert sa["metadata"]["namespace"] == rc["metadata"]["namespace"] == "falcon"
+    assert pod["securityContext"] == head_pod["securityContext"]
+    worker = pod["containers"][0]  # KubeRay's Ray container
+    head_ray = head_pod["containers"][0]
+    assert head_ray["name"] == RAY_CONTAINER
+    assert worker["image"] == head_ray["image"], "one image for every Ray node"
+    # the Secrets: exactly what the head's Ray container takes (the Ray token); the database
+    # URL goes to the actors as a creation argument from the driver, on any node
+    assert secret_refs(worker) == secret_refs(head_ray) == {("RAY_AUTH_TOKEN", "falcon-ray-auth", "auth_token")}
+    assert env_of(worker)["RAY_AUTH_MODE"]["value"] == "token"
+    assert worker["securityContext"] == head_ray["securityContext"]
+    res = worker["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"], "request = limit: not the first evicted"
+    # /tmp/ray and /dev/shm as on the head; the shm volume holds the object store
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert mounts == {"ray-tmp": "/tmp/ray", "dshm": "/dev/shm"}
+    assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+    shm = int(vols["dshm"]["emptyDir"]["sizeLimit"].removesuffix("Mi")) * 2**20
+    assert int(params["object-store-memory"]) <= shm
+    # a valid pod
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "falcon", **group["template"]["metadata"]}, "spec": pod},
+        K8S_VERSION,
+        strict=True,
+    )
+
+
+def test_workers_overlay_config_sets_actor_resource_to_what_only_the_workers_advertise(tmp_path):
+    from actors import names, remote
+
+    built = workers_build()
+    rc = built[("RayCluster", "falcon")]
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    advertised = ray_resources_param(group["rayStartParams"]["resources"])
+    path = tmp_path / "config.yaml"
+    path.write_text(built[("ConfigMap", "falcon-config")]["data"]["config.yaml"])
+    settings = load_settings(path)
+    assert settings.actor_resource == "falcon_worker"
+    assert set(advertised) == {settings.actor_resource}
+    assert "resources" not in rc["spec"]["headGroupSpec"]["rayStartParams"], "the head must not attract the actors"
+    # the base's settings and no other change: the copy of config.yaml does not drift
+    base = tmp_path / "base.yaml"
+    base.write_text(one(KUBERAY / "configmap.yaml")["data"]["config.yaml"])
+    assert settings == load_settings(base).model_copy(update={"actor_resource": "falcon_worker"})
+    assert Settings().actor_resource == "", "default: no custom resource, actors anywhere"
+    # what the actors then ask for: 0.001 each, so one worker's 1000 never runs out
+    for opts in (
+        remote._worker_options(names.cluster_name("edge-a"), settings, remote.CLUSTER_CONCURRENCY),
+        remote._worker_options(names.queue_name("edge-a", "2x2"), settings, remote.QUEUE_CONCURRENCY),
+    ):
+        assert opts["resources"] == {"falcon_worker": remote.ACTOR_RESOURCE_AMOUNT} and opts["num_cpus"] == 0
+        assert advertised["falcon_worker"] / remote.ACTOR_RESOURCE_AMOUNT >= 100_000
+    assert "resources" not in remote._worker_options("queue/a/2x2", Settings(), 1)
+
+
+def test_workers_overlay_opens_the_ray_pods_to_each_other_and_scrapes_the_workers():
+    built = workers_build()
+    rc = built[("RayCluster", "falcon")]
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    worker = group["template"]["spec"]["containers"][0]
+    internal = built[("NetworkPolicy", "falcon-ray-internal")]["spec"]
+    selector = {"ray.io/cluster": rc["metadata"]["name"]}
+    assert internal["podSelector"]["matchLabels"] == selector
+    assert internal["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}], "every port, Ray pods only"
+    assert built[("NetworkPolicy", "falcon-ray-head")] == one(KUBERAY / "networkpolicy.yaml"), "the base policy stays"
+    pm = built[("PodMonitor", "falcon-ray-workers")]["spec"]
+    assert pm["selector"]["matchLabels"] == {**selector, "ray.io/node-type": "worker"}
+    (ep,) = pm["podMetricsEndpoints"]
+    assert named_port(worker, ep["port"]) == int(group["rayStartParams"]["metrics-export-port"])
+
+
+def test_workers_overlay_shrinks_the_head_to_ray_the_poller_and_the_object_store():
+    rc = workers_build()[("RayCluster", "falcon")]
+    head_ray = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head_ray["name"] == RAY_CONTAINER
+    res = head_ray["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "2Gi"
+    # the rest of the head is the base's
+    base_head = head_spec()
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"] == base_head["rayStartParams"]
+    assert [c["name"] for c in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]] == [RAY_CONTAINER, CONTROLLER]
 
 
 # --- IAM -------------------------------------------------------------------------------------------

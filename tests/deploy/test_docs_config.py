@@ -73,6 +73,7 @@ UNITS: dict[str, str] = {
     "api_retry_timeout_s": "seconds",
     "installation": "label value",
     "namespace": "Ray namespace",
+    "actor_resource": "Ray resource name",
     "leader_ttl_s": "seconds",
     "registry_interval_s": "seconds",
     "health_port": "TCP port",

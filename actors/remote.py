@@ -195,11 +195,29 @@ def db_timeouts(settings: Settings) -> DbTimeouts:
 # ---- the shells ------------------------------------------------------------------------------
 
 
+def actor_identity(kind: str, *names_: str) -> str:
+    """An actor's ``repr``: its kind and what names it, never its state: ``PollerActor()``
+    (one per namespace), ``ClusterActor(edge-a)``, ``QueueActor(edge-a/2x2)``.
+
+    Ray asks for the repr once, when the actor is created (also when its constructor
+    failed), and the dashboard shows it (``repr_name`` in the state API) for the actor's
+    whole life, so live state there would be stale at once; it stays where it refreshes
+    (``falcon-ray queues``, ``falcon-ray health``, the metrics, the notebooks)."""
+    return f"{kind}({'/'.join(names_)})"
+
+
 class _Fencing:
     """The fence loop every shell runs: read the lease every third of its TTL; once a
     newer epoch holds it, call ``_on_fenced`` (stop the loops) and stop checking."""
 
     store: Store
+    # set first in each constructor, from its arguments only; until then the class name
+    _identity: str | None = None
+
+    def __repr__(self) -> str:
+        """Identity only (``actor_identity``); never raises, even for a constructor that
+        failed half-way (a killed database connection)."""
+        return self._identity or type(self).__name__
 
     def _start_fence(self, settings: Settings, log_name: str) -> None:
         period = max(0.2, settings.leader_ttl_s / 3)
@@ -230,7 +248,7 @@ class _Fencing:
 
 
 class _Shell(_Fencing):
-    """What every Falcon actor answers: ping, snapshot, shutdown, drain, and a readable repr."""
+    """What every Falcon actor answers: ping, snapshot, shutdown, drain (and, from _Fencing, its identity as repr)."""
 
     ticker: Ticker
     core: Any
@@ -251,13 +269,11 @@ class _Shell(_Fencing):
     def loop(self) -> dict[str, Any]:
         return {"steps": self.ticker.steps, "last_step_at": self.ticker.last_step_at, "last_error": self.ticker.last_error, "fenced": self.store.fenced}
 
-    def __repr__(self) -> str:
-        return repr(self.core)
-
 
 @ray.remote
 class PollerActor(_Shell):
     def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        self._identity = actor_identity("PollerActor")
         from actors.poller import IntakePoller  # each actor imports its own logic only (below)
 
         self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
@@ -283,14 +299,11 @@ class PollerActor(_Shell):
             **self.core.snapshot(),
         }
 
-    def __repr__(self) -> str:
-        t = self.ticker
-        return f"PollerActor(polls={t.steps}, rows_read={self.core.rows_read}, last_error={t.last_error or '-'})"
-
 
 @ray.remote
 class QueueActor(_Shell):
     def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        self._identity = actor_identity("QueueActor", cluster_name, topology)
         from actors.queue import QueueReconciler
 
         self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
@@ -322,6 +335,7 @@ class QueueActor(_Shell):
 @ray.remote
 class ClusterActor(_Fencing):
     def __init__(self, cluster_name: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+        self._identity = actor_identity("ClusterActor", cluster_name)
         # the GKE, Compute and Kubernetes libraries come with it: a queue or poller process
         # never loads them (~0.3 CPU-s less at each of their starts)
         from actors.cluster import ClusterGateway
@@ -368,9 +382,6 @@ class ClusterActor(_Fencing):
 
     def drain(self, timeout: float = 30.0) -> bool:
         return self.core.drain(timeout)
-
-    def __repr__(self) -> str:
-        return repr(self.core)
 
 
 # ---- creation ---------------------------------------------------------------------------------

@@ -9,8 +9,13 @@ session's Ray as a second driver, exactly as an operator's Jupyter would.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import nbformat
@@ -22,7 +27,8 @@ from falcon_ray.demo import DemoRun, demo_settings
 from falcon_ray.render import job_name
 from tests.harness.e2e import make_fleet, spec, wait_for
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
 NAMES = ("queues.ipynb", "fleet.ipynb", "task.ipynb")
 
 
@@ -44,6 +50,40 @@ def test_committed_notebooks_match_the_generator_and_have_no_outputs():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, f"{name}: {cell.id} has outputs"
+
+
+def _imported_modules(nb) -> set[str]:
+    """The top-level modules the notebook's code cells import."""
+    found = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_notebooks_extra_brings_every_module_the_notebooks_import():
+    """`pip install 'falcon-ray[notebooks]'` is all a notebook needs (docs/notebooks.md): every
+    module a cell imports is the standard library's, this package's, or a distribution named
+    in the extra; the test extra and the image (deploy/Dockerfile) install the extra."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = {re.split(r"[\[<>=!~;\s]", r, maxsplit=1)[0].lower().replace("_", "-") for r in extras["notebooks"]}
+    assert {"ipykernel", "nbclient", "nbformat"} <= named  # a kernel, and what runs it headless
+    assert "falcon-ray[notebooks]" in extras["test"]
+    dists = packages_distributions()
+    for name in NAMES:
+        for module in sorted(_imported_modules(nbformat.read(NOTEBOOKS / name, as_version=4))):
+            if module in sys.stdlib_module_names or module == "falcon_ray":
+                continue
+            provided = {d.lower().replace("_", "-") for d in dists.get(module, [])}
+            assert provided & named, f"{name} imports {module} (from {sorted(provided)}), which the notebooks extra lacks"
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert re.search(r"pip install --no-cache-dir /home/ray/falcon-ray-src'\[notebooks\]'", dockerfile)
+    assert "pip install --user" not in (ROOT / "docs" / "notebooks.md").read_text()  # nothing at run time
 
 
 @pytest.fixture

@@ -48,11 +48,11 @@ soak-ci: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/python -c "import sqlalchemy as sa; e = sa.create_engine('$(SOAK_DB)'); c = e.connect(); c.exec_driver_sql('DROP DATABASE IF EXISTS falcon_soak'); c.exec_driver_sql('CREATE DATABASE falcon_soak')"
-	$(BIN)/falcon-ray chaos $(SOAK_ARGS) --db $(SOAK_DB)/falcon_soak --out soak-report.json; rc=$$?; \
+	FALCON_CHAOS_DB=$(SOAK_DB)/falcon_soak $(BIN)/falcon-ray chaos $(SOAK_ARGS) --out soak-report.json; rc=$$?; \
 	  $(BIN)/python -c "import json; r = json.load(open('soak-report.json')); print(json.dumps({k: r[k] for k in ('ok', 'invariants', 'details', 'faults_injected', 'outcomes', 'quiet_at_s')}, indent=1))"; exit $$rc
 
 bench: $(STAMP)
-	$(BIN)/falcon-ray bench --db $${FALCON_BENCH_DB:-mysql+pymysql://root@127.0.0.1:3306} $(BENCH_ARGS)
+	FALCON_BENCH_DB=$${FALCON_BENCH_DB:-mysql+pymysql://root@127.0.0.1:3306} $(BIN)/falcon-ray bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache falcon-demo.db soak-report.json

@@ -9,6 +9,11 @@ and a ``RayPort``, runs its loop on a ``Ticker``, and forwards its remote method
 ``ensure_poller`` / ``ensure_cluster`` / ``ensure_queue`` create an actor or return
 the live one (get-if-exists), with the options from ``actors.names``.
 
+The database reaches an actor as a reference (``falcon_ray.dbref``: ``env:NAME``,
+``file:PATH`` or a URL without a password), resolved in the actor's own process: Ray
+keeps creation arguments for restarts and shows them, so ``ensure_*`` refuse a URL
+that carries a password before anything reaches Ray.
+
 ``RayPort`` is the only code that calls ``ray.get`` on another actor. It keeps one
 handle per actor name; a call that meets a dead actor drops the handle, looks the
 actor up again (creating it when that is the caller's right) and retries once. A
@@ -43,6 +48,7 @@ from ray.exceptions import RayActorError
 
 from actors import names
 from actors.ticker import Ticker
+from falcon_ray import dbref
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView
 from falcon_ray.store import DbTimeouts, Fenced, Store
@@ -57,9 +63,9 @@ CLUSTER_CONCURRENCY = 64
 class RayPort:
     """``actors.port.Port`` over Ray actor calls, with the timeouts from ``Settings``."""
 
-    def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+    def __init__(self, settings: Settings, db_ref: str, epoch: int | None = None) -> None:
         self.s = settings
-        self.db_url = db_url
+        self.db_ref = db_ref  # what the actors this port creates are given (falcon_ray.dbref)
         self.epoch = epoch  # what the actors this port creates are started under
         self._handles: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -97,7 +103,7 @@ class RayPort:
     def _cluster_call(self, cluster: str, method: str, *args: Any, timeout: float) -> Any:
         name = names.cluster_name(cluster)
         for attempt in (1, 2):
-            h = self._handle(name, lambda: ensure_cluster(cluster, self.s, self.db_url, self.epoch))
+            h = self._handle(name, lambda: ensure_cluster(cluster, self.s, self.db_ref, self.epoch))
             try:
                 return ray.get(getattr(h, method).remote(*args), timeout=timeout)
             except RayActorError:
@@ -133,7 +139,7 @@ class RayPort:
         watch thread calls this for every Job event; blocked in a lookup, it delivered no
         event for minutes (found by the chaos soak)."""
         name = names.queue_name(cluster, topology)
-        make = (lambda: ensure_queue(cluster, topology, self.s, self.db_url, self.epoch)) if create else None
+        make = (lambda: ensure_queue(cluster, topology, self.s, self.db_ref, self.epoch)) if create else None
         with self._lock:
             h = self._handles.get(name)
         if h is not None:
@@ -272,12 +278,12 @@ class _Shell(_Fencing):
 
 @ray.remote
 class PollerActor(_Shell):
-    def __init__(self, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+    def __init__(self, settings: Settings, db_ref: str, epoch: int | None = None) -> None:
         self._identity = actor_identity("PollerActor")
         from actors.poller import IntakePoller  # each actor imports its own logic only (below)
 
-        self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
-        self.core = IntakePoller(settings, self.store, RayPort(settings, db_url, epoch))
+        self.store = Store(dbref.resolve(db_ref), epoch=epoch, timeouts=db_timeouts(settings))
+        self.core = IntakePoller(settings, self.store, RayPort(settings, db_ref, epoch))
         self.ticker = Ticker(
             "poll", self.core.poll_once, self.core.interval, logging.getLogger("falcon.poller"), halted=lambda: self.store.fenced
         )
@@ -302,12 +308,12 @@ class PollerActor(_Shell):
 
 @ray.remote
 class QueueActor(_Shell):
-    def __init__(self, cluster_name: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+    def __init__(self, cluster_name: str, topology: str, settings: Settings, db_ref: str, epoch: int | None = None) -> None:
         self._identity = actor_identity("QueueActor", cluster_name, topology)
         from actors.queue import QueueReconciler
 
-        self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
-        self.core = QueueReconciler(cluster_name, topology, settings, self.store, RayPort(settings, db_url, epoch))
+        self.store = Store(dbref.resolve(db_ref), epoch=epoch, timeouts=db_timeouts(settings))
+        self.core = QueueReconciler(cluster_name, topology, settings, self.store, RayPort(settings, db_ref, epoch))
         self.ticker = Ticker(
             f"queue {self.core.label}", self.core.step, self.core.interval, logging.getLogger("falcon.queue"),
             halted=lambda: self.store.fenced,
@@ -334,14 +340,14 @@ class QueueActor(_Shell):
 
 @ray.remote
 class ClusterActor(_Fencing):
-    def __init__(self, cluster_name: str, settings: Settings, db_url: str, epoch: int | None = None) -> None:
+    def __init__(self, cluster_name: str, settings: Settings, db_ref: str, epoch: int | None = None) -> None:
         self._identity = actor_identity("ClusterActor", cluster_name)
         # the GKE, Compute and Kubernetes libraries come with it: a queue or poller process
         # never loads them (~0.3 CPU-s less at each of their starts)
         from actors.cluster import ClusterGateway
 
-        self.store = Store(db_url, epoch=epoch, timeouts=db_timeouts(settings))
-        self.core = ClusterGateway(cluster_name, settings, self.store, RayPort(settings, db_url, epoch))
+        self.store = Store(dbref.resolve(db_ref), epoch=epoch, timeouts=db_timeouts(settings))
+        self.core = ClusterGateway(cluster_name, settings, self.store, RayPort(settings, db_ref, epoch))
         self._start_fence(settings, "falcon.cluster")
 
     def _on_fenced(self) -> None:
@@ -387,9 +393,9 @@ class ClusterActor(_Fencing):
 # ---- creation ---------------------------------------------------------------------------------
 
 
-def ensure_poller(settings: Settings, db_url: str, epoch: int | None = None):
+def ensure_poller(settings: Settings, db_ref: str, epoch: int | None = None):
     opts = names.options(names.POLLER, settings.namespace, POLLER_CONCURRENCY)
-    return PollerActor.options(**opts).remote(settings, db_url, epoch)
+    return PollerActor.options(**opts).remote(settings, dbref.passable(db_ref), epoch)
 
 
 # What a ClusterActor or QueueActor asks of ``Settings.actor_resource``: a token amount, so
@@ -407,11 +413,11 @@ def _worker_options(name: str, settings: Settings, max_concurrency: int) -> dict
     return opts
 
 
-def ensure_cluster(cluster: str, settings: Settings, db_url: str, epoch: int | None = None):
+def ensure_cluster(cluster: str, settings: Settings, db_ref: str, epoch: int | None = None):
     opts = _worker_options(names.cluster_name(cluster), settings, CLUSTER_CONCURRENCY)
-    return ClusterActor.options(**opts).remote(cluster, settings, db_url, epoch)
+    return ClusterActor.options(**opts).remote(cluster, settings, dbref.passable(db_ref), epoch)
 
 
-def ensure_queue(cluster: str, topology: str, settings: Settings, db_url: str, epoch: int | None = None):
+def ensure_queue(cluster: str, topology: str, settings: Settings, db_ref: str, epoch: int | None = None):
     opts = _worker_options(names.queue_name(cluster, topology), settings, QUEUE_CONCURRENCY)
-    return QueueActor.options(**opts).remote(cluster, topology, settings, db_url, epoch)
+    return QueueActor.options(**opts).remote(cluster, topology, settings, dbref.passable(db_ref), epoch)

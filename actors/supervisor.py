@@ -51,9 +51,11 @@ log = logging.getLogger("falcon.supervisor")
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, db_url: str, holder: str | None = None) -> None:
+    def __init__(self, settings: Settings, db_url: str, holder: str | None = None, db_ref: str | None = None) -> None:
         self.s = settings
-        self.db_url = db_url
+        # the supervisor's own store uses the URL; its actors get only the reference
+        # (falcon_ray.dbref), which ensure_* refuse when it is a URL with a password
+        self.db_ref = db_ref if db_ref is not None else db_url
         self.store = Store(db_url, timeouts=remote.db_timeouts(settings))
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leader = False
@@ -170,12 +172,12 @@ class Supervisor:
             c = by_id.get(lease.cluster_id)
             if c is not None:
                 wanted[names.queue_name(c.name, lease.topology)] = ("queue", c.name, lease.topology)
-        makers: dict[str, Any] = {names.POLLER: lambda: remote.ensure_poller(self.s, self.db_url, self.epoch)}
+        makers: dict[str, Any] = {names.POLLER: lambda: remote.ensure_poller(self.s, self.db_ref, self.epoch)}
         for name, what in sorted(wanted.items()):
             if what[0] == "cluster":
-                makers[name] = lambda w=what: remote.ensure_cluster(w[1], self.s, self.db_url, self.epoch)
+                makers[name] = lambda w=what: remote.ensure_cluster(w[1], self.s, self.db_ref, self.epoch)
             else:
-                makers[name] = lambda w=what: remote.ensure_queue(w[1], w[2], self.s, self.db_url, self.epoch)
+                makers[name] = lambda w=what: remote.ensure_queue(w[1], w[2], self.s, self.db_ref, self.epoch)
         created = []
         for name, h in self._adopt_all(makers).items():
             if name.startswith("cluster/"):

@@ -25,8 +25,8 @@ import click
 import sqlalchemy as sa
 import yaml
 
+from falcon_ray import dbref, render, scheduling, tpu
 from falcon_ray import lifecycle as lc
-from falcon_ray import render, scheduling, tpu
 from falcon_ray.config import SettingsError, load_settings
 from falcon_ray.model import Cluster
 from falcon_ray.render import ZONE_RE
@@ -52,7 +52,19 @@ class InvalidInput(click.ClickException):
 
 
 def db_url_param(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
-    """Click callback: a database URL SQLAlchemy can parse and has a driver for (else exit 2)."""
+    """Click callback: a database URL SQLAlchemy can parse and has a driver for (else exit 2).
+
+    When ``--db`` was not given and ``FALCON_DB_URL`` is unset, the URL is read from the file
+    ``FALCON_DB_URL_FILE`` names (a mounted Secret), so a password need not be on a command
+    line nor in an environment."""
+    source = ctx.get_parameter_source(param.name) if ctx is not None and param is not None and param.name else None
+    if source in (None, click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP):
+        from falcon_ray.discovery import db_url_from_environment
+
+        try:
+            value = db_url_from_environment() or value
+        except dbref.UnresolvedReference as e:
+            raise click.BadParameter(str(e)) from None
     if value is None:
         return None
     try:
@@ -74,7 +86,8 @@ def db_option(f: Callable) -> Callable:
         show_envvar=True,
         metavar="URL",
         callback=db_url_param,
-        help="SQLAlchemy database URL, e.g. mysql+pymysql://user@host:3306/falcon.",
+        help="SQLAlchemy database URL, e.g. mysql+pymysql://user@host:3306/falcon "
+        "(else the file FALCON_DB_URL_FILE names).",
     )(f)
 
 

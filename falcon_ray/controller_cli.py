@@ -24,7 +24,7 @@ def _db_option(f):
 
     return click.option(
         "--db", "db_url", envvar="FALCON_DB_URL", default=None, callback=db_url_param,
-        help="Database URL (default: FALCON_DB_URL or sqlite:///falcon.db).",
+        help="Database URL (default: FALCON_DB_URL, else the file FALCON_DB_URL_FILE names, else sqlite:///falcon.db).",
     )(f)
 
 
@@ -42,6 +42,22 @@ def _settings(config):
     try:
         return load_settings(config)
     except SettingsError as e:
+        raise InvalidInput(str(e)) from None
+
+
+def _actor_db_ref(url: str) -> str:
+    """What ``falcon-ray run`` gives its actors for the database (``falcon_ray.dbref``)."""
+    import os
+
+    from falcon_ray import dbref
+    from falcon_ray.cli import InvalidInput
+
+    source = click.get_current_context().get_parameter_source("db_url")
+    from_env = source == click.core.ParameterSource.ENVIRONMENT
+    url_file = None if source == click.core.ParameterSource.COMMANDLINE or from_env else os.environ.get(dbref.DB_URL_FILE_ENV)
+    try:
+        return dbref.for_controller(url, from_env=from_env, url_file=url_file or None)
+    except dbref.SecretInArgument as e:
         raise InvalidInput(str(e)) from None
 
 
@@ -67,13 +83,14 @@ def register(main: click.Group) -> None:
         from actors.supervisor import Supervisor
         from falcon_ray import health
         settings = _settings(config)
+        db_ref = _actor_db_ref(_db(db_url))  # before Ray: a refused URL starts nothing
         ray.init(
             address=ray_address,
             namespace=settings.namespace,
             logging_config=ray.LoggingConfig(encoding="JSON", log_level="INFO"),
         )
         logging.basicConfig(level=logging.INFO)
-        sup = Supervisor(settings, _db(db_url))
+        sup = Supervisor(settings, _db(db_url), db_ref=db_ref)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -118,7 +135,10 @@ def register(main: click.Group) -> None:
         help="Tasks JSONL (default: the sample tasks); '-' reads one JSON line per task from stdin as they come.",
     )
     @click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None, help="Settings YAML.")
-    @click.option("--db", "db_url", default=None, callback=_db_url_param, help="Database URL (default: a fresh SQLite file).")
+    @click.option(
+        "--db", "db_url", envvar="FALCON_DB_URL", default=None, callback=_db_url_param,
+        help="Database URL (default: FALCON_DB_URL, else the file FALCON_DB_URL_FILE names, else a fresh SQLite file).",
+    )
     @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Give up on the play after this many seconds (not with --hold).")
     @click.option("--hold", is_flag=True, help="Keep the controller and the fleet running after the play, until Ctrl-C.")
     @click.option("--shutdown-timeout", default=90.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="On Ctrl-C: seconds to let the controller abort live tasks and delete pools.")
@@ -148,7 +168,11 @@ def register(main: click.Group) -> None:
     @click.option("--tasks", "n_tasks", default=200, show_default=True, type=click.IntRange(min=1), help="Tasks to play.")
     @click.option("--minutes", default=2.0, show_default=True, type=click.FloatRange(min=0.05), help="Length of the play (submits spread over it).")
     @click.option("--seed", default=1, show_default=True, type=int, help="Seeds the plan, the kills and the fleet's fault draws.")
-    @click.option("--db", "db_url", default=None, help="Database URL (default: a fresh SQLite file); on MariaDB/MySQL its connections are killed too.")
+    @click.option(
+        "--db", "db_url", envvar="FALCON_CHAOS_DB", default=None,
+        help="Database URL (default: a fresh SQLite file); on MariaDB/MySQL its connections are killed too "
+        "(FALCON_CHAOS_DB, never FALCON_DB_URL: the soak kills that server's connections).",
+    )
     @click.option("--scale", default=0.3, show_default=True, type=click.FloatRange(min=0.01), help="Multiplies the injection periods (kill every 10s, tokens 60s, watches cut every 7s...).")
     @click.option("--drain", "drain_s", default=None, type=float, help="Seconds to wait for quiescence after the play (default: max(90, half the play)).")
     @click.option("--no-kills", is_flag=True, help="Inject no actor kills.")
@@ -360,7 +384,7 @@ def _where_to_look(run, started: float) -> str:
     """The block the demo prints before its play: where to look and what to type."""
     import time
 
-    from falcon_ray import discovery
+    from falcon_ray import dbref, discovery
 
     info = run.ray_info
     ns = run.settings.namespace
@@ -374,7 +398,7 @@ def _where_to_look(run, started: float) -> str:
         f"  Ray address  {info.get('address')}",
         f"  namespace    {ns}",
         f"  metrics      {info.get('metrics_url') or '-'}   (Falcon's series are ray_falcon_*)",
-        f"  database     {run.db_url}",
+        f"  database     {dbref.redacted(run.db_url)}",
         f"  record       {discovery.record_path(ns)}   (how the commands below find this demo; removed when it stops)",
         "  in another terminal (in the venv: . .venv/bin/activate; tour: docs/demo.md):",
     ]
@@ -385,9 +409,12 @@ def _where_to_look(run, started: float) -> str:
     ]
     width = max(len(c) for c, _ in cmds)
     lines += [f"    {c.ljust(width)}   # {why}" for c, why in cmds]
+    # a URL with a password is not repeated on a command line (ps shows those): the
+    # commands then take it from FALCON_DB_URL, which the reader sets in their shell
+    db = "" if dbref.carries_password(run.db_url) else f" --db {run.db_url}"
     lines += [
-        f"    falcon-ray status --db {run.db_url}",
-        f"    falcon-ray submit --db {run.db_url} --actor me --tpu-type v6e --topology 2x2 --image img:1 --env FALCON_SIM_RUN_SECONDS=30 -- python run.py",
+        f"    falcon-ray status{db}",
+        f"    falcon-ray submit{db} --actor me --tpu-type v6e --topology 2x2 --image img:1 --env FALCON_SIM_RUN_SECONDS=30 -- python run.py",
     ]
     return "\n".join(lines)
 

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from falcon_ray import dbref
+
 DEFAULT_NAMESPACE = "falcon"
 RECORD_PREFIX = "demo-"
 
@@ -143,6 +145,15 @@ def prepare_ray_auth(record: dict[str, Any] | None) -> None:
         pass
 
 
+def db_url_from_environment() -> str | None:
+    """``FALCON_DB_URL``, else the content of the file ``FALCON_DB_URL_FILE`` names, else None."""
+    url = os.environ.get(dbref.DB_URL_ENV, "").strip()
+    if url:
+        return url
+    path = os.environ.get(dbref.DB_URL_FILE_ENV, "").strip()
+    return dbref.resolve(dbref.FILE_PREFIX + path) if path else None
+
+
 def resolve(
     address: str | None = None,
     namespace: str | None = None,
@@ -150,7 +161,7 @@ def resolve(
 ) -> dict[str, Any]:
     """Ray address, namespace and database URL to use: explicit values, else the
     environment (``FALCON_RAY_ADDRESS``/``RAY_ADDRESS``, ``FALCON_NAMESPACE``,
-    ``FALCON_DB_URL``), else a live demo's record, else the production defaults. An
+    ``FALCON_DB_URL``, ``FALCON_DB_URL_FILE``), else a live demo's record, else the production defaults. An
     address of ``auto`` counts as unset (a record names the demo's Ray exactly; ``auto``
     picks any Ray on the machine).
     ``record`` is the record used (or None)."""
@@ -158,7 +169,7 @@ def resolve(
     if address == "auto":  # "find it": a demo's record is the exact answer when there is one
         address = None
     namespace = namespace or os.environ.get("FALCON_NAMESPACE") or None
-    db_url = db_url or os.environ.get("FALCON_DB_URL") or None
+    db_url = db_url or db_url_from_environment()
     rec = None
     if address is None or namespace is None or db_url is None:
         rec = find(namespace)
@@ -168,7 +179,8 @@ def resolve(
     if rec is not None:
         address = address or rec.get("ray_address")
         namespace = namespace or rec.get("namespace")
-        db_url = db_url or rec.get("db_url")
+        # a demo whose URL carries a password records a file: reference to it
+        db_url = db_url or (dbref.resolve(rec["db_url"]) if rec.get("db_url") else None)
     from falcon_ray.store import DEFAULT_DB_URL
 
     return {

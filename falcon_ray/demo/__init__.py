@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -32,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from falcon_ray import dbref
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings, load_settings
 from falcon_ray.store import Store
@@ -127,6 +129,11 @@ class DemoRun:
             db_url = f"sqlite:///{os.path.join(self._tmp, 'falcon.db')}"
         self.db_url = db_url
         self.controller_db_url = controller_db_url or db_url
+        # what the actors are given: the URL itself, or a 0600 file when it carries a
+        # password (falcon_ray.dbref: a password never crosses Ray)
+        self._secret_dir: str | None = None
+        self._refs: dict[str, str] = {}
+        self.controller_db_ref = self._local_ref(self.controller_db_url)
         self.ray_address = ray_address
         self.namespace_request = namespace
         self.namespace_note = ""
@@ -142,6 +149,15 @@ class DemoRun:
         self.t0: float | None = None
         self.ids: list[int] = []
         self._saved_metadata: str | None = None
+
+    def _local_ref(self, url: str) -> str:
+        if not dbref.carries_password(url) or dbref.is_reference(url):
+            return url
+        if url not in self._refs:
+            if self._secret_dir is None:
+                self._secret_dir = tempfile.mkdtemp(prefix="falcon-db-")  # mode 0700
+            self._refs[url] = dbref.for_local_actors(url, self._secret_dir)
+        return self._refs[url]
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -195,7 +211,7 @@ class DemoRun:
         if self.namespace_request:
             ns, self.namespace_note = choose_namespace(self.namespace_request)
             self.settings = self.settings.model_copy(update={"namespace": ns})
-        self.supervisor = Supervisor(self.settings, self.controller_db_url)
+        self.supervisor = Supervisor(self.settings, self.controller_db_url, db_ref=self.controller_db_ref)
         if not self.supervisor.wait_for_lead(timeout=60):
             raise RuntimeError("could not take the leader lease")
         self.supervisor.start()
@@ -234,6 +250,8 @@ class DemoRun:
                 use_sim_metadata(self._saved_metadata)  # give the process back its previous fleet
         if self.store is not None:
             self.store.dispose()
+        if self._secret_dir is not None:
+            shutil.rmtree(self._secret_dir, ignore_errors=True)
 
     def __enter__(self) -> DemoRun:
         return self.start()
@@ -268,7 +286,7 @@ class DemoRun:
             "ray_address": self.ray_info.get("address"),
             "dashboard_url": self.ray_info.get("dashboard_url"),
             "metrics_url": self.ray_info.get("metrics_url"),
-            "db_url": self.db_url,
+            "db_url": self._local_ref(self.db_url),
             "ray_auth_mode": os.environ.get("RAY_AUTH_MODE") or None,
             "holder": self.supervisor.holder if self.supervisor else None,
             "sim_stats": self.sim.endpoints.get("stats") if self.sim is not None else None,

@@ -36,11 +36,12 @@ def _line(name: str, run_s: float, topology: str = "2x2", actor: str = "newcomer
 
 
 class Demo:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
+        self.args = list(args)
         self.runtime = tmp / "runtime"
         self.runtime.mkdir(mode=0o700)
-        self.env = {k: v for k, v in os.environ.items() if k not in STRIP}
+        self.env = {k: v for k, v in os.environ.items() if k not in STRIP} | (env or {})
         self.env["XDG_RUNTIME_DIR"] = str(self.runtime)
         self.env["RAY_DEDUP_LOGS"] = "0"
         self.out_path, self.err_path = tmp / "demo.out", tmp / "demo.err"
@@ -51,7 +52,7 @@ class Demo:
     def start(self) -> None:
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
-                CLI + ["demo", "--hold", "--tasks", "-", "--json", "--shutdown-timeout", "90"],
+                CLI + ["demo", "--hold", "--tasks", "-", "--json", "--shutdown-timeout", "90", *self.args],
                 stdin=subprocess.PIPE, stdout=out, stderr=err, env=self.env, cwd=ROOT,
                 text=True, start_new_session=True,
             )  # fmt: skip
@@ -66,9 +67,10 @@ class Demo:
             time.sleep(0.5)
         else:
             raise AssertionError(f"demo not up after {START_TIMEOUT}s: {self.err()[-3000:]}")
+        from falcon_ray import dbref
         from falcon_ray.store import Store
 
-        self.store = Store(self.record["db_url"])
+        self.store = Store(dbref.resolve(self.record["db_url"]))  # a file: reference when it has a password
 
     def err(self) -> str:
         return self.err_path.read_text(errors="replace")

@@ -301,13 +301,38 @@ def test_controller_command_is_a_real_falcon_ray_run_with_real_options():
         assert option in result.output
 
 
-def test_controller_reads_the_database_url_from_the_falcon_db_secret():
-    env = env_of(container(CONTROLLER))
+DB_MOUNT = "/etc/falcon-db"
+
+
+def db_secret_mount(c: dict[str, Any], pod: dict[str, Any]) -> str:
+    """Where ``c`` mounts the falcon-db Secret (its key ``url`` as a file), checked read-only."""
+    (vol,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "falcon-db"]
+    assert vol["secret"]["items"] == [{"key": "url", "path": "url"}]
+    assert vol["secret"]["defaultMode"] & 0o007 == 0, "not world-readable"
+    (m,) = [m for m in c.get("volumeMounts", []) if m["name"] == vol["name"]]
+    assert m.get("readOnly") is True
+    return m["mountPath"]
+
+
+def test_the_database_url_is_a_mounted_file_in_every_ray_container_and_never_an_env_of_ray():
+    """The actors resolve file:/etc/falcon-db/url in the Ray containers (falcon_ray.dbref);
+    `falcon-ray run` reads FALCON_DB_URL_FILE and hands them that reference."""
+    pod = head_spec()["template"]["spec"]
+    ctl = container(CONTROLLER)
+    env = env_of(ctl)
+    assert env["FALCON_DB_URL_FILE"]["value"] == f"{DB_MOUNT}/url"
+    assert "FALCON_DB_URL" not in env, "the driver reads the file too"
+    for name in (RAY_CONTAINER, CONTROLLER):
+        assert db_secret_mount(container(name), pod) == DB_MOUNT, name
+        assert "FALCON_DB_URL" not in env_of(container(name)), name
+    # what `falcon-ray run` gives the actors in this container: the file reference
+    from falcon_ray import dbref
+
+    assert dbref.for_controller("mysql+pymysql://u:p@h/db", from_env=False, url_file=f"{DB_MOUNT}/url") == f"file:{DB_MOUNT}/url"
     run = cli_main.commands["run"]
-    db = next(p for p in run.params if p.name == "db_url")
-    assert db.envvar == "FALCON_DB_URL"
-    assert env["FALCON_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "falcon-db", "key": "url"}
-    assert "FALCON_DB_URL" not in env_of(container(RAY_CONTAINER)), "only the driver needs the URL"
+    assert next(p for p in run.params if p.name == "db_url").envvar == "FALCON_DB_URL"
+    assert "FALCON_DB_URL_FILE" in CliRunner().invoke(cli_main, ["run", "--help"]).output
+    # the db-upgrade Job is no Ray process: the URL from the Secret as its environment
     job = one(DB_UPGRADE / "job.yaml")
     job_env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert job_env["FALCON_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "falcon-db", "key": "url"}
@@ -333,6 +358,9 @@ def test_secret_example_shows_every_secret_the_pods_reference_and_is_not_applied
                 ref = e.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
                     refs.add((ref["name"], ref["key"]))
+        for v in pod.get("volumes", []):
+            if "secret" in v:
+                refs |= {(v["secret"]["secretName"], item["key"]) for item in v["secret"]["items"]}
     assert refs == {("falcon-db", "url"), ("falcon-ray-auth", "auth_token")}
     for name, key in refs:
         secret = example[name]
@@ -708,9 +736,10 @@ def test_workers_overlay_adds_one_worker_group_with_the_heads_identity_token_and
     head_ray = head_pod["containers"][0]
     assert head_ray["name"] == RAY_CONTAINER
     assert worker["image"] == head_ray["image"], "one image for every Ray node"
-    # the Secrets: exactly what the head's Ray container takes (the Ray token); the database
-    # URL goes to the actors as a creation argument from the driver, on any node
+    # the Secrets: exactly what the head's Ray container takes: the Ray token in the
+    # environment, the database URL as the file the actors are given (file:/etc/falcon-db/url)
     assert secret_refs(worker) == secret_refs(head_ray) == {("RAY_AUTH_TOKEN", "falcon-ray-auth", "auth_token")}
+    assert db_secret_mount(worker, pod) == db_secret_mount(head_ray, head_pod) == DB_MOUNT
     assert env_of(worker)["RAY_AUTH_MODE"]["value"] == "token"
     assert worker["securityContext"] == head_ray["securityContext"]
     res = worker["resources"]
@@ -718,7 +747,7 @@ def test_workers_overlay_adds_one_worker_group_with_the_heads_identity_token_and
     # /tmp/ray and /dev/shm as on the head; the shm volume holds the object store
     vols = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
-    assert mounts == {"ray-tmp": "/tmp/ray", "dshm": "/dev/shm"}
+    assert mounts == {"ray-tmp": "/tmp/ray", "dshm": "/dev/shm", "falcon-db": DB_MOUNT}
     assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
     shm = int(vols["dshm"]["emptyDir"]["sizeLimit"].removesuffix("Mi")) * 2**20
     assert int(params["object-store-memory"]) <= shm

@@ -102,7 +102,11 @@ def register(main: click.Group) -> None:
         sup.shutdown(drain=True, kill=True)
 
     @main.command("bench")
-    @click.option("--db", "db_url", default=None, help="SQLite (default) or a MySQL server URL: fresh databases are created there and dropped.")
+    @click.option(
+        "--db", "db_url", envvar="FALCON_BENCH_DB", default=None,
+        help="SQLite (default) or a MySQL server URL: fresh databases are created there and dropped "
+        "(FALCON_BENCH_DB, never FALCON_DB_URL: the bench drops what it creates).",
+    )
     @click.option("--quick", is_flag=True, help="100/1,000 tasks instead of up to 10,000 (under two minutes).")
     @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document.")
     @click.option("--part", "parts", multiple=True, type=click.Choice(["intake", "handover", "idle", "scale", "e2e"]), help="Run only these parts (repeatable).")

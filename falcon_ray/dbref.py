@@ -7,11 +7,11 @@ is fault tolerant, in the dashboard's listings) so that it can restart the actor
 database password must therefore never be one of them. What the controller hands an
 actor is a *reference*, resolved inside the actor's own process by ``resolve``:
 
-- ``env:NAME``: the URL is the value of the environment variable ``NAME`` there (on
-  KubeRay, from the ``falcon-db`` Secret in the Ray containers' env);
+- ``env:NAME``: the URL is the value of the environment variable ``NAME`` there (a
+  local Ray started by the driver, whose workers inherit its environment);
 - ``file:PATH``: the URL is the content of the file ``PATH`` there, surrounding
-  whitespace stripped (on KubeRay, the Secret mounted as a file; in a demo or a test, a
-  file of mode 0600 in a private directory);
+  whitespace stripped (on KubeRay, the ``falcon-db`` Secret mounted in every Ray
+  container; in a demo or a test, a file of mode 0600 in a private directory);
 - a URL that carries no password (SQLite, a passwordless local MariaDB user): itself.
 
 ``passable`` is the guard every actor creation goes through: it returns a reference

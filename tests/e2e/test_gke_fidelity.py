@@ -107,7 +107,7 @@ def test_two_topologies_share_a_small_reservation_through_the_ledger(controller)
     """A 2-host reservation, a 1-host and a 2-host task at once: the second waits in
     ClusterBusy until the first's pool is gone; nobody fails for capacity Falcon over-committed."""
     run = controller(make_fleet(a={"reservation": {"name": "res-a", "count": 2}}, with_b=False))
-    small = run.submit("alice", spec("2x2", 2), "small")
+    small = run.submit("alice", spec("2x2", 10), "small")  # long enough to overlap the other's claim on a loaded machine
     large = run.submit("bob", spec("2x4", 1), "large")
     assert_clean(run, timeout=120)
     for tid in (small, large):

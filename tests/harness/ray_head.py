@@ -82,11 +82,22 @@ class RayHead:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
 
-    def wait_ready(self, timeout: float = 60.0) -> str:
+    def wait_ready(self, timeout: float = 60.0, restarts: int = 2) -> str:
+        """The head's address once it is up. A head that exits while starting is started
+        again on fresh ports, at most ``restarts`` times: a port ``free_port`` found free
+        can be taken by another process (another test worker's Ray) before Ray binds it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray {self.label} exited:\n{self.log.read_text()[-3000:]}")
+                text = self.log.read_text()[-3000:]
+                if restarts <= 0:
+                    raise RuntimeError(f"ray {self.label} exited:\n{text}")
+                restarts -= 1
+                kill_tree(self.proc.pid)
+                shutil.copy(self.log, self.log.with_suffix(f".exit{restarts}.log"))
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+                self.start()
+                continue
             m = re.search(r"ray start --address='([^']+)'", self.log.read_text())
             if m:
                 self.address = m.group(1)

@@ -156,6 +156,7 @@ class ClusterGateway:
         self.full_ready: set[str] = set()
         self.short_since: dict[str, dt.datetime] = {}
         self.ops: dict[str, PoolOp] = {}
+        self.pool_topology: dict[str, str] = {}  # pool name -> its queue's topology (from observe)
         self.op_fifo: deque[PoolOp] = deque()
         self.reservation: ReservationView | None = None
         self.reservation_error: ReservationError | None = None
@@ -603,6 +604,9 @@ class ClusterGateway:
             self._refresh_reservation()
             reservation = self.reservation_view()
         with self.lock:
+            topology = queue_label[len(self.name) + 1 :]
+            for n in pool_names:  # whose pool it is, for the wake-up at the end of its operations
+                self.pool_topology[n] = topology
             jobs = {tid: jv for tid, jv in self.jobs.items() if self.job_queue.get(tid, queue_label) == queue_label}
             return ClusterView(
                 pools={n: self.pools[n] for n in pool_names if n in self.pools},
@@ -685,17 +689,24 @@ class ClusterGateway:
             self._hint_pool_owner(op.name)
 
     def _hint_pool_owner(self, pool: str) -> None:
-        """Wake the queue of ``pool``'s lease; a database that does not answer only costs the
-        wake-up (the queue's timed step sees the operation's end), never the next operation."""
-        try:
-            lease = self.store.get_lease(self.cluster.id, pool)
-        except Fenced:
-            raise
-        except Exception as e:
-            log.info("cluster %s: no wake-up for pool %s: %s", self.name, pool, e)
-            return
-        if lease is not None:
-            self.port.hint(self.name, lease.topology, create=False)
+        """Wake the queue of ``pool``'s lease (known from the queue's observe, else read); a
+        database that does not answer only costs the wake-up (the queue's timed step sees the
+        operation's end), never the next operation."""
+        with self.lock:
+            topology = self.pool_topology.get(pool)
+            if len(self.pool_topology) > 10_000:
+                self.pool_topology.clear()
+        if topology is None:
+            try:
+                lease = self.store.get_lease(self.cluster.id, pool)
+            except Fenced:
+                raise
+            except Exception as e:
+                log.info("cluster %s: no wake-up for pool %s: %s", self.name, pool, e)
+                return
+            topology = lease.topology if lease is not None else None
+        if topology is not None:
+            self.port.hint(self.name, topology, create=False)
 
     def _start_op(self, op: PoolOp) -> bool:
         """Make the GKE call; False when there is nothing to follow (adopted, already gone)."""

@@ -19,7 +19,8 @@ QueueActor through the port, creating it if needed (once per queue per poll). A 
 meanwhile) is simply re-read next poll. The poller never talks to GCP or
 Kubernetes; Aborting tasks go to their queue, or are finished here when they hold
 nothing on a cluster (no cluster assigned, or aborted while Waiting: no pool, no Job).
-One bad row never stops a poll; ``Fenced`` (a newer controller holds the leader lease,
+A poll with new tasks reads the registry, then the queue depths and the idle pools
+in one statement. One bad row never stops a poll; ``Fenced`` (a newer controller holds the leader lease,
 see ``store.repository``) does, and the shell's loop ends.
 """
 
@@ -33,7 +34,7 @@ from actors.port import Port
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
 from falcon_ray.config import Settings
-from falcon_ray.lifecycle import LeaseState, Reason
+from falcon_ray.lifecycle import Reason
 from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
 from falcon_ray.spec import SpecError, SupplyMode, parse_spec
 from falcon_ray.store import Fenced, Store
@@ -109,14 +110,9 @@ class IntakePoller:
             wake.add((target.name, topology))
 
     def _fleet_load(self, clusters) -> scheduling.FleetLoad:
-        """Queue depth per cluster; ready idle pools per (cluster, topology), and the tasks
-        of those queues that would take them first (read only where a pool is idle)."""
-        depth = self.store.pending_depth()
-        idle: dict[tuple[str, str], int] = {}
-        for lease in self.store.leases():
-            if lease.state == LeaseState.IDLE and lease.ready_at is not None:
-                key = (lease.cluster_id, lease.topology)
-                idle[key] = idle.get(key, 0) + 1
+        """Queue depth per cluster; ready idle pools per (cluster, topology) (one read), and
+        the tasks of those queues that would take them first (read only where a pool is idle)."""
+        depth, idle = self.store.fleet_load()
         claimants = self.store.queue_claimants({cid for cid, _ in idle}) if idle else {}
         return scheduling.FleetLoad(depth, idle, claimants)
 

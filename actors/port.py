@@ -6,7 +6,9 @@ A QueueActor, the poller and a ClusterActor never hold another actor's handle: t
 call a ``Port``. ``observe``, ``claim_reservation``, ``ensure_pool``, ``delete_pool``, ``submit_job``
 and ``delete_job`` go to the ClusterActor of a cluster and return its answer (or raise
 when it does not answer in time); ``hint`` wakes the QueueActor of a (cluster,
-topology), creating it when asked to, and never raises. The Ray implementation
+topology), creating it when asked to, and never raises; a hint that may create the
+queue (the poller's, a moving queue's) also tells it that its rows changed, one that
+may not (its ClusterActor's, its own) that only its cluster did. The Ray implementation
 (``actors.remote.RayPort``) is the only code that calls ``ray.get`` on another actor;
 tests drive the actors' logic with a fake port.
 """

@@ -41,7 +41,17 @@ lease moves and touches; this queue is the only writer of its leases and of its 
 moves, others only add tasks or abort them, which the next step's read sees), and ask
 the ClusterActor again. A lost compare-and-set, a refused effect or a failed one makes the next round
 read the database. The registry (cluster status, reservation) is read at most every
-``registry_interval_s``, as often as the supervisor reads it. Every effect is idempotent, so the process may
+``registry_interval_s``, as often as the supervisor reads it.
+
+With ``read_every_step`` False (the QueueActor's setting) a step reads the queue's rows
+only when they may have changed under it: after ``rows_changed()`` (the hint of the
+poller, with each assignment and with every poll while a task of the queue is
+Aborting, or of a queue that moved a task here), after a lost, refused or failed
+effect, and at least every ``queue_full_read_s`` (a full read: what a lost hint costs);
+a step woken by its ClusterActor (a Job event, a pool operation), by the supervisor or
+by its tick decides on the rows as kept (the registry alone read when due) and the
+cluster as asked again. A plain ``QueueReconciler`` reads at
+every step. Every effect is idempotent, so the process may
 die at any line: the constructor is the recovery path, there is no other. A step of a
 fenced store (a newer controller holds the leader lease) raises ``Fenced`` before it
 observes anything or calls the port, so a stale queue neither writes nor acts.
@@ -59,7 +69,7 @@ from dataclasses import replace
 from typing import Any
 
 from actors.port import Port
-from falcon_ray import faults, metrics, reconcile, render, scheduling, tpu
+from falcon_ray import faults, limits, metrics, reconcile, render, scheduling, tpu
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Status
@@ -162,7 +172,9 @@ class QueueReconciler:
         self.changed: set[int] = set()  # rows read or written since their value was built
         self.lease_rows: list | None = None  # the queue's leases as last read
         self.leases_stale = True  # read them again: a lease write could not be applied to them
-        self.must_read = True  # the next round reads the database (always a step's first)
+        self.must_read = True  # the next round reads the database
+        self.read_every_step = True  # False: a step's first round reads only when must_read or hinted
+        self.rows_hinted = False  # rows_changed() was called since the last read
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
 
     # ---- the loop ------------------------------------------------------------------------
@@ -174,6 +186,10 @@ class QueueReconciler:
         if state is not None and not state.tasks and not state.leases:
             return max(self.s.queue_tick_s, self.s.queue_idle_tick_s)
         return self.s.queue_tick_s
+
+    def rows_changed(self) -> None:
+        """Another writer changed (or may have changed) the queue's rows: the next step reads them."""
+        self.rows_hinted = True
 
     def step(self) -> int:
         """One tick: observe, decide, act; repeated while decisions change state."""
@@ -196,7 +212,9 @@ class QueueReconciler:
         age = time.monotonic() - self.clusters_at
         if age >= (self.s.registry_interval_s if self.rows or self.lease_rows else self.s.queue_full_read_s):
             self.clusters = None  # read with the rows, as often as the supervisor reads it (an empty queue's: once per full read)
-        self.must_read = True  # a step's first round reads the database
+        hinted, self.rows_hinted = self.rows_hinted, False  # a hint after this is read by the next step
+        if self.read_every_step or hinted or time.monotonic() - self.full_read_at >= self.s.queue_full_read_s:
+            self.must_read = True
         for _ in range(MAX_ROUNDS):
             observed = self.observe(fresh=self.must_read)
             self.must_read = False  # later rounds: the rows as kept, with this queue's own won writes
@@ -232,14 +250,17 @@ class QueueReconciler:
             self.specs[task.id] = spec
         return spec
 
-    def _phase_since(self, tasks: list[Task]) -> None:
-        """When each of ``tasks`` entered its current phase: kept, else from the event log."""
+    def _phase_since(self, tasks: list[Task], disrupted: Collection[int] = ()) -> None:
+        """When each of ``tasks`` entered its current phase: kept, else from the event log;
+        and the fleet's disruptions of the tasks ``disrupted`` (not known yet), in the same read."""
         unknown = {t.id for t in tasks if self.phase_since.get(t.id, (None,))[0] != t.phase}
-        if unknown:
-            entered = self.store.phase_entered(unknown)
-            for t in tasks:
-                if t.id in unknown:
-                    self.phase_since[t.id] = (t.phase, entered.get((t.id, t.phase)) or t.updated_at)
+        if not unknown and not disrupted:
+            return
+        entered, found = self.store.entered_and_disruptions(unknown, disrupted)
+        for t in tasks:
+            if t.id in unknown:
+                self.phase_since[t.id] = (t.phase, entered.get((t.id, t.phase)) or t.updated_at)
+        self.disrupted.update({tid: found.get(tid, ()) for tid in disrupted})
 
     def _read_tasks(self) -> tuple[list[Cluster], Cluster, list] | None:
         """The queue's rows: all of them at the first round and every ``queue_full_read_s``,
@@ -269,10 +290,10 @@ class QueueReconciler:
         gone = (self.rows.keys() if full else asked) - got.keys()  # ended, moved away or unassigned
         if snap.leases is not None:
             self.lease_rows, self.leases_stale = snap.leases, False
-        elif self.leases_stale or gone - self.dirty or any(self.rows.get(tid) != t for tid, t in got.items() if tid not in self.dirty):
+        elif self.leases_stale or self._refused_may_change(gone, got):
             # this queue is its leases' only writer (its own writes are applied to the kept
             # rows, a write it could not apply sets leases_stale); which refused ones count
-            # follows its tasks, and a task another writer moved may change that
+            # follows its acquiring tasks, and a task another writer moved may change that
             self.lease_rows, self.leases_stale = self.store.queue_leases(cluster.id, self.topology), False
         for tid in gone:
             self._drop(tid)
@@ -285,6 +306,23 @@ class QueueReconciler:
         self.dirty.clear()
         self.hot = {tid for tid in self.hot | got.keys() if tid in self.rows and self.rows[tid].phase != lc.WAITING}
         return snap.clusters, cluster, self.lease_rows
+
+    def _refused_may_change(self, gone: Collection[int], got: dict[int, Task]) -> bool:
+        """Whether another writer's change to the rows read may change which Deleted
+        (refused) leases ``queue_leases`` returns: those of tasks acquiring. A task that was
+        acquiring and left or moved does; a new task, or a change to one that neither was nor
+        is acquiring, does not (only this queue moves a task into an acquiring phase)."""
+        for tid in gone:
+            old = self.rows.get(tid)
+            if tid not in self.dirty and (old is None or old.phase in lc.ACQUIRING_PHASES):
+                return True
+        for tid, t in got.items():
+            old = self.rows.get(tid)
+            if tid in self.dirty or old is None or old == t:
+                continue
+            if old.phase in lc.ACQUIRING_PHASES or t.phase in lc.ACQUIRING_PHASES:
+                return True
+        return False
 
     def _drop(self, tid: int) -> None:
         """Forget a task that left the queue (its row, parsed spec and every cache of it)."""
@@ -305,11 +343,7 @@ class QueueReconciler:
                 self._forget_value(tid)
                 continue
             rows.append(t)
-        self._phase_since(rows)
-        unknown = [t.id for t in rows if t.id not in self.disrupted]
-        if unknown:
-            found = self.store.disruptions(unknown)
-            self.disrupted.update({tid: found.get(tid, ()) for tid in unknown})
+        self._phase_since(rows, [t.id for t in rows if t.id not in self.disrupted])
         for t in rows:
             entry = self.phase_since.get(t.id)
             self._set_value(QueueTask(
@@ -348,9 +382,16 @@ class QueueReconciler:
             self.held_values = None
 
     def _other_topology_waiting(self, cluster_id: str) -> bool:
-        """Read only while a task of this queue acquires (the rules ask it only then), at
-        most once a second."""
-        if not any(tid in self.qtasks and self.qtasks[tid].phase in lc.ACQUIRING_PHASES for tid in self.hot):
+        """Read only while a task of this queue has waited for its nodes past the contested
+        limit (``Wait.NODES_CONTESTED``: the only rule that asks), at most once a second."""
+        now_dt = self.clock()
+
+        def contested(v: QueueTask | None) -> bool:
+            if v is None or v.phase != lc.WAITING_FOR_NODE or v.phase_since is None:
+                return False
+            return limits.passed(limits.Wait.NODES_CONTESTED, self.s, (now_dt - v.phase_since).total_seconds())
+
+        if not any(contested(self.qtasks.get(tid)) for tid in self.hot):
             return False
         now = time.monotonic()
         if now - self.other_waiting_at[0] >= DESTINATIONS_TTL_S:
@@ -361,6 +402,8 @@ class QueueReconciler:
         """The rows as kept, for a round after the step's first when every write of the
         round before won (each was applied to them): no read but the leases' when one of
         their writes could not be applied."""
+        if self.clusters is None and self.lease_rows is not None and self.rows:
+            self.clusters, self.clusters_at = self.store.list_clusters(), time.monotonic()  # the registry alone
         cluster = next((c for c in self.clusters or () if c.name == self.cluster_name), None)
         if cluster is None or self.lease_rows is None:
             return self._read_tasks()

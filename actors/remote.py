@@ -171,7 +171,7 @@ class RayPort:
             h = self._handle(name, make)
             if h is None:
                 return  # no such queue and not ours to create: nothing to wake
-            ref = h.hint.remote()
+            ref = h.hint.remote(make is not None)  # a hinter that may create the queue changed its rows
         except RayActorError:  # refused at once: the cached handle's actor is gone
             self._drop(name, h)
             if retry:
@@ -314,14 +314,18 @@ class QueueActor(_Shell):
 
         self.store = Store(dbref.resolve(db_ref), epoch=epoch, timeouts=db_timeouts(settings))
         self.core = QueueReconciler(cluster_name, topology, settings, self.store, RayPort(settings, db_ref, epoch))
+        self.core.read_every_step = False  # its rows are read when a hint says they changed (rows_changed)
         self.ticker = Ticker(
             f"queue {self.core.label}", self.core.step, self.core.interval, logging.getLogger("falcon.queue"),
             halted=lambda: self.store.fenced,
         )
         self._start_fence(settings, "falcon.queue")
 
-    def hint(self) -> None:
-        """Something changed for this queue (a new task, an abort, a Job event)."""
+    def hint(self, rows: bool = True) -> None:
+        """Something changed for this queue: its rows (a new task, an abort: ``rows``), or
+        only its cluster (a Job event, a pool operation) or the registry."""
+        if rows:
+            self.core.rows_changed()
         self.ticker.wake()
 
     def snapshot(self) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class Supervisor:
         self.lease_renewed_at: float | None = None
         self.started_at = time.time()
         self.known: dict[str, ray.actor.ActorHandle] = {}
+        self.cluster_rows: dict[str, Any] = {}  # the registry row each ClusterActor was last told about
         self.retired: list[str] = []
         self.stop = threading.Event()
         self._run_stop: threading.Event | None = None
@@ -179,11 +180,15 @@ class Supervisor:
             else:
                 makers[name] = lambda w=what: remote.ensure_queue(w[1], w[2], self.s, self.db_ref, self.epoch)
         created = []
+        rows = {names.cluster_name(c.name): c for c in clusters}
         for name, h in self._adopt_all(makers).items():
             if name.startswith("cluster/"):
-                h.refresh_cluster.remote()
+                # re-read by the actor when first seen here and when its registry row changed
+                if name not in self.known or self.cluster_rows.get(name) != rows.get(name):
+                    h.refresh_cluster.remote()
+                self.cluster_rows[name] = rows.get(name)
             elif name != names.POLLER:
-                h.hint.remote()
+                h.hint.remote(False)  # a nudge: a queue's rows did not change here
             if name not in self.known and name != names.POLLER:
                 created.append(name)
             self.known[name] = h

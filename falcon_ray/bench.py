@@ -5,7 +5,7 @@ Contract
 ``run_bench(db, quick)`` returns one JSON-able document with every figure of the issue;
 ``render(doc)`` prints it as a table. Each figure says how it was measured (``how``):
 
-- ``lifecycle``: statements per task, end to end (``DemoRun``: the real actors on a
+- ``lifecycle`` (part ``e2e``): statements per task, end to end (``DemoRun``: the real actors on a
   local Ray against ``falcon_ray.sim``): a run of n1 and then a run of n2 one-host tasks
   on one reservation, each run from submit until every task is Succeeded and no Falcon
   pool is left; the figure is the marginal (S(n2) - S(n1)) / (n2 - n1). S is counted at
@@ -13,6 +13,16 @@ Contract
   which is what MariaDB's ``Questions`` counts; pings are not statements); on MySQL the
   server's global ``Questions`` over the same windows is given too, net of the bench's
   own reads (a shared server adds other clients' statements to it).
+- ``lifecycle_mixed`` (``--part lifecycle-mixed``): statements per task on a mixed
+  workload, end to end the same way: two clusters of one TPU type (edge-a with a
+  reservation of 8 hosts and flex-start capacity, edge-b with flex-start only), tasks of
+  2x2 and 2x4 in turn, one in four on the reservation and the others flex-start, 1 s
+  runs, inserted by the upper layer one every ``MIXED_GAP_S`` (the poller finds them at
+  its polls), every fifth aborted once it holds its queue's slot or runs; the marginal
+  between a run of n1 and one of n2 tasks. Beside it, where the statements go: per
+  statement kind, per role (the actor that sent it: queue, cluster, poller; supervisor
+  is the driver's Store) and per ``Store`` method (``Store.breakdown``, kept in files
+  beside the counts), and the Falcon node pools the fleet created per task.
 - ``idle``: the same controller with nothing to do: statements/s of the poller, of each
   queue (with 1 queue and with every one-host topology's queue created) and the rest.
 - ``actors_rss_mb``: every actor's resident memory at the end of the end-to-end run.
@@ -65,8 +75,8 @@ from falcon_ray.store.repository import tls_connect_args
 ONE_HOST = "2x2"
 TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 SIZES = {
-    True: dict(lifecycle=(3, 8), idle_s=6, handover=(100, 1000), reps=3, intake=1000, scale=1000, scale_steps=3),
-    False: dict(lifecycle=(10, 40), idle_s=15, handover=(100, 1000, 10000), reps=3, intake=10000, scale=10000, scale_steps=5),
+    True: dict(lifecycle=(3, 8), mixed=(4, 12), idle_s=6, handover=(100, 1000), reps=3, intake=1000, scale=1000, scale_steps=3),
+    False: dict(lifecycle=(10, 40), mixed=(10, 40), idle_s=15, handover=(100, 1000, 10000), reps=3, intake=10000, scale=10000, scale_steps=5),
 }
 
 
@@ -527,6 +537,201 @@ def _run_batch(run, n: int, timeout: float) -> dict[str, Any]:
     return out
 
 
+# ---- the mixed workload ------------------------------------------------------------------------
+
+
+MIXED_TOPOLOGIES = ("2x2", "2x4")
+MIXED_RUN_S = 1.0
+MIXED_GAP_S = 0.3  # between two submits: about two new tasks per poll, mostly a pool created and deleted per task
+MIXED_ABORT_EVERY = 5  # every fifth task is aborted once it holds its queue's slot or runs
+
+
+def _mixed_fleet():
+    """Two clusters of the same TPU type: edge-a with a reservation (8 hosts) and flex-start
+    capacity, edge-b with flex-start capacity only."""
+    from falcon_ray.sim.fleet import FAST_TIMINGS, FleetConfig
+
+    def cluster(name: str, reservation: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "name": name,
+            "project": f"proj-{name[-1]}",
+            "location": "us-east5-b",
+            "tpu_type": "v6e",
+            "gcs_bucket": f"logs-{name[-1]}",
+            "reservation": reservation,
+            "chips": 64,
+            "timings": dict(FAST_TIMINGS),
+        }
+
+    return FleetConfig(seed=1, clusters=[cluster("edge-a", {"name": "res-a", "count": 8}), cluster("edge-b", None)])
+
+
+def _mixed_spec(i: int) -> dict[str, Any]:
+    """Task i of the mixed workload: 2x2 and 2x4 in turn; one task in four on the
+    reservation, the others flex-start (placed on either cluster by the poller)."""
+    s = _spec(MIXED_TOPOLOGIES[i % 2], run_s=MIXED_RUN_S)
+    s["supply_mode"] = "reservation" if i % 4 == 3 else "flex-start"
+    return s
+
+
+def _breakdowns(exclude: set[str] = frozenset()) -> dict[int, dict[str, int]]:
+    """Per process: statements by ``"Store.method KIND"``, from the Stores' breakdown files."""
+    out: dict[int, dict[str, int]] = {}
+    d = os.environ.get("FALCON_STATEMENT_COUNTS", "")
+    for f in os.listdir(d) if d else ():
+        if not f.endswith(".json") or f[: -len(".json")] + ".cnt" in exclude:
+            continue
+        try:
+            with open(os.path.join(d, f)) as fh:
+                counts = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        mine = out.setdefault(int(f.split("-")[0]), {})
+        for k, n in counts.items():
+            mine[k] = mine.get(k, 0) + int(n)
+    return out
+
+
+def _role(name: str) -> str:
+    return name.split("/", 1)[0] if "/" in name else name
+
+
+class _Tally:
+    """Statements by role (queue, cluster, poller, supervisor), by kind and by Store method,
+    between two readings of the breakdown files (a process that ended keeps its file)."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self.roles: dict[int, str] = {}
+
+    def read(self) -> dict[tuple[str, str, str], int]:
+        import ray._private.state as ray_state
+
+        for a in ray_state.actors().values():  # retired (dead) actors too: their files stay
+            if a.get("Pid") and a.get("Name"):
+                self.roles[int(a["Pid"])] = _role(a["Name"])
+        self.roles[os.getpid()] = "supervisor"
+        out: dict[tuple[str, str, str], int] = {}
+        for pid, counts in _breakdowns(_bench_file(self.run)).items():
+            role = self.roles.get(pid, "other")
+            for key, n in counts.items():
+                method, _, kind = key.rpartition(" ")
+                k = (role, method, kind)
+                out[k] = out.get(k, 0) + n
+        return out
+
+    @staticmethod
+    def diff(a: dict, b: dict) -> dict[tuple[str, str, str], int]:
+        return {k: n - a.get(k, 0) for k, n in b.items() if n - a.get(k, 0)}
+
+
+def _group(d: dict[tuple[str, str, str], int], key) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, n in d.items():
+        g = key(k)
+        out[g] = out.get(g, 0) + n
+    return dict(sorted(out.items(), key=lambda x: -x[1]))
+
+
+def _falcon_pools_created(run) -> int:
+    stats = run.sim.stats()
+    return sum(1 for c in stats["clusters"].values() for p in c["node_pools"] if p["name"].startswith("falcon-"))
+
+
+def _run_mixed(run, tally: _Tally, n: int, timeout: float) -> dict[str, Any]:
+    b0, s0, q0, own0, p0 = tally.read(), _driver_statements(run), _questions(run.db_url), run.store.statements, _falcon_pools_created(run)
+    t0 = time.monotonic()
+    ids: list[int] = []
+    to_abort: set[int] = set()
+
+    def aborts() -> list:
+        tasks = run.store.get_tasks(ids)
+        for x in tasks:  # aborted once it holds something: its pool is being made, or it runs
+            if x.id in to_abort and not x.terminal and (x.status == "Running" or x.reason not in ("", "Waiting")):
+                to_abort.discard(x.id)
+                run.store.request_abort(x.id)  # the upper layer: the poller sees it at its next poll
+        return tasks
+
+    for i in range(n):  # the upper layer's insert alone: the poller finds the rows at its next poll
+        ids.append(run.store.submit_task(f"actor-{i % 3}", _mixed_spec(i), name=f"m{n}-{i}"))
+        if i % MIXED_ABORT_EVERY == MIXED_ABORT_EVERY - 1:
+            to_abort.add(ids[-1])
+        time.sleep(MIXED_GAP_S)
+        if i % 3 == 2:
+            aborts()
+    ok = run.wait(lambda: all(x.terminal for x in aborts()) and not run.falcon_pools_alive(), timeout)
+    run.wait(lambda: all(l.state == "Deleted" for l in run.store.leases(live_only=False)), 30)
+    time.sleep(1)  # the breakdown files are rewritten at most every Store.BREAKDOWN_WRITE_S
+    q1 = _questions(run.db_url)
+    tasks = run.store.get_tasks(ids)
+    out: dict[str, Any] = {
+        "tasks": n,
+        "done": ok,
+        "outcomes": {st: sum(1 for x in tasks if x.status == st) for st in sorted({x.status for x in tasks})},
+        "pools_created": _falcon_pools_created(run) - p0,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "statements": _driver_statements(run) - s0,
+        "by": tally.diff(b0, tally.read()),
+    }
+    if not ok:
+        out["stuck"] = sorted({f"{x.id} {x.status}/{x.reason}: {x.message}" for x in tasks if not x.terminal})
+        out["pools_alive"] = run.falcon_pools_alive()
+    if q0 is not None and q1 is not None:
+        out["questions"] = q1 - q0 - (run.store.statements - own0) - 2
+    return out
+
+
+def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, Any]:
+    """Statements per task on the mixed workload (``_mixed_fleet``, ``_mixed_spec``): the
+    marginal between a run of n1 and a run of n2 tasks, with where they go."""
+    import ray
+
+    from falcon_ray.demo import DemoRun
+
+    counts = tempfile.mkdtemp(prefix="falcon-bench-counts-")
+    os.environ["FALCON_STATEMENT_COUNTS"] = counts  # before Ray starts: its workers inherit it
+    with fresh_db(db) as url:
+        run = DemoRun(_mixed_fleet(), _settings(), url).start()
+        try:
+            tally = _Tally(run)
+            warm = [run.submit("warmup", _mixed_spec(i), f"warmup-{i}") for i in range(4)]
+            if not run.wait(lambda: all(x.terminal for x in run.store.get_tasks(warm)) and not run.falcon_pools_alive(), 120):
+                raise RuntimeError(f"warm-up tasks did not finish: {run.store.get_tasks(warm)}")
+            time.sleep(1)
+            a, b = (_run_mixed(run, tally, n, 120 + 6 * n) for n in sizes)
+        finally:
+            run.stop()
+            if ray.is_initialized():
+                ray.shutdown()
+            os.environ.pop("FALCON_STATEMENT_COUNTS", None)
+    span = b["tasks"] - a["tasks"]
+    marginal = {k: (n - a["by"].get(k, 0)) / span for k, n in b["by"].items()}
+
+    def per_task(key) -> dict[str, float]:
+        return {k: round(v, 2) for k, v in _group(marginal, key).items() if abs(v) >= 0.05}
+
+    for r in (a, b):
+        r["by_kind"] = _group(r.pop("by"), lambda k: k[2])
+    out: dict[str, Any] = {
+        "how": (
+            "DemoRun (Ray actors + falcon_ray.sim over HTTP), two clusters (edge-a: reservation of 8 hosts and flex-start, "
+            f"edge-b: flex-start), 2x2 and 2x4 in turn, one task in four on the reservation, {MIXED_RUN_S:g} s runs, "
+            f"a submit every {MIXED_GAP_S:g} s, every {MIXED_ABORT_EVERY}th task aborted once it acquires or runs; marginal between "
+            "the two runs; the breakdown from "
+            "each Store's per-method counts (role = the actor that sent it, supervisor = the driver's Store)"
+        ),
+        "runs": [a, b],
+        "statements_per_task": round((b["statements"] - a["statements"]) / span, 1),
+        "by_kind": per_task(lambda k: k[2]),
+        "by_role": per_task(lambda k: k[0]),
+        "by_method": per_task(lambda k: f"{k[0]} {k[1]} {k[2]}"),
+        "pools_per_task": round((b["pools_created"] - a["pools_created"]) / span, 2),
+    }
+    if "questions" in a and "questions" in b:
+        out["server_questions_per_task"] = round((b["questions"] - a["questions"]) / span, 1)
+    return out
+
+
 def bench_end_to_end(db: str | None, sizes: tuple[int, int], idle_s: float) -> dict[str, Any]:
     import ray
 
@@ -586,6 +791,9 @@ def _idle_rates(run, seconds: float) -> dict[str, Any]:
 # ---- the document --------------------------------------------------------------------------------
 
 
+PARTS = ("intake", "handover", "idle", "scale", "e2e", "lifecycle-mixed")
+
+
 def run_bench(db: str | None = None, quick: bool = False, parts: tuple[str, ...] = ()) -> dict[str, Any]:
     size = SIZES[quick]
     doc: dict[str, Any] = {
@@ -594,7 +802,7 @@ def run_bench(db: str | None = None, quick: bool = False, parts: tuple[str, ...]
         "machine": {"cpus": os.cpu_count()},
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    want = set(parts) or {"intake", "handover", "idle", "scale", "e2e"}
+    want = set(parts) or set(PARTS)
     t0 = time.monotonic()
     if "intake" in want:
         doc["intake"] = dict(bench_intake(db, size["intake"]), how="IntakePoller on the Store, no Ray")
@@ -622,6 +830,8 @@ def run_bench(db: str | None = None, quick: bool = False, parts: tuple[str, ...]
         doc["scale"] = dict(bench_scale(db, size["scale"], size["scale_steps"]), how="104 QueueReconcilers in one process sharing one Store (a deployment gives each QueueActor its own), no Ray")
     if "e2e" in want:
         doc.update(bench_end_to_end(db, size["lifecycle"], size["idle_s"]))
+    if "lifecycle-mixed" in want:
+        doc["lifecycle_mixed"] = bench_lifecycle_mixed(db, size["mixed"])
     doc["bench_seconds"] = round(time.monotonic() - t0, 1)
     return doc
 
@@ -633,10 +843,22 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"  {k:<48} {v}")
 
     if "lifecycle" in doc:
-        lines.append("lifecycle (end to end)")
+        lines.append("lifecycle, one queue (end to end: one reservation, one-host tasks)")
         row("statements per task (driver count)", doc["lifecycle"]["statements_per_task"])
         if "server_questions_per_task" in doc["lifecycle"]:
             row("server Questions per task (shared server)", doc["lifecycle"]["server_questions_per_task"])
+    if "lifecycle_mixed" in doc:
+        m = doc["lifecycle_mixed"]
+        lines.append("lifecycle, mixed workload (end to end: two clusters, flex-start and reservation, 2x2 and 2x4, aborts)")
+        row("statements per task (driver count)", m["statements_per_task"])
+        if "server_questions_per_task" in m:
+            row("server Questions per task (shared server)", m["server_questions_per_task"])
+        row("pools created per task", m["pools_per_task"])
+        row("per task by kind", ", ".join(f"{k} {v}" for k, v in m["by_kind"].items()))
+        row("per task by actor", ", ".join(f"{k} {v}" for k, v in m["by_role"].items()))
+        lines.append("  per task by actor, Store method and kind (>= 0.05)")
+        for k, v in m["by_method"].items():
+            lines.append(f"    {k:<56} {v}")
     if "idle" in doc:
         i = doc["idle"]["nothing_live"]
         lines.append("idle, end to end, nothing live")
@@ -671,4 +893,4 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FleetPort", "run_bench", "render", "fresh_db"]
+__all__ = ["FleetPort", "PARTS", "run_bench", "render", "fresh_db"]

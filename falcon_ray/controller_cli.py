@@ -109,7 +109,7 @@ def register(main: click.Group) -> None:
     )
     @click.option("--quick", is_flag=True, help="100/1,000 tasks instead of up to 10,000 (under two minutes).")
     @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document.")
-    @click.option("--part", "parts", multiple=True, type=click.Choice(["intake", "handover", "idle", "scale", "e2e"]), help="Run only these parts (repeatable).")
+    @click.option("--part", "parts", multiple=True, type=click.Choice(["intake", "handover", "idle", "scale", "e2e", "lifecycle-mixed"]), help="Run only these parts (repeatable).")
     @click.option("--out", "out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON document to this file.")
     def bench_cmd(db_url, quick, as_json, parts, out):
         """Measure the controller's costs (issue 11): statements per task, idle, hand-over, intake, scale."""

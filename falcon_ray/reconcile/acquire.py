@@ -286,10 +286,13 @@ def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tu
     # a RUNNING operation without its GKE name has not been answered yet: the call may still
     # be refused, so the pool is not the create's until GKE returned the operation
     accepted = op is not None and (op.state == OpState.DONE or (op.state == OpState.RUNNING and bool(op.operation)))
+    record = op is not None and bool(op.operation) and op.operation != lease.operation
     if st == LeaseState.REQUESTED and (accepted or pool is not None):
-        effects.append(MoveLease(lease.id, lease.name, (LeaseState.REQUESTED,), LeaseState.CREATING))
-        st = LeaseState.CREATING
-    if op is not None and op.operation and op.operation != lease.operation:
+        # the operation's name, when known, is written with the move (one write)
+        fields = {"operation": op.operation} if record and op is not None else {}
+        effects.append(MoveLease(lease.id, lease.name, (LeaseState.REQUESTED,), LeaseState.CREATING, fields))
+        return LeaseState.CREATING, effects
+    if record and op is not None:
         effects.append(RecordOperation(lease.id, op.operation))
     return st, effects
 

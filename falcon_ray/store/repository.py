@@ -21,7 +21,10 @@ Contract
   event row) runs on a second pool whose connections are not in autocommit (``_tx``):
   its first statement opens the transaction, one COMMIT ends it (no BEGIN is sent), and
   it is rolled back whole when a statement in it fails.
-- ``statements`` counts the SQL statements this Store executed (for the cost report).
+- ``statements`` counts the SQL statements this Store executed (for the cost report);
+  ``breakdown`` counts them by the public method that sent them (the outermost one of
+  the calling thread, ``-`` outside any) and by kind (SELECT, INSERT, UPDATE, DELETE,
+  COMMIT, ROLLBACK, ...), keyed ``"method KIND"``.
 
 Database faults
 ---------------
@@ -68,6 +71,7 @@ import datetime as dt
 import functools
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -195,13 +199,21 @@ def _rerun_on_disconnect(fn):
 
     @functools.wraps(fn)
     def method(self, *args, **kwargs):
-        for attempt in range(DISCONNECT_RETRIES + 1):
-            try:
-                return fn(self, *args, **kwargs)
-            except sa.exc.DBAPIError as e:
-                if not e.connection_invalidated or attempt == DISCONNECT_RETRIES:
-                    raise
-                self.disconnects += 1
+        calling = self._calling
+        outer = getattr(calling, "method", None) is None
+        if outer:
+            calling.method = fn.__name__
+        try:
+            for attempt in range(DISCONNECT_RETRIES + 1):
+                try:
+                    return fn(self, *args, **kwargs)
+                except sa.exc.DBAPIError as e:
+                    if not e.connection_invalidated or attempt == DISCONNECT_RETRIES:
+                        raise
+                    self.disconnects += 1
+        finally:
+            if outer:
+                calling.method = None
 
     return method
 
@@ -235,11 +247,18 @@ class Store:
         # The benchmark (falcon_ray.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
         # Store then keeps its running count in a file there, so the count of an actor that
         # is killed (a retired queue) is not lost.
+        # Beside it, ``<pid>-<id>.json`` holds ``breakdown`` (rewritten at most every
+        # ``BREAKDOWN_WRITE_S`` and at ``dispose``).
         self._count_fd: int | None = None
+        self._breakdown_path = ""
+        self._breakdown_at = 0.0
+        self.breakdown: dict[str, int] = {}
+        self._calling = threading.local()  # .method: the outermost public method of this thread
         counts_dir = os.environ.get("FALCON_STATEMENT_COUNTS")
         if counts_dir:
             path = os.path.join(counts_dir, f"{os.getpid()}-{id(self)}.cnt")
             self._count_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            self._breakdown_path = path[: -len(".cnt")] + ".json"
 
         self.autocommit = self.engine.dialect.name in ("mysql", "mariadb")
         self.tx_engine = make_engine(url, timeouts, autocommit=False) if self.autocommit else self.engine
@@ -247,10 +266,25 @@ class Store:
         if self.tx_engine is not self.engine:
             self._count_statements(self.tx_engine, commits=True)
 
-    def _bump(self) -> None:
+    BREAKDOWN_WRITE_S = 0.5
+
+    def _bump(self, kind: str) -> None:
         self.statements += 1
+        key = f"{getattr(self._calling, 'method', '-')} {kind}"
+        self.breakdown[key] = self.breakdown.get(key, 0) + 1
         if self._count_fd is not None:
             os.pwrite(self._count_fd, b"%20d\n" % self.statements, 0)
+            if time.monotonic() - self._breakdown_at >= self.BREAKDOWN_WRITE_S:
+                self._write_breakdown()
+
+    def _write_breakdown(self) -> None:
+        if not self._breakdown_path:
+            return
+        self._breakdown_at = time.monotonic()
+        tmp = f"{self._breakdown_path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.breakdown, f)
+        os.replace(tmp, self._breakdown_path)
 
     def _count_statements(self, engine: Engine, commits: bool) -> None:
         """Count every statement ``engine`` sends; with ``commits`` its COMMITs and ROLLBACKs
@@ -259,8 +293,9 @@ class Store:
         The dialect instance belongs to this engine alone."""
 
         @event.listens_for(engine, "before_cursor_execute")
-        def _count(*_a, **_k):
-            self._bump()
+        def _count(_conn, _cursor, statement, *_a, **_k):
+            head = statement.lstrip(" (\n")[:8].split(None, 1)
+            self._bump(head[0].upper() if head else "?")
 
         dialect = engine.dialect
         if not commits:
@@ -269,11 +304,11 @@ class Store:
         commit, rollback = dialect.do_commit, dialect.do_rollback
 
         def _commit(dbapi_conn):
-            self._bump()
+            self._bump("COMMIT")
             commit(dbapi_conn)
 
         def _rollback(dbapi_conn):
-            self._bump()
+            self._bump("ROLLBACK")
             rollback(dbapi_conn)
 
         dialect.do_commit, dialect.do_rollback = _commit, _rollback  # type: ignore[method-assign]
@@ -343,6 +378,7 @@ class Store:
             self._verify_epoch(c)
 
     def dispose(self) -> None:
+        self._write_breakdown()
         self.engine.dispose()
         if self.tx_engine is not self.engine:
             self.tx_engine.dispose()
@@ -526,6 +562,27 @@ class Store:
         with self.engine.connect() as c:
             return {cid: int(n) for cid, n in c.execute(q).all()}
 
+    def fleet_load(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """``pending_depth()`` and the ready Idle leases per (cluster id, topology), in one
+        statement (the poller's ranking inputs)."""
+        j, L = t.jobs, t.node_pool_leases
+        depth = (
+            sa.select(sa.literal("d").label("k"), j.c.cluster_id.label("cid"), sa.literal("").label("top"), sa.func.count().label("n"))
+            .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_not(None))
+            .group_by(j.c.cluster_id)
+        )
+        idle = (
+            sa.select(sa.literal("i").label("k"), L.c.cluster_id.label("cid"), L.c.topology.label("top"), sa.func.count().label("n"))
+            .where(L.c.state == LeaseState.IDLE.value, L.c.ready_at.is_not(None))
+            .group_by(L.c.cluster_id, L.c.topology)
+        )
+        with self.engine.connect() as c:
+            rows = c.execute(sa.union_all(depth, idle)).all()
+        return (
+            {cid: int(n) for k, cid, _, n in rows if k == "d"},
+            {(cid, top): int(n) for k, cid, top, n in rows if k == "i"},
+        )
+
     def queue_snapshot(
         self,
         cluster_name: str,
@@ -688,9 +745,20 @@ class Store:
                     tops[int(tid)] = str(json.loads(text).get("topology", ""))[:16]
                 except (ValueError, AttributeError, TypeError):
                     tops[int(tid)] = ""
-        ids = [tid for tid, _, _ in placed]
-        c.execute(m.delete().where(m.c.task_id.in_(ids)))
-        c.execute(m.insert(), [dict(task_id=tid, cluster_id=cid, topology=top if top is not None else tops.get(tid, "")) for tid, cid, top in placed])
+        rows = [dict(task_id=tid, cluster_id=cid, topology=top if top is not None else tops.get(tid, "")) for tid, cid, top in placed]
+        name = self.engine.dialect.name
+        if name in ("mysql", "mariadb", "sqlite"):
+            # one statement: a task's earlier row (unique task_id) is deleted and the new one
+            # inserted with a new seq (REPLACE on MySQL, INSERT OR REPLACE on SQLite)
+            verb = "REPLACE" if name != "sqlite" else "INSERT OR REPLACE"
+            mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+            c.exec_driver_sql(
+                f"{verb} INTO {m.name} (task_id, cluster_id, topology) VALUES ({mark}, {mark}, {mark})",
+                [(r["task_id"], r["cluster_id"], r["topology"]) for r in rows],
+            )
+            return
+        c.execute(m.delete().where(m.c.task_id.in_([r["task_id"] for r in rows])))
+        c.execute(m.insert(), rows)
 
     def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
         """Non-terminal tasks, of one cluster or of all, oldest first."""
@@ -1034,6 +1102,47 @@ class Store:
         except sa.exc.IntegrityError:
             return False  # written before (a step repeated after a crash)
 
+    def entered_and_disruptions(
+        self, entered_ids: Iterable[int], disrupted_ids: Iterable[int]
+    ) -> tuple[dict[tuple[int, Phase], dt.datetime], dict[int, tuple[Disruption, ...]]]:
+        """``phase_entered(entered_ids)`` and ``disruptions(disrupted_ids)`` in one statement
+        per 500 ids (a UNION ALL of the two reads), for a reader that needs both."""
+        e, d = t.task_events, t.task_disruptions
+        a, b = sorted(set(entered_ids)), sorted(set(disrupted_ids))
+        if not a or not b:
+            return (self.phase_entered(a) if a else {}), (self.disruptions(b) if b else {})
+        entered: dict[tuple[int, Phase], dt.datetime] = {}
+        found: dict[int, list[Disruption]] = {}
+        null = sa.null()
+        with self.engine.connect() as c:
+            for i in range(0, max(len(a), len(b)), 500):
+                parts = []
+                if a[i : i + 500]:
+                    parts.append(
+                        sa.select(
+                            sa.literal(0).label("src"), e.c.task_id, e.c.status.label("s1"), e.c.reason.label("s2"),
+                            null.label("s3"), null.label("s4"), sa.literal(0).label("n"), sa.func.max(e.c.at).label("at"),
+                        )
+                        .where(e.c.task_id.in_(a[i : i + 500]))
+                        .group_by(e.c.task_id, e.c.status, e.c.reason)
+                    )
+                if b[i : i + 500]:
+                    parts.append(
+                        sa.select(
+                            sa.literal(1).label("src"), d.c.task_id, d.c.kind, d.c.node, d.c.job, d.c.detail, d.c.attempt, d.c.at,
+                        ).where(d.c.task_id.in_(b[i : i + 500]))
+                    )
+                stmt = sa.union_all(*parts) if len(parts) > 1 else parts[0]
+                for src, task_id, s1, s2, s3, s4, n, at in c.execute(stmt).all():
+                    if int(src) == 0:
+                        try:
+                            entered[(int(task_id), lc.phase_of(s1, s2 or ""))] = at
+                        except ValueError:
+                            continue  # a status or reason Falcon does not know: not a phase of ours
+                    else:
+                        found.setdefault(int(task_id), []).append(Disruption(int(n), s1, s2, s3, s4, at))
+        return entered, {tid: tuple(sorted(ds, key=lambda x: x.attempt)) for tid, ds in found.items()}
+
     def disruptions(self, task_ids: Iterable[int]) -> dict[int, tuple[Disruption, ...]]:
         """The fleet's disruptions of each task's runs, oldest first; tasks without any are absent."""
         d = t.task_disruptions
@@ -1119,14 +1228,21 @@ class Store:
             created_at=now,
             updated_at=now,
         )
+        lease = None
         try:
             with self.engine.begin() as c:
                 res = c.execute(self._insert(t.node_pool_leases, row))
                 if self.epoch is not None and res.rowcount == 0:
                     self._verify_epoch(c)
+                if res.rowcount == 1 and res.lastrowid:  # the row as written: no read back
+                    lease = Lease(
+                        id=int(res.lastrowid), operation=None, delete_attempts=0, last_error="",
+                        ready_at=None, idle_since=None, deleted_at=None, refused_at=None, refusal="", **row,
+                    )
         except sa.exc.IntegrityError:
             pass  # the same name was written before a crash: adopt it
-        lease = self.get_lease(cluster_id, name)
+        if lease is None:
+            lease = self.get_lease(cluster_id, name)
         assert lease is not None
         return lease
 

@@ -20,7 +20,7 @@ class FakeHandle:
         self.hints = 0
         self.hint = self
 
-    def remote(self):
+    def remote(self, rows: bool = True):
         self.hints += 1
         return FakeRef()
 

@@ -53,9 +53,9 @@ class Row:
 
 RUNNING_OK = OpView("create", "done", operation="op-1")
 ROWS = [
-    Row("create accepted: Requested -> Creating, operation recorded", lc.PROVISIONING, LeaseState.REQUESTED,
+    Row("create accepted: Requested -> Creating, operation recorded with the move", lc.PROVISIONING, LeaseState.REQUESTED,
         pool=("PROVISIONING", 0, 0), op=OpView("create", "running", operation="op-1"),
-        expect_lease=LeaseState.CREATING, expect=(RecordOperation,), recorded=None),
+        expect_lease=LeaseState.CREATING, absent=(RecordOperation,), recorded=None),
     Row("create started, GKE has not answered: still Requested (the call may yet be refused)", lc.PROVISIONING,
         LeaseState.REQUESTED, op=OpView("create", "running"), recorded=None, absent=(MoveLease, RecordOperation)),
     Row("all nodes Ready: Dispatching", lc.PROVISIONING, LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK,
@@ -149,6 +149,9 @@ def test_acquisition_rule(row: Row):
         assert row.expect_lease in lease_moves, lease_moves
     for kind in row.expect:
         assert any(isinstance(e, kind) for e in out), (kind.__name__, out)
+    if row.expect_lease == LeaseState.CREATING and row.op is not None and row.op.operation:
+        move = next(e for e in out if isinstance(e, MoveLease) and e.to == LeaseState.CREATING)
+        assert move.fields.get("operation") == row.op.operation, move
     for kind in row.absent:
         assert not any(isinstance(e, kind) for e in out), (kind.__name__, out)
     if row.message:

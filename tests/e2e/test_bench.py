@@ -1,4 +1,4 @@
-"""`falcon-ray bench --quick --json` runs and its JSON has every figure of issue 11."""
+"""`falcon-ray bench --quick --json` runs and its JSON has every figure of issues 11 and 25."""
 
 import json
 import subprocess
@@ -15,6 +15,9 @@ def test_bench_quick_has_every_figure(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["lifecycle"]["statements_per_task"] is not None
+    mixed = doc["lifecycle_mixed"]  # issue 25: the mixed workload, with where the statements go
+    assert mixed["statements_per_task"] is not None and all(r["done"] for r in mixed["runs"]), mixed["runs"]
+    assert {"SELECT", "UPDATE", "INSERT"} <= set(mixed["by_kind"]) and mixed["by_method"] and mixed["by_role"]
     assert "nothing_live" in doc["idle"] and "poller_per_s" in doc["idle_queues"]
     assert doc["handover"]["runs"] and "ratio_largest_to_100" in doc["handover"]
     assert "rows_per_dispatch" in doc["messages"]

@@ -1,0 +1,77 @@
+"""The Store's reads and writes that issue 25 made cheaper answer as the reads they replace,
+and ``Store.breakdown`` counts each statement under the method that sent it.
+
+Every test runs on SQLite and on MariaDB/MySQL (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import LeaseState
+from falcon_ray.store import Store
+
+CLUSTER = "00000000-0000-0000-0000-00000000c001"
+SPEC = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1"}
+
+
+def waiting_task(store: Store, actor: str = "alice") -> int:
+    tid = store.submit_task(actor, SPEC, name="t")
+    assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="2x2")
+    return tid
+
+
+def test_breakdown_counts_each_statement_under_its_method_and_kind(store):
+    tid = waiting_task(store)
+    store.get_task(tid)  # warm both pools
+    before, counts = store.statements, dict(store.breakdown)
+    store.get_task(tid)
+    assert store.update_task(tid, lc.WAITING, "held")
+    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "picked")
+    sent = {k: n - counts.get(k, 0) for k, n in store.breakdown.items() if n != counts.get(k, 0)}
+    assert sum(sent.values()) == store.statements - before
+    assert sent["get_task SELECT"] == 1 and sent["update_task UPDATE"] == 1
+    assert sent["transition UPDATE"] == 1 and sent["transition INSERT"] == 1 and sent["transition COMMIT"] == 1
+
+
+def test_a_requeued_task_keeps_one_queue_row_with_a_new_seq(store):
+    """The queue row is replaced in one statement: still one row per task, a newer seq."""
+    from falcon_ray.store import tables as t
+
+    tid = waiting_task(store)
+    with store.engine.connect() as c:
+        (seq1,) = c.execute(t.task_queue.select().with_only_columns(t.task_queue.c.seq).where(t.task_queue.c.task_id == tid)).one()
+    assert store.unassign(tid, "back")
+    assert store.transition(tid, lc.NEW, lc.WAITING, "again", cluster_id=CLUSTER, topology="2x4")
+    with store.engine.connect() as c:
+        rows = c.execute(t.task_queue.select().where(t.task_queue.c.task_id == tid)).all()
+    assert len(rows) == 1 and rows[0].seq > seq1 and rows[0].topology == "2x4"
+
+
+def test_fleet_load_is_pending_depth_and_the_ready_idle_leases(store):
+    waiting_task(store)
+    waiting_task(store, "bob")
+    ready = store.create_lease(CLUSTER, "2x2", "falcon-a", "flex-start", None)
+    assert store.move_lease(ready.id, LeaseState.REQUESTED, LeaseState.CREATING)
+    assert store.move_lease(ready.id, LeaseState.CREATING, LeaseState.IDLE, ready_at=store.clock())
+    store.create_lease(CLUSTER, "2x2", "falcon-b", "flex-start", None)  # Requested: not idle
+    depth, idle = store.fleet_load()
+    assert depth == store.pending_depth() == {CLUSTER: 2}
+    assert idle == {(CLUSTER, "2x2"): 1}
+
+
+def test_create_lease_answers_the_row_as_read_back(store):
+    lease = store.create_lease(CLUSTER, "2x2", "falcon-c", "reservation", 7)
+    assert lease == store.get_lease(CLUSTER, "falcon-c")
+    again = store.create_lease(CLUSTER, "2x2", "falcon-c", "reservation", 7)  # written before a crash: adopted
+    assert again == lease
+
+
+def test_entered_and_disruptions_is_both_reads_in_one(store):
+    a, b = waiting_task(store), waiting_task(store, "bob")
+    assert store.record_disruption(b, 0, "maintenance", "node-1", "falcon-task-b", "host maintenance")
+    assert store.record_disruption(b, 1, "repair", "node-2", "falcon-task-b-a1", "node repair")
+    before = store.statements
+    entered, found = store.entered_and_disruptions([a, b], [a, b])
+    assert store.statements - before == (1 if store.autocommit else 2)  # SQLite: the read and its ROLLBACK
+    assert entered == store.phase_entered([a, b])
+    assert found == store.disruptions([a, b]) and [d.attempt for d in found[b]] == [0, 1] and a not in found
+    assert store.entered_and_disruptions([a], []) == (store.phase_entered([a]), {})

@@ -58,7 +58,7 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from actors.port import Port
@@ -795,6 +795,10 @@ class ClusterGateway:
         # Foreground: the Job object stays until its pods are gone, so its absence (the watch's
         # DELETED) proves none of its pods still runs: the next attempt may start then
         gone = self.kube.delete_job(namespace, name, propagation="Foreground")
+        with self.lock:  # the views show the delete under way before the watch says so
+            for tid, jv in list(self.jobs.items()):
+                if jv.name == name and jv.namespace == namespace and not jv.deleting:
+                    self.jobs[tid] = replace(jv, deleting=True)
         try:
             self.kube.delete_service(namespace, render.service_of_job(name))
         except CloudError:

@@ -82,13 +82,20 @@ def to_dispatching(d: Decision, t: QueueTask, pool: str) -> Transition:
 
 
 def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
-    """Take an idle pool for ``t``: the hand-over (original, section 5)."""
+    """Take an idle pool for ``t``: the hand-over (original, section 5). When nothing stands
+    between the task and its Job (no Job of it in the cluster, no refused submit to wait
+    out), the Job is submitted in the same group (Idle -> InUse), as the next round's
+    ``dispatch.dispatching`` would; otherwise the pool is Ready and that round decides."""
     d.claimed.add(idle.id)
     d.demand.discard(t.id)
-    return [
-        MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, {"task_id": t.id, "idle_since": None}),
-        to_dispatching(d, t, idle.name),
-    ]
+    fields = {"task_id": t.id, "idle_since": None}
+    if d.job_of(t) is None and t.id not in d.q.submit_errors:
+        return [
+            MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.IN_USE, fields),
+            to_dispatching(d, t, idle.name),
+            dispatch.submit_effect(d, t, idle.name),
+        ]
+    return [MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, fields), to_dispatching(d, t, idle.name)]
 
 
 def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:

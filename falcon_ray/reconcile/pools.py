@@ -11,7 +11,8 @@ followed until GKE says the pool is gone (never before the create-visibility gra
 for flex-start pools, which may read as 404 for a while after their create), and a
 delete that keeps failing is counted on the lease and, past
 ``pool_delete_report_after`` attempts, reported in its last holder's Message.
-``stale_jobs(d)``: a Job of this queue whose task is no longer live is deleted.
+``stale_jobs(d)``: a Job of this queue whose task is no longer live is deleted (once: a
+Job whose delete is under way is left to finish).
 """
 
 from __future__ import annotations
@@ -113,6 +114,6 @@ def delete_failing(d: Decision, lease: Lease, attempts: int, error: str) -> list
 
 
 def stale_jobs(d: Decision) -> None:
-    for task_id, job in d.v.jobs.items():
-        if job.phase != JobPhase.DELETED and not d.is_live(task_id):
+    for task_id, job in d.v.jobs.items():  # a Job whose delete is under way is not asked again
+        if job.phase != JobPhase.DELETED and not job.deleting and not d.is_live(task_id):
             d.add(f"job {job.name}: task no longer live", DeleteJob(task_id, job.namespace, job.name))

@@ -130,12 +130,25 @@ def test_no_reservation_on_cluster_defaults_to_flex_start():
 
 
 def test_pick_hands_an_idle_pool_straight_to_the_next_task():
+    """The hand-over and the Job's submit are one group: Idle -> InUse, Dispatching, SubmitJob."""
     ts = [task(2, "bob")]
     g = decide(state(ts, [lease(7, "falcon-t1-2x2", LeaseState.IDLE)]), ClusterView(), NOW, S)
     assert (2, lc.DISPATCHING) in transitions(g)
     (mv,) = effects(g, MoveLease)
-    assert (mv.expect, mv.to, mv.fields["task_id"]) == ((LeaseState.IDLE,), LeaseState.READY, 2)
+    assert (mv.expect, mv.to, mv.fields["task_id"]) == ((LeaseState.IDLE,), LeaseState.IN_USE, 2)
+    (sub,) = effects(g, SubmitJob)
+    assert sub.task_id == 2 and sub.first and sub.phase == lc.DISPATCHING
+    (group,) = [x for x in g if any(isinstance(e, SubmitJob) for e in x.effects)]
+    assert [type(e) for e in group.effects][-3:] == [MoveLease, Transition, SubmitJob]  # the pick is won before the submit
     assert not effects(g, CreateLease)
+
+
+def test_a_hand_over_to_a_task_with_a_refused_submit_leaves_the_submit_to_the_next_round():
+    ts = [task(2, "bob")]
+    refused = {2: SubmitError("transient", "apiserver busy")}
+    g = decide(state(ts, [lease(7, "falcon-t1-2x2", LeaseState.IDLE)], submit_errors=refused), ClusterView(), NOW, S)
+    (mv,) = effects(g, MoveLease)
+    assert mv.to == LeaseState.READY and not effects(g, SubmitJob)
 
 
 def test_finished_job_keeps_pool_when_same_topology_task_waits():
@@ -454,5 +467,5 @@ def test_the_idle_pool_with_ready_nodes_is_handed_over_before_an_emptied_one():
     idle = [lease(7, empty, LeaseState.IDLE, mode="flex-start"), lease(8, full, LeaseState.IDLE, mode="flex-start")]
     view = ClusterView(pools={empty: PoolView(empty, "RUNNING", 0, 0), full: PoolView(full, "RUNNING", 1, 1)})
     g = decide(state([task(2, "bob")], idle), view, NOW, S)
-    (taken,) = [e for e in effects(g, MoveLease) if e.to == LeaseState.READY]
+    (taken,) = [e for e in effects(g, MoveLease) if e.to == LeaseState.IN_USE]
     assert taken.name == full and taken.fields["task_id"] == 2

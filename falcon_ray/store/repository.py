@@ -282,9 +282,12 @@ class Store:
             return
         self._breakdown_at = time.monotonic()
         tmp = f"{self._breakdown_path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.breakdown, f)
-        os.replace(tmp, self._breakdown_path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.breakdown, f)
+            os.replace(tmp, self._breakdown_path)
+        except OSError:  # the bench that reads these counts has ended and removed their directory
+            self._breakdown_path = ""
 
     def _count_statements(self, engine: Engine, commits: bool) -> None:
         """Count every statement ``engine`` sends; with ``commits`` its COMMITs and ROLLBACKs

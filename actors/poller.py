@@ -27,12 +27,12 @@ see ``store.repository``) does, and the shell's loop ends.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from actors.port import Port
 from falcon_ray import lifecycle as lc
 from falcon_ray import messages, metrics, scheduling
+from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import Reason
 from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
@@ -43,8 +43,9 @@ log = logging.getLogger("falcon.poller")
 
 
 class IntakePoller:
-    def __init__(self, settings: Settings, store: Store, port: Port) -> None:
+    def __init__(self, settings: Settings, store: Store, port: Port, clock: Clock = SYSTEM) -> None:
         self.s = settings
+        self.clock = clock
         self.store = store
         self.port = port
         self.rows_read = 0
@@ -57,7 +58,7 @@ class IntakePoller:
         return messages.text(key, self.s.lang, **kw)
 
     def poll_once(self) -> dict[str, int]:
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         new, aborting = self.store.intake(self.s.intake_batch)
         counts = {"new": len(new), "aborting": len(aborting), "assigned": 0, "failed": 0}
         self.rows_read += len(new) + len(aborting)
@@ -86,7 +87,7 @@ class IntakePoller:
                     log.exception("task %s: abort routing failed: %s", task.id, e)
         for cluster, topology in sorted(wake):
             self.port.hint(cluster, topology)
-        metrics.poll(time.monotonic() - t0, len(new) + len(aborting))
+        metrics.poll(self.clock.monotonic() - t0, len(new) + len(aborting))
         return counts
 
     def _flush_assignments(self, counts: dict[str, int], wake: set[tuple[str, str]]) -> None:

@@ -7,15 +7,18 @@ again whenever ``wake()`` is called or ``interval()`` seconds have passed. A ste
 ``last_error``; the loop never dies of it. ``stop()`` ends the loop after the step in
 progress; ``drain(timeout)`` stops and waits for that step to finish. With ``halted``
 (a callable returning a reason, empty while all is well) the loop also ends after a
-step once it returns a reason, kept in ``halted_reason`` (a fenced actor's loops).
+step once it returns a reason, kept in ``halted_reason`` (a fenced actor's loops). Its
+waits and its step times go through ``clock`` (``falcon_ray.clock``), the real one unless
+given.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
+
+from falcon_ray.clock import SYSTEM, Clock
 
 
 class Ticker:
@@ -27,8 +30,10 @@ class Ticker:
         log: logging.Logger,
         start_after: float = 0.0,
         halted: Callable[[], str] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.name = name
+        self.clock = clock
         self._start_after = start_after
         self._step = step
         self._interval = interval
@@ -46,23 +51,23 @@ class Ticker:
 
     def _run(self) -> None:
         if self._start_after > 0:
-            self._stop.wait(self._start_after)
+            self.clock.wait(self._stop, self._start_after)
         while not self._stop.is_set():
-            t0 = time.monotonic()
+            t0 = self.clock.monotonic()
             try:
                 self._step()
                 self.last_error = ""
             except Exception as e:
                 self.last_error = f"{type(e).__name__}: {e}"[:500]
                 self._log.exception("%s: step failed", self.name)
-            self.last_step_s = time.monotonic() - t0
-            self.last_step_at = time.time()
+            self.last_step_s = self.clock.monotonic() - t0
+            self.last_step_at = self.clock.time()
             self.steps += 1
             if self._halted is not None and (reason := self._halted()):
                 self.halted_reason = reason
                 self._log.error("%s: loop stopped: %s", self.name, reason)
                 break
-            self._wake.wait(self._interval())
+            self.clock.wait(self._wake, self._interval())
             self._wake.clear()
 
     def wake(self) -> None:

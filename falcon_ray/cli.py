@@ -27,6 +27,7 @@ import yaml
 
 from falcon_ray import dbref, render, scheduling, tpu
 from falcon_ray import lifecycle as lc
+from falcon_ray.clock import SYSTEM
 from falcon_ray.config import SettingsError, load_settings
 from falcon_ray.model import Cluster
 from falcon_ray.render import ZONE_RE
@@ -685,7 +686,7 @@ def render_cmd(
         raise InvalidInput(f"invalid task spec: {e}") from None
     if spec.tpu_type != tpu_type:
         raise InvalidInput(f"the spec asks for TPU type {spec.tpu_type}; the cluster offers {tpu_type}")
-    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    now = SYSTEM.now()  # a command: the machine's clock
     cluster = Cluster(
         id=cluster_name, name=cluster_name, project=project, location=location, tpu_type=tpu_type,
         gcs_bucket=gcs_bucket, default_reservation=reservation, status="active", namespace=namespace,

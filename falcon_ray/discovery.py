@@ -28,11 +28,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from falcon_ray import dbref
+from falcon_ray.clock import SYSTEM
 
 DEFAULT_NAMESPACE = "falcon"
 RECORD_PREFIX = "demo-"
@@ -71,7 +71,7 @@ def write(record: dict[str, Any]) -> Path:
     d = runtime_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = record_path(record["namespace"])
-    data = {"pid": os.getpid(), "started_at": time.time(), **record}
+    data = {"pid": os.getpid(), "started_at": SYSTEM.time(), **record}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

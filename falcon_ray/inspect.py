@@ -15,7 +15,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from falcon_ray.store import Store, utcnow
+from falcon_ray.clock import SYSTEM, Clock
+from falcon_ray.store import Store
 
 
 def connect(address: str | None = None, namespace: str | None = None) -> str:
@@ -81,10 +82,10 @@ def timeline(store: Store, task_id: int) -> list[dict[str, Any]]:
     return out
 
 
-def outcomes(store: Store, since: dt.timedelta = dt.timedelta(days=1)) -> dict[str, int]:
+def outcomes(store: Store, since: dt.timedelta = dt.timedelta(days=1), clock: Clock = SYSTEM) -> dict[str, int]:
     """Terminal outcomes by ``Status/Reason`` over a window of the event log."""
     counts: dict[str, int] = {}
-    for e in store.events_since(utcnow() - since):
+    for e in store.events_since(clock.now() - since):
         if e.status in ("Succeeded", "Failed", "Aborted"):
             key = f"{e.status}/{e.reason}" if e.reason else e.status
             counts[key] = counts.get(key, 0) + 1

@@ -1,0 +1,109 @@
+"""Product code reads the time only through a given clock (falcon_ray/clock.py).
+
+The scan parses every module of ``actors/`` and the product modules of ``falcon_ray/``
+(the simulated fleet, the demo, the chaos soak and the bench are tools and run on the
+real clock) and finds each direct read: ``time.time()``, ``time.monotonic()``,
+``time.sleep()``, ``datetime.now()``/``utcnow()`` and the store's ``utcnow()``.
+
+``ALLOWED`` is what is left to move to the clock, per file: a file may not read the time
+more often than its entry says, a file without an entry not at all, and an entry larger
+than what its file does must come down (so each move to the clock is kept). The last
+test plants a read in a copy of the tree and shows the scan failing on exactly it.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = ("falcon_ray/sim/", "falcon_ray/demo/", "falcon_ray/chaos.py", "falcon_ray/bench.py", "falcon_ray/migrations/")
+CLOCK_MODULE = "falcon_ray/clock.py"
+
+# direct reads still to move behind the clock (issue 23); only ever lowered
+ALLOWED = {
+    "actors/cluster.py": 30,
+    "actors/supervisor.py": 14,
+    "actors/queue.py": 10,
+    "falcon_ray/kube.py": 8,
+    "falcon_ray/controller_cli.py": 9,
+    "falcon_ray/health.py": 7,
+    "falcon_ray/store/repository.py": 5,
+}
+
+_TIME_FUNCS = {"time", "monotonic", "sleep", "perf_counter", "time_ns", "monotonic_ns"}
+_DATETIME_FUNCS = {"now", "utcnow", "today"}
+
+
+def _is_read(call: ast.Call) -> bool:
+    f = call.func
+    if isinstance(f, ast.Name):
+        return f.id in {"utcnow", "monotonic", "perf_counter"}  # the store's helper; from time import ...
+    if not isinstance(f, ast.Attribute):
+        return False
+    base = f.value
+    if isinstance(base, ast.Name) and base.id in {"time", "_time"} and f.attr in _TIME_FUNCS:
+        return True
+    if f.attr in _DATETIME_FUNCS:
+        # datetime.now(), dt.datetime.now(), datetime.datetime.utcnow(), date.today()
+        name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+        return name in {"datetime", "date"}
+    return False
+
+
+def direct_reads(root: Path) -> dict[str, list[int]]:
+    """Each product file's direct time reads, as line numbers, under ``root``."""
+    out: dict[str, list[int]] = {}
+    for base in ("actors", "falcon_ray"):
+        for path in sorted((root / base).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel == CLOCK_MODULE or rel.startswith(TOOLS):
+                continue
+            tree = ast.parse(path.read_text(), filename=rel)
+            lines = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_read(n)]
+            if lines:
+                out[rel] = sorted(lines)
+    return out
+
+
+def violations(found: dict[str, list[int]]) -> list[str]:
+    bad = []
+    for rel, lines in sorted(found.items()):
+        allowed = ALLOWED.get(rel, 0)
+        if len(lines) > allowed:
+            bad.append(f"{rel}: {len(lines)} direct time reads (allowed {allowed}), lines {lines}: use the clock the object is given")
+    for rel, allowed in sorted(ALLOWED.items()):
+        have = len(found.get(rel, []))
+        if have < allowed:
+            bad.append(f"{rel}: ALLOWED says {allowed} but it reads the time directly {have} times: lower the entry to {have}")
+    return bad
+
+
+def test_product_code_reads_the_time_only_through_its_clock():
+    assert violations(direct_reads(REPO)) == []
+
+
+def test_the_clock_module_is_the_only_reader_in_the_decisions():
+    found = direct_reads(REPO)
+    decisions = [r for r in found if r.startswith("falcon_ray/reconcile/") or r in {
+        "falcon_ray/lifecycle.py", "falcon_ray/scheduling.py", "falcon_ray/limits.py", "falcon_ray/faults.py",
+        "falcon_ray/messages.py", "falcon_ray/render.py", "falcon_ray/model.py"}]  # fmt: skip
+    assert decisions == [], decisions
+
+
+def test_a_read_planted_in_a_copy_of_the_tree_fails_the_check(tmp_path):
+    for pkg in ("falcon_ray", "actors"):
+        shutil.copytree(REPO / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "actors" / "port.py", "a") as f:
+        f.write("\n\ndef _planted():\n    import time\n\n    return time.monotonic()\n")
+    with open(tmp_path / "falcon_ray" / "reconcile" / "pick.py", "a") as f:
+        f.write("\n\ndef _planted():\n    import datetime as dt\n\n    return dt.datetime.now()\n")
+    bad = violations(direct_reads(tmp_path))
+    assert len(bad) == 2, bad
+    assert bad[0].startswith("actors/port.py: 1 direct time reads (allowed 0)"), bad
+    assert bad[1].startswith("falcon_ray/reconcile/pick.py: 1 direct time reads (allowed 0)"), bad
+    # and the sim, a tool, may read the machine's clock
+    with open(tmp_path / "falcon_ray" / "sim" / "fleet.py", "a") as f:
+        f.write("\n\ndef _tool():\n    import time\n\n    return time.time()\n")
+    assert len(violations(direct_reads(tmp_path))) == 2

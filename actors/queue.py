@@ -62,8 +62,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import fields as dc_fields
 from dataclasses import replace
 from typing import Any
@@ -71,6 +70,7 @@ from typing import Any
 from actors.port import Port
 from falcon_ray import faults, limits, metrics, reconcile, render, scheduling, tpu
 from falcon_ray import lifecycle as lc
+from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Status
 from falcon_ray.model import (
@@ -109,7 +109,7 @@ from falcon_ray.reconcile import (
     eta,
 )
 from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
-from falcon_ray.store import Fenced, Store, clip_message, utcnow
+from falcon_ray.store import Fenced, Store, clip_message
 
 log = logging.getLogger("falcon.queue")
 MAX_ROUNDS = 8
@@ -128,7 +128,7 @@ class QueueReconciler:
         settings: Settings,
         store: Store,
         port: Port,
-        clock: Callable[[], dt.datetime] = utcnow,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.s = settings
         self.cluster_name = cluster_name
@@ -147,7 +147,7 @@ class QueueReconciler:
         self.last_state: QueueState | None = None
         self.last_view: ClusterView | None = None
         self.rounds = 0
-        self.idle_accounted_at = time.monotonic()
+        self.idle_accounted_at = self.clock.monotonic()
         self.history: list[StartSample] | None = None  # None: not read yet
         self.started: set[int] = set()  # reached Running since the history was brought up to date
         # the phases (and when) of the tasks this queue picked, from its own won moves: a start's
@@ -193,9 +193,9 @@ class QueueReconciler:
 
     def step(self) -> int:
         """One tick: observe, decide, act; repeated while decisions change state."""
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         applied = self.reconcile_once()
-        metrics.queue_tick(self.cluster_name, self.topology, time.monotonic() - t0)
+        metrics.queue_tick(self.cluster_name, self.topology, self.clock.monotonic() - t0)
         if self.last_state is not None:
             metrics.queue_depth(self.cluster_name, self.topology, self.last_state.held, len(self.last_state.waiting))
         return applied
@@ -209,11 +209,11 @@ class QueueReconciler:
             raise Fenced(self.store.fenced)
         applied = 0
         last: tuple[QueueState, ClusterView, dt.datetime] | None = None
-        age = time.monotonic() - self.clusters_at
+        age = self.clock.monotonic() - self.clusters_at
         if age >= (self.s.registry_interval_s if self.rows or self.lease_rows else self.s.queue_full_read_s):
             self.clusters = None  # read with the rows, as often as the supervisor reads it (an empty queue's: once per full read)
         hinted, self.rows_hinted = self.rows_hinted, False  # a hint after this is read by the next step
-        if self.read_every_step or hinted or time.monotonic() - self.full_read_at >= self.s.queue_full_read_s:
+        if self.read_every_step or hinted or self.clock.monotonic() - self.full_read_at >= self.s.queue_full_read_s:
             self.must_read = True
         for _ in range(MAX_ROUNDS):
             observed = self.observe(fresh=self.must_read)
@@ -223,7 +223,7 @@ class QueueReconciler:
             state, view = observed
             with self.lock:
                 self.last_state, self.last_view = state, view
-            last = (state, view, self.clock())
+            last = (state, view, self.clock.now())
             groups = reconcile.decide(*last, self.s, messages=False)
             if not groups:
                 break
@@ -267,7 +267,7 @@ class QueueReconciler:
         otherwise only what may have changed (``Store.queue_snapshot``'s delta) merged into
         the rows kept from the last read; the ids whose row changed or went are added to
         ``changed``. The registry is read with them when ``reconcile_once`` dropped it."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         full = now - self.full_read_at >= self.s.queue_full_read_s
         asked = self.hot | self.dirty
         snap = self.store.queue_snapshot(
@@ -384,7 +384,7 @@ class QueueReconciler:
     def _other_topology_waiting(self, cluster_id: str) -> bool:
         """Read only while a task of this queue has waited for its nodes past the contested
         limit (``Wait.NODES_CONTESTED``: the only rule that asks), at most once a second."""
-        now_dt = self.clock()
+        now_dt = self.clock.now()
 
         def contested(v: QueueTask | None) -> bool:
             if v is None or v.phase != lc.WAITING_FOR_NODE or v.phase_since is None:
@@ -393,7 +393,7 @@ class QueueReconciler:
 
         if not any(contested(self.qtasks.get(tid)) for tid in self.hot):
             return False
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self.other_waiting_at[0] >= DESTINATIONS_TTL_S:
             self.other_waiting_at = (now, self.store.other_topology_waiting(cluster_id, self.topology))
         return self.other_waiting_at[1]
@@ -403,7 +403,7 @@ class QueueReconciler:
         round before won (each was applied to them): no read but the leases' when one of
         their writes could not be applied."""
         if self.clusters is None and self.lease_rows is not None and self.rows:
-            self.clusters, self.clusters_at = self.store.list_clusters(), time.monotonic()  # the registry alone
+            self.clusters, self.clusters_at = self.store.list_clusters(), self.clock.monotonic()  # the registry alone
         cluster = next((c for c in self.clusters or () if c.name == self.cluster_name), None)
         if cluster is None or self.lease_rows is None:
             return self._read_tasks()
@@ -449,7 +449,7 @@ class QueueReconciler:
     def _history(self, cluster_id: str, leases) -> QueueHistory:
         """The queue's recent starts: read back once (bounded), then one task's events per start."""
         if self.history is None:
-            since = self.clock() - dt.timedelta(seconds=HISTORY_WINDOW_S)
+            since = self.clock.now() - dt.timedelta(seconds=HISTORY_WINDOW_S)
             rows = self.store.queue_history(cluster_id, self.topology, since, eta.HISTORY_TASKS)
             self.history = [x for x in (self._sample(tid, mode, spec, eta.phases_of(evs)) for tid, mode, spec, evs in rows) if x]
             self.history.sort(key=lambda x: x.running_at)
@@ -490,7 +490,7 @@ class QueueReconciler:
         others = [c for c in clusters if c.name != cluster.name and c.active and c.tpu_type == cluster.tpu_type]
         if not others:
             return ()
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self.destinations_at[0] < DESTINATIONS_TTL_S:
             return self.destinations_at[1]
         slot = (lc.Reason.WAITING, *(p.reason for p in lc.ACQUIRING_PHASES))
@@ -527,7 +527,7 @@ class QueueReconciler:
 
     def _account_idle_chips(self, tpu_type: str, leases) -> None:
         """Chip-seconds of this queue's pools that exist but run nothing (Ready, Idle, Deleting)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         elapsed, self.idle_accounted_at = now - self.idle_accounted_at, now
         try:
             chips = tpu.lookup(tpu_type, self.topology).chips
@@ -613,7 +613,7 @@ class QueueReconciler:
                 self._wrote_lease(e.lease_id, st.touch_lease(e.lease_id, operation=e.operation))
                 return True, False
             case MarkReady():
-                self._wrote_lease(e.lease_id, st.touch_lease(e.lease_id, ready_at=self.clock()))
+                self._wrote_lease(e.lease_id, st.touch_lease(e.lease_id, ready_at=self.clock.now()))
                 return True, True
             case ClaimReservation():
                 granted = self.port.claim_reservation(c, e.name, e.hosts)
@@ -654,7 +654,7 @@ class QueueReconciler:
         first = self.store.record_disruption(e.task_id, e.attempt, e.kind, e.node, e.job, e.detail)
         known = self.disrupted.get(e.task_id, ())
         if len(known) == e.attempt:
-            self.disrupted[e.task_id] = (*known, Disruption(e.attempt, e.kind, e.node, e.job, e.detail, self.clock()))
+            self.disrupted[e.task_id] = (*known, Disruption(e.attempt, e.kind, e.node, e.job, e.detail, self.clock.now()))
         elif len(known) < e.attempt:  # not known here: read it back with the row
             self.disrupted.pop(e.task_id, None)
         self.changed.add(e.task_id)
@@ -752,7 +752,7 @@ class QueueReconciler:
         self.submit_errors.pop(e.task_id, None)
         fields: dict[str, Any] = {"job_uid": res["uid"]}
         if e.first:
-            fields["dispatched_at"] = self.clock()
+            fields["dispatched_at"] = self.clock.now()
         if self.store.update_task(e.task_id, (e.phase,), e.message, **fields):
             self._wrote_task(e.task_id, self.store.written)
         else:
@@ -782,7 +782,7 @@ class QueueReconciler:
             metrics.recovery(self.cluster_name, self.topology)
         if task is None:
             return
-        now = self.clock()
+        now = self.clock.now()
         if task.phase.status == Status.PENDING and task.phase.reason and task.phase_since is not None:
             seconds = (now - task.phase_since).total_seconds()
             metrics.pending_reason_time(self.cluster_name, self.topology, str(task.phase.reason), seconds)
@@ -821,7 +821,7 @@ class QueueReconciler:
         }
         if state is None:
             return out
-        now = self.clock()
+        now = self.clock.now()
 
         def row(t: QueueTask) -> dict[str, Any]:
             return {

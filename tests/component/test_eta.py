@@ -39,7 +39,7 @@ class OneSliceWorld:
         self.pod_s: dict[int, float] = {}
 
     def now(self) -> float:
-        return (self.b.clock() - self.b.clock.now.replace(hour=0, minute=0, second=0)).total_seconds()
+        return (self.b.clock() - self.b.clock.now().replace(hour=0, minute=0, second=0)).total_seconds()
 
     def view(self) -> ClusterView:
         now = self.now()
@@ -106,7 +106,7 @@ def test_steady_queue_estimates_match_real_starts(bench):
         if all(bench.task(t).terminal for t in ids):
             break
     assert all(bench.phase(t) == "Succeeded" for t in ids), [bench.phase(t) for t in ids]
-    day = bench.clock.now.replace(hour=0, minute=0, second=0)
+    day = bench.clock.now().replace(hour=0, minute=0, second=0)
     started = {
         t: next((e.at - day).total_seconds() for e in bench.store.events(t) if e.status == "Running") for t in ids
     }

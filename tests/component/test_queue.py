@@ -375,7 +375,7 @@ def test_stockout_waits_with_backoff_across_restarts_then_runs(bench):
     assert "refusal 1), asking GKE again in 1m: ZONE_" in t.message and t.message.endswith("(waiting <1m)")
     assert bench.port.took("delete_pool") == [("delete_pool", first)]  # a pool in ERROR is deleted
     (lease,) = bench.store.leases()
-    assert lease.state == LeaseState.DELETING and lease.refused_at == bench.clock.now and lease.task_id == tid
+    assert lease.state == LeaseState.DELETING and lease.refused_at == bench.clock.now() and lease.task_id == tid
     bench.step(ClusterView(), advance=59)  # the pool is gone; the first retry is due 60 s after the refusal
     assert bench.phase(tid) == "Pending/ClusterBusy" and bench.port.took("ensure_pool") == []
     assert bench.store.leases(live_only=False)[0].state == LeaseState.DELETED

@@ -16,6 +16,7 @@ from typing import Any
 
 from actors.poller import IntakePoller
 from actors.queue import QueueReconciler
+from falcon_ray.clock import ManualClock
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, JobView, OpView, Task
 from falcon_ray.render import LABEL_TASK_ID
@@ -25,16 +26,18 @@ from falcon_ray.store.migrate import upgrade
 T0 = dt.datetime(2026, 12, 1, 12, 0, 0)
 
 
-class FakeClock:
+class FakeClock(ManualClock):
+    """A ``ManualClock`` that is also the ``Store``'s clock (a callable answering the wall time)."""
+
     def __init__(self, start: dt.datetime = T0) -> None:
-        self.now = start
+        super().__init__(start)
 
     def __call__(self) -> dt.datetime:
-        return self.now
+        return self.now()
 
-    def advance(self, seconds: float) -> dt.datetime:
-        self.now += dt.timedelta(seconds=seconds)
-        return self.now
+    def advance(self, seconds: float) -> dt.datetime:  # type: ignore[override]
+        super().advance(seconds)
+        return self.now()
 
 
 @dataclass

@@ -25,7 +25,6 @@ CLOCK_MODULE = "falcon_ray/clock.py"
 ALLOWED = {
     "actors/cluster.py": 30,
     "actors/supervisor.py": 14,
-    "actors/queue.py": 10,
     "falcon_ray/kube.py": 8,
     "falcon_ray/controller_cli.py": 9,
     "falcon_ray/health.py": 7,

@@ -124,8 +124,10 @@ def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
         poller = ray.get(names.lookup(names.POLLER, run.settings.namespace).snapshot.remote(), timeout=30)
         worker = poller["process"]["ray_worker_id"]
         long = run.submit("dave", spec("2x2", 10), "metrics-long")
-        ok = run.submit("alice", spec("2x2", 0.3), "metrics-ok")
-        oom = run.submit("bob", spec("2x2", 0.3, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
+        # 2 s runs: a queue sees them Running even on a loaded machine (a run that ends
+        # before its queue's next look goes Dispatching -> Succeeded/Failed, no Running)
+        ok = run.submit("alice", spec("2x2", 2), "metrics-ok")
+        oom = run.submit("bob", spec("2x2", 2, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
         bad = run.submit("carol", {"tpu_type": "v6e", "topology": "3x3", "image": "x", "command": ["y"]}, "metrics-bad")
         assert run.wait(lambda: run.store.get_task(long).status == "Running", 30)
         _await_series(port, LIVE, worker, timeout=15)

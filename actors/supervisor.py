@@ -36,13 +36,13 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from typing import Any
 
 import ray
 
 from actors import names, remote
+from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import Store
@@ -51,8 +51,11 @@ log = logging.getLogger("falcon.supervisor")
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, db_url: str, holder: str | None = None, db_ref: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, db_url: str, holder: str | None = None, db_ref: str | None = None, clock: Clock = SYSTEM
+    ) -> None:
         self.s = settings
+        self.clock = clock
         # the supervisor's own store uses the URL; its actors get only the reference
         # (falcon_ray.dbref), which ensure_* refuse when it is a URL with a password
         self.db_ref = db_ref if db_ref is not None else db_url
@@ -63,7 +66,7 @@ class Supervisor:
         self.actor_epochs: dict[str, int | None] = {}  # what each known actor was started under
         self.replaced: list[str] = []
         self.lease_renewed_at: float | None = None
-        self.started_at = time.time()
+        self.started_at = self.clock.time()
         self.known: dict[str, ray.actor.ActorHandle] = {}
         self.cluster_rows: dict[str, Any] = {}  # the registry row each ClusterActor was last told about
         self.retired: list[str] = []
@@ -84,7 +87,7 @@ class Supervisor:
             log.warning("leader lease renewal failed: %s", e)
             self.leader = False
         if self.leader:
-            self.lease_renewed_at = time.time()
+            self.lease_renewed_at = self.clock.time()
             try:
                 self.epoch = self.store.leader_epoch(self.holder)
             except Exception as e:
@@ -92,7 +95,7 @@ class Supervisor:
         return self.leader
 
     def wait_for_lead(self, stop: threading.Event | None = None, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         stop = stop or self.stop
         announced = False
         while not stop.is_set():
@@ -108,9 +111,9 @@ class Supervisor:
                 else:
                     log.warning("waiting for the leader lease held by %s", held and held["holder"])
                     announced = True
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and self.clock.monotonic() > deadline:
                 return False
-            stop.wait(max(0.2, self.s.leader_ttl_s / 3))
+            self.clock.wait(stop, max(0.2, self.s.leader_ttl_s / 3))
         return False
 
     # ---- actors ----------------------------------------------------------------------------
@@ -129,10 +132,10 @@ class Supervisor:
             for name, h in handles.items()
             if not (name in self.known and self.actor_epochs.get(name) == self.epoch)
         }
-        deadline = time.monotonic() + self.s.actor_call_timeout_s
+        deadline = self.clock.monotonic() + self.s.actor_call_timeout_s
         for name, ref in asked.items():
             try:
-                theirs = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+                theirs = ray.get(ref, timeout=max(0.1, deadline - self.clock.monotonic()))
             except Exception as e:  # still starting, or dying: look again at the next reconcile
                 log.warning("epoch of %s: %s", name, e)
                 self.actor_epochs.pop(name, None)
@@ -148,9 +151,9 @@ class Supervisor:
             ray.kill(h, no_restart=True)
         except Exception as e:
             log.warning("replace %s: %s", name, e)
-        deadline = time.monotonic() + max(10.0, self.s.actor_call_timeout_s)
-        while names.lookup(name, self.s.namespace) is not None and time.monotonic() < deadline:
-            time.sleep(0.1)  # the name is free once Ray has recorded the kill
+        deadline = self.clock.monotonic() + max(10.0, self.s.actor_call_timeout_s)
+        while names.lookup(name, self.s.namespace) is not None and self.clock.monotonic() < deadline:
+            self.clock.sleep(0.1)  # the name is free once Ray has recorded the kill
         self.replaced.append(name)
         return make()
 
@@ -199,7 +202,7 @@ class Supervisor:
             # a queue with nothing live, or a cluster gone from the registry: retire it
             self._kill(name)
             retired.append(name)
-        self.last_registry_at = time.time()
+        self.last_registry_at = self.clock.time()
         return {"created": created, "retired": retired}
 
     def _kill(self, name: str) -> None:
@@ -222,8 +225,8 @@ class Supervisor:
             return
         # the lease is renewed from the moment it was taken (wait_for_lead starts the keeper)
         started_under = self.epoch if self._start_for_now() else None
-        next_registry = time.monotonic() + self.s.registry_interval_s
-        while not stop.wait(min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
+        next_registry = self.clock.monotonic() + self.s.registry_interval_s
+        while not self.clock.wait(stop, min(self.s.leader_ttl_s / 3, self.s.registry_interval_s)):
             if not self.leader:
                 log.error("leader lease lost; waiting to take it again")
                 if not self.wait_for_lead(stop):
@@ -232,15 +235,15 @@ class Supervisor:
                 if not self._start_for_now():
                     continue
                 started_under = self.epoch
-                next_registry = time.monotonic() + self.s.registry_interval_s
-            if time.monotonic() >= next_registry:
+                next_registry = self.clock.monotonic() + self.s.registry_interval_s
+            if self.clock.monotonic() >= next_registry:
                 try:
                     self.reconcile_registry()
                     self.last_error = ""
                 except Exception as e:
                     self.last_error = f"registry: {type(e).__name__}: {e}"[:500]
                     log.exception("registry reconcile failed")
-                next_registry = time.monotonic() + self.s.registry_interval_s
+                next_registry = self.clock.monotonic() + self.s.registry_interval_s
 
     def _start_for_now(self) -> bool:
         """``start()``; False (logged, in ``last_error``) when the database or Ray fails it
@@ -269,7 +272,7 @@ class Supervisor:
         """Renew the lease every third of its lifetime while leading; a failed renewal
         clears ``leader`` and the run loop waits to take the lease again. Ends when the
         supervisor or its run loop is told to stop."""
-        while not self.stop.wait(self.s.leader_ttl_s / 3):
+        while not self.clock.wait(self.stop, self.s.leader_ttl_s / 3):
             if self._stopping():
                 return
             if self.leader:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import limits
+from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
-from falcon_ray.store import utcnow
 
 
 def _spec_fields(text: str) -> dict[str, Any]:
@@ -41,11 +40,11 @@ def _spec_fields(text: str) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
-def overdue_tasks(store, settings, now=None) -> list[dict[str, Any]]:
+def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict[str, Any]]:
     """Every live task past the limit of its wait (``falcon_ray.limits``): which wait, since
     when (the record the wait is counted from), the limit and the action it has. Running
     tasks are bounded by their own timeout (the queue ends them) and are not listed."""
-    now = now or utcnow()
+    now = now or clock.now()
     tasks = [t for t in store.live_tasks() if t.phase != lc.RUNNING]
     clusters = {c.id: c for c in store.list_clusters()}
     active_types = {c.tpu_type for c in clusters.values() if c.active}
@@ -105,7 +104,8 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
 
     from actors import names
 
-    report: dict[str, Any] = {"holder": sup.holder, "checked_at": time.time()}
+    clock = getattr(sup, "clock", SYSTEM)  # the supervisor's: a health check in virtual time reads virtual time
+    report: dict[str, Any] = {"holder": sup.holder, "checked_at": clock.time()}
     try:
         sup.store.ping()
         report["database"] = {"ok": True}
@@ -133,13 +133,13 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
             actors[name] = {"ok": False, "error": "not found"}
             continue
         refs[name] = h.snapshot.remote()
-    deadline = time.monotonic() + probe_timeout
+    deadline = clock.monotonic() + probe_timeout
     for name, ref in refs.items():
         try:
-            snap = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            snap = ray.get(ref, timeout=max(0.1, deadline - clock.monotonic()))
             entry: dict[str, Any] = {"ok": True}
             if name.startswith("cluster/"):
-                now = time.time()
+                now = clock.time()
                 last = snap.get("last_ok", {})
                 watch = snap.get("watch", {})
                 entry.update(
@@ -169,7 +169,7 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
     report["actors"] = actors
     report["degraded_clusters"] = degraded
     try:
-        report["overdue_tasks"] = overdue_tasks(sup.store, sup.s) if report["database"]["ok"] else []
+        report["overdue_tasks"] = overdue_tasks(sup.store, sup.s, clock=clock) if report["database"]["ok"] else []
     except Exception as e:
         report["overdue_tasks"] = []
         report["overdue_error"] = str(e)[:300]
@@ -182,13 +182,14 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
 def serve(sup, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Serve /healthz (liveness) and /readyz (readiness) on a daemon thread."""
     cache: dict[str, Any] = {"at": 0.0, "report": None}
+    clock = getattr(sup, "clock", SYSTEM)
     lock = threading.Lock()
 
     def current() -> dict[str, Any]:
         with lock:
-            if cache["report"] is None or time.monotonic() - cache["at"] > 2.0:
+            if cache["report"] is None or clock.monotonic() - cache["at"] > 2.0:
                 cache["report"] = check(sup)
-                cache["at"] = time.monotonic()
+                cache["at"] = clock.monotonic()
             return cache["report"]
 
     class Handler(BaseHTTPRequestHandler):

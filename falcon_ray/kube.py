@@ -40,7 +40,6 @@ import json
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +48,7 @@ import google.auth.transport.requests
 from google.api_core.retry import Retry
 from kubernetes import client, watch
 
+from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.errors import CloudError, ErrorKind, classify
 from falcon_ray.model import NodeState, PodEnd, RunEvidence
 from falcon_ray.render import CONTAINER_NAME, LABEL_TASK_ID, MANAGED_SELECTOR, job_attempt
@@ -513,8 +513,10 @@ class JobWatcher:
         resync_seconds: float | None = 900.0,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.kube = kube
+        self.clock = clock
         self.namespace = namespace
         self.label_selector = label_selector
         self.timeout_seconds = int(timeout_seconds)
@@ -542,7 +544,7 @@ class JobWatcher:
         self.drops = 0  # streams cut after they were up (resumed at once, not failures)
         self._stream_opened_at: float | None = None
         self._stream_events = 0
-        self._listed_at = time.monotonic()
+        self._listed_at = self.clock.monotonic()
 
     def close(self) -> None:
         """End the current ``run`` soon, also interrupting a watch that is waiting for events."""
@@ -561,7 +563,7 @@ class JobWatcher:
         self._closed.clear()  # close() ends one run; the watcher may run again later
         while not (stop.is_set() or self._closed.is_set()):
             delay = self.step(on_event, on_resync, stopping=stop.is_set)
-            if delay and (stop.wait(delay) or self._closed.is_set()):
+            if delay and (self.clock.wait(stop, delay) or self._closed.is_set()):
                 break
 
     def step(
@@ -576,10 +578,10 @@ class JobWatcher:
         on_resync = on_resync or self.on_resync
         done = lambda: stopping() or self._closed.is_set()  # noqa: E731
         try:
-            resync_due = self.resync_seconds is not None and time.monotonic() - self._listed_at > self.resync_seconds
+            resync_due = self.resync_seconds is not None and self.clock.monotonic() - self._listed_at > self.resync_seconds
             if self.resource_version is None or resync_due:
                 self._list(on_event, on_resync)
-                self._listed_at = time.monotonic()
+                self._listed_at = self.clock.monotonic()
                 if done():
                     return 0.0
             self._watch_once(on_event, done)
@@ -603,7 +605,7 @@ class JobWatcher:
             return self._failed(err)
 
     def _stream_age(self) -> float:
-        return time.monotonic() - self._stream_opened_at if self._stream_opened_at is not None else 0.0
+        return self.clock.monotonic() - self._stream_opened_at if self._stream_opened_at is not None else 0.0
 
     def _stream_was_up(self, err: CloudError) -> bool:
         """True when the failed watch had been streaming (an event arrived, or it was open
@@ -645,7 +647,7 @@ class JobWatcher:
         if self.lists > 1:
             self.relists += 1
         self.resource_version = rv or None
-        self.last_ok_at = time.time()
+        self.last_ok_at = self.clock.time()
         for obs in observations:
             self._emit(on_event, obs)
         if on_resync is not None:
@@ -670,14 +672,14 @@ class JobWatcher:
                 timeout_seconds=self.timeout_seconds,
                 _request_timeout=self.timeout_seconds + 5,
             )
-            self._stream_opened_at = time.monotonic()
+            self._stream_opened_at = self.clock.monotonic()
             for event in stream:
                 self._stream_events += 1
                 if stopping():
                     w.stop()
                     break
                 self._handle(event, on_event)
-            self.last_ok_at = time.time()
+            self.last_ok_at = self.clock.time()
         finally:
             self._watch = None
 
@@ -686,7 +688,7 @@ class JobWatcher:
         raw = event.get("raw_object")
         if not isinstance(raw, Mapping):
             raw = {}
-        self.last_event_at = time.time()
+        self.last_event_at = self.clock.time()
         self.events += 1
         if kind == "ERROR":  # only reached when the client did not raise for it
             code = raw.get("code")

@@ -58,12 +58,13 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from actors.port import Port
 from actors.ticker import Ticker
 from falcon_ray import metrics, render, tpu
+from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, capacity_kind
 from falcon_ray.lifecycle import LeaseState
@@ -83,7 +84,7 @@ from falcon_ray.model import (
     RunEvidence,
 )
 from falcon_ray.spec import SupplyMode
-from falcon_ray.store import Fenced, Store, utcnow
+from falcon_ray.store import Fenced, Store
 from falcon_ray.tpu import NODEPOOL_LABEL
 
 log = logging.getLogger("falcon.cluster")
@@ -109,15 +110,16 @@ class PoolOp:
     error: str = ""
     next_at: float = 0.0
     operation: str = ""  # GKE's operation name once the call was accepted (or recorded on the lease)
-    queued_at: float = field(default_factory=time.monotonic)
+    queued_at: float = 0.0  # the gateway's clock.monotonic() when it was queued
 
     def view(self) -> OpView:
         return OpView(self.kind, self.state, self.attempts, self.error_kind, self.error, self.operation)
 
 
 class ClusterGateway:
-    def __init__(self, cluster_name: str, settings: Settings, store: Store, port: Port) -> None:
+    def __init__(self, cluster_name: str, settings: Settings, store: Store, port: Port, clock: Clock = SYSTEM) -> None:
         self.s = settings
+        self.clock = clock
         self.name = cluster_name
         self.store = store
         self.port = port
@@ -136,7 +138,7 @@ class ClusterGateway:
         self.connect_error = ""
         self.connect_failures = 0
         self.connect_stage = "not started"  # what the connect in progress is doing, and since when
-        self.connect_stage_at = time.time()
+        self.connect_stage_at = self.clock.time()
         self.connect_timings: dict[str, float] = {}  # the last connect's seconds per stage
         self.watch_delay = 0.0
         self.pools: dict[str, PoolView] = {}
@@ -172,10 +174,10 @@ class ClusterGateway:
         self.reported_reconnects = 0
         period = self.s.orphan_scan_interval_s
         self.tickers = {
-            "watch": Ticker(f"cluster {cluster_name}: watch", self._watch_step, lambda: self.watch_delay, log),
-            "operations": Ticker(f"cluster {cluster_name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log),
-            "orphans": Ticker(f"cluster {cluster_name}: orphans", self.orphan_scan, lambda: period, log, start_after=period),
-            "gauges": Ticker(f"cluster {cluster_name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S),
+            "watch": Ticker(f"cluster {cluster_name}: watch", self._watch_step, lambda: self.watch_delay, log, clock=clock),
+            "operations": Ticker(f"cluster {cluster_name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
+            "orphans": Ticker(f"cluster {cluster_name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
+            "gauges": Ticker(f"cluster {cluster_name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
         }
 
     # ---- fencing ------------------------------------------------------------------
@@ -193,7 +195,7 @@ class ClusterGateway:
     # ---- clients ------------------------------------------------------------------
 
     def _stage(self, stage: str) -> None:
-        now = time.time()
+        now = self.clock.time()
         if self.connect_stage != "not started":
             self.connect_timings[self.connect_stage] = round(now - self.connect_stage_at, 3)
         self.connect_stage, self.connect_stage_at = stage, now
@@ -208,7 +210,7 @@ class ClusterGateway:
         return f"cluster {self.name} not connected yet: {self.connect_stage} since {since}"
 
     def _connect(self) -> None:
-        t0 = time.time()
+        t0 = self.clock.time()
         self.connect_timings = {}
         self._stage("loading the GCP clients")
         import google.auth
@@ -224,7 +226,7 @@ class ClusterGateway:
         gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         ep = gke.get_cluster(c.project, c.location, c.name)
         self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
-        self.last_ok["gke"] = time.time()
+        self.last_ok["gke"] = self.clock.time()
         self._stage("building the Kubernetes client")
         client = api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme, user_agent=ua)
         self.kube = KubeApi(client, retry_timeout=self.s.api_retry_timeout_s)
@@ -234,7 +236,7 @@ class ClusterGateway:
         self._compute_args = (creds, ua)
         self.gke = gke
         self._stage("connected")
-        took = time.time() - t0
+        took = self.clock.time() - t0
         (log.warning if took > SLOW_CONNECT_S else log.info)("cluster %s: connected in %.1fs %s", self.name, took, self.connect_timings)
 
     def _watch_step(self) -> None:
@@ -259,6 +261,7 @@ class ClusterGateway:
                 self.cluster.namespace,
                 label_selector=render.installation_selector(self.s.installation),
                 timeout_seconds=self.s.watch_timeout_s,
+                clock=self.clock,
             )
             try:  # the poller places by what the reservation holds: read it now, not at the first task
                 self._refresh_reservation()
@@ -293,7 +296,7 @@ class ClusterGateway:
                 self.short_since.pop(obs.uid, None)
                 self.evidence.pop(obs.uid, None)
             elif obs.uid in self.full_ready:  # it had every pod ready: the run falters
-                self.short_since.setdefault(obs.uid, utcnow())
+                self.short_since.setdefault(obs.uid, self.clock.now())
                 evidence = self._evidence(obs, refresh=True)
         return JobView(
             task_id=int(obs.task_id),
@@ -329,7 +332,7 @@ class ClusterGateway:
         jv = self._job_view(obs)
         if jv is None:
             return
-        self.last_ok["kubernetes"] = time.time()
+        self.last_ok["kubernetes"] = self.clock.time()
         queue = (obs.labels or {}).get(render.LABEL_QUEUE, "")
         with self.lock:
             before = self.jobs.get(jv.task_id)
@@ -365,7 +368,7 @@ class ClusterGateway:
                 for uid in [u for u in cache if u not in uids]:
                     cache.pop(uid, None)
             self.full_ready &= uids
-        self.last_ok["kubernetes"] = time.time()
+        self.last_ok["kubernetes"] = self.clock.time()
         metrics.watch_relist(self.name)
         for q in set(queues.values()):
             self._wake_queue(q)
@@ -382,14 +385,14 @@ class ClusterGateway:
             return
         self._fence(self.s.leader_ttl_s / 3)
         with self.refresh_lock:
-            if not force and time.monotonic() - self.pools_at < self.s.pool_refresh_s:
+            if not force and self.clock.monotonic() - self.pools_at < self.s.pool_refresh_s:
                 return
             c = self.cluster
             try:
                 infos = self.gke.list_node_pools(c.project, c.location, c.name)
-                self.last_ok["gke"] = time.time()
+                self.last_ok["gke"] = self.clock.time()
                 nodes = self.kube.list_nodes(NODEPOOL_LABEL)
-                self.last_ok["kubernetes"] = time.time()
+                self.last_ok["kubernetes"] = self.clock.time()
             except Exception as e:
                 log.warning("cluster %s: pool refresh failed: %s", self.name, e)
                 return
@@ -400,7 +403,7 @@ class ClusterGateway:
                 ready[n.pool] = ready.get(n.pool, 0) + (1 if n.ready else 0)
             pools = {}
             labels = {}
-            now = time.monotonic()
+            now = self.clock.monotonic()
             for p in infos:
                 message = p.status_message or ""
                 pools[p.name] = PoolView(
@@ -411,7 +414,7 @@ class ClusterGateway:
             with self.lock:
                 self.pools = pools
                 self.pool_labels = labels
-                self.pools_at = time.monotonic()
+                self.pools_at = self.clock.monotonic()
                 self.pools_synced = True
             metrics.pools_alive(self.name, self._falcon_pools_alive())
             w = self.watcher
@@ -460,7 +463,7 @@ class ClusterGateway:
             creds, ua = self._compute_args
             self.policy_api = ResourcePolicyApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
         found = self.policy_api.get(c.project, render.cluster_region(c), policy)
-        self.last_ok["compute"] = time.time()
+        self.last_ok["compute"] = self.clock.time()
         try:
             lease = self.store.get_lease(c.id, op.name)
         except Fenced:
@@ -480,11 +483,11 @@ class ClusterGateway:
 
             creds, ua = self._compute_args
             self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
-        if (self.reservation is not None or self.reservation_error) and time.monotonic() - self.reservation_at < self.s.pool_refresh_s:
+        if (self.reservation is not None or self.reservation_error) and self.clock.monotonic() - self.reservation_at < self.s.pool_refresh_s:
             return
         project, name = self._reservation_owner()
         zones = self._reservation_zones()
-        self.reservation_at = time.monotonic()
+        self.reservation_at = self.clock.monotonic()
         for zone in zones:
             try:
                 r = self.compute.reservation(project, zone, name)
@@ -495,7 +498,7 @@ class ClusterGateway:
                 self.reservation_error = ReservationError(e.kind, e.message[:500])
                 self.reservation = None
                 return
-            self.last_ok["compute"] = time.time()
+            self.last_ok["compute"] = self.clock.time()
             self.reservation_error = None
             self.reservation, self.reservation_zone = ReservationView(r.count, r.in_use, machine_type=r.machine_type), zone
             metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
@@ -514,7 +517,7 @@ class ClusterGateway:
         arbiter), at most every ``LEDGER_READ_TTL_S`` for the view a decision reads (a view
         a moment old only delays a claim, it never grants one)."""
         at, rows = self.ledger_rows
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if fresh or rows is None or now - at >= LEDGER_READ_TTL_S:
             rows = self.store.leases(self.cluster.id)
             self.ledger_rows = (now, rows)
@@ -522,7 +525,7 @@ class ClusterGateway:
 
     def _claimed(self, exclude: str = "", fresh: bool = False) -> int:
         """Hosts of the reservation that Falcon's pools hold and GKE does not count yet."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         counted: set[str] = set()
         total = 0
         for lease in self._lease_rows(fresh):
@@ -558,7 +561,7 @@ class ClusterGateway:
             if free < hosts:
                 log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, free)
                 return False
-            self.grants[name] = (hosts, time.monotonic())
+            self.grants[name] = (hosts, self.clock.monotonic())
             return True
 
     def _ledger(self) -> dict[str, Any] | None:
@@ -629,7 +632,7 @@ class ClusterGateway:
             op = self.ops.get(name)
             if op is not None and op.kind == OpKind.CREATE and op.state in (*OP_IN_FLIGHT, OpState.DONE):
                 return op.state
-            op = PoolOp(name, OpKind.CREATE, request, operation=operation or "")
+            op = PoolOp(name, OpKind.CREATE, request, operation=operation or "", queued_at=self.clock.monotonic())
             self.ops[name] = op
             self.op_fifo.append(op)
         self.tickers["operations"].wake()
@@ -643,7 +646,7 @@ class ClusterGateway:
                 return op.state
             if op is not None and op.kind == OpKind.CREATE and op.state == OpState.QUEUED:
                 op.state = OpState.CANCELLED
-            op = PoolOp(name, OpKind.DELETE)
+            op = PoolOp(name, OpKind.DELETE, queued_at=self.clock.monotonic())
             self.ops[name] = op
             self.op_fifo.append(op)
         self.tickers["operations"].wake()
@@ -651,7 +654,7 @@ class ClusterGateway:
 
     def _next_op(self) -> PoolOp | None:
         with self.lock:
-            now = time.monotonic()
+            now = self.clock.monotonic()
             for _ in range(len(self.op_fifo)):
                 op = self.op_fifo[0]
                 if op.state == OpState.CANCELLED or self.ops.get(op.name) is not op:
@@ -726,7 +729,7 @@ class ClusterGateway:
             if op.kind == OpKind.DELETE and e.kind == ErrorKind.NOT_FOUND:
                 return False
             raise
-        self.last_ok["gke"] = time.time()
+        self.last_ok["gke"] = self.clock.time()
         return True
 
     def _run_op(self, op: PoolOp) -> None:
@@ -744,7 +747,7 @@ class ClusterGateway:
                 if not self._start_op(op):
                     return
                 continue
-            self.last_ok["gke"] = time.time()
+            self.last_ok["gke"] = self.clock.time()
             if info.done:
                 if info.error is not None:
                     if op.kind == OpKind.DELETE and info.error.kind == ErrorKind.NOT_FOUND:
@@ -752,7 +755,7 @@ class ClusterGateway:
                     op.operation = ""  # that operation is over: a retry makes a new call
                     raise info.error
                 return
-            self.stop.wait(self.s.operation_poll_s)
+            self.clock.wait(self.stop, self.s.operation_poll_s)
 
     def _op_failed(self, op: PoolOp, e: CloudError) -> None:
         op.attempts += 1
@@ -765,7 +768,7 @@ class ClusterGateway:
             return
         # retry: creates on busy/transient errors, deletes always
         delay = min(self.s.pool_op_backoff_initial_s * (2 ** (op.attempts - 1)), self.s.pool_op_backoff_max_s)
-        op.next_at = time.monotonic() + delay * (0.5 + random.random() / 2)
+        op.next_at = self.clock.monotonic() + delay * (0.5 + random.random() / 2)
         op.state = OpState.QUEUED
         self.counters["ops_retried"] += 1
         with self.lock:
@@ -783,7 +786,7 @@ class ClusterGateway:
             if service is not None:
                 self.kube.create_service(service)
             ref = self.kube.create_job(manifest)
-            self.last_ok["kubernetes"] = time.time()
+            self.last_ok["kubernetes"] = self.clock.time()
             return {"uid": ref.uid, "created": ref.created}
         except CloudError as e:
             return {"error_kind": e.kind.value, "error": e.message}
@@ -803,7 +806,7 @@ class ClusterGateway:
             self.kube.delete_service(namespace, render.service_of_job(name))
         except CloudError:
             pass
-        self.last_ok["kubernetes"] = time.time()
+        self.last_ok["kubernetes"] = self.clock.time()
         return gone
 
     # ---- orphan scan and gauges -----------------------------------------------------------
@@ -823,7 +826,7 @@ class ClusterGateway:
         """Falcon pools of this installation that no live lease manages and no live task holds."""
         leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
         held = {t.node_pool_name for t in self.store.live_tasks(self.cluster.id) if t.node_pool_name}
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self.lock:
             labelled = list(self.pool_labels.items())
         found = []
@@ -834,7 +837,7 @@ class ClusterGateway:
             if (lease is not None and lease.state != LeaseState.DELETING) or name in held:
                 continue  # a QueueActor manages it
             if lease is not None:
-                age = (utcnow() - lease.created_at).total_seconds()
+                age = (self.clock.now() - lease.created_at).total_seconds()
             else:
                 age = now - self.pool_first_seen.get(name, now)
             op = self.ops.get(name)
@@ -928,8 +931,8 @@ class ClusterGateway:
     def drain(self, timeout: float = 30.0) -> bool:
         """Let the running pool operation finish (its GKE call returns), then stop."""
         self.shutdown()
-        deadline = time.monotonic() + timeout
-        ended = [t.join(max(0.0, deadline - time.monotonic())) for name, t in self.tickers.items()]
+        deadline = self.clock.monotonic() + timeout
+        ended = [t.join(max(0.0, deadline - self.clock.monotonic())) for name, t in self.tickers.items()]
         return all(ended[1:])  # the watch may still be closing its stream
 
     def __repr__(self) -> str:

@@ -306,8 +306,7 @@ def _join_ray(where: dict) -> None:
 def _phase_source(where: dict):
     """A callable snaps -> {task id: seconds in phase}: from the event log when the
     controller's database is at hand, else from what this watcher has seen."""
-    import time
-
+    from falcon_ray.clock import SYSTEM  # a command's console: the machine's clock
     from falcon_ray.queues_view import PhaseClock
 
     clock = PhaseClock()
@@ -336,7 +335,7 @@ def _phase_source(where: dict):
                 return out
             except Exception:
                 store = None  # fall back to the watcher's own clock
-        return clock.observe(snaps, time.monotonic())
+        return clock.observe(snaps, SYSTEM.monotonic())
 
     return source
 
@@ -351,9 +350,9 @@ def _watch(namespace: str, interval: float, as_json: bool, phase_source) -> None
     """Redraw until Ctrl-C (exit 0); on a terminal in place, else one frame per interval."""
     import datetime as dt
     import os
-    import time
 
     from falcon_ray import inspect
+    from falcon_ray.clock import SYSTEM  # a command's console: the machine's clock
     from falcon_ray.queues_view import frame
 
     tty = sys.stdout.isatty()
@@ -361,9 +360,9 @@ def _watch(namespace: str, interval: float, as_json: bool, phase_source) -> None
     try:
         while True:
             n += 1
-            t0 = time.monotonic()
+            t0 = SYSTEM.monotonic()
             snaps = inspect.queues(namespace, timeout=max(2.0, interval * 3))
-            at = dt.datetime.now(dt.UTC)
+            at = SYSTEM.now().replace(tzinfo=dt.UTC)
             if as_json:
                 text = json.dumps({"frame": n, "at": at.isoformat(timespec="milliseconds"), "namespace": namespace, "queues": snaps}, default=str)
             else:
@@ -374,7 +373,7 @@ def _watch(namespace: str, interval: float, as_json: bool, phase_source) -> None
                     text = "\n" + "=" * 78 + "\n" + text
             sys.stdout.write(text + "\n")
             sys.stdout.flush()
-            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+            SYSTEM.sleep(max(0.0, interval - (SYSTEM.monotonic() - t0)))
     except KeyboardInterrupt:
         if tty and not as_json:
             sys.stdout.write("\n")
@@ -386,14 +385,13 @@ def _watch(namespace: str, interval: float, as_json: bool, phase_source) -> None
 
 def _where_to_look(run, started: float) -> str:
     """The block the demo prints before its play: where to look and what to type."""
-    import time
-
     from falcon_ray import dbref, discovery
+    from falcon_ray.clock import SYSTEM  # a command's console: the machine's clock
 
     info = run.ray_info
     ns = run.settings.namespace
     nsflag = "" if ns == discovery.DEFAULT_NAMESPACE else f" --namespace {ns}"
-    lines = [f"falcon-ray demo: controller up after {time.monotonic() - started:.1f}s. Where to look:"]
+    lines = [f"falcon-ray demo: controller up after {SYSTEM.monotonic() - started:.1f}s. Where to look:"]
     if run.namespace_note:
         lines.append(f"  note         {run.namespace_note}")
     lines += [
@@ -426,9 +424,9 @@ def _where_to_look(run, started: float) -> str:
 def _demo(run, tasks, from_stdin: bool, timeout: float, hold: bool, shutdown_timeout: float, as_json: bool) -> int:
     """The body of `falcon-ray demo`; returns the exit code."""
     import queue as queue_mod
-    import time
 
     from falcon_ray import discovery
+    from falcon_ray.clock import SYSTEM  # a command's console: the machine's clock
     from falcon_ray.demo import Schedule, parse_task_line, progress_printer, summarize
 
     def say(text: str) -> None:
@@ -445,7 +443,7 @@ def _demo(run, tasks, from_stdin: bool, timeout: float, hold: bool, shutdown_tim
         raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without waiting for the fleet
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    started = time.monotonic()
+    started = SYSTEM.monotonic()
     recorded = False
     lines: queue_mod.Queue = queue_mod.Queue()
     report = None
@@ -470,7 +468,7 @@ def _demo(run, tasks, from_stdin: bool, timeout: float, hold: bool, shutdown_tim
         done = False
         next_track = 0.0
         while not stop.is_set():
-            now = time.monotonic()
+            now = SYSTEM.monotonic()
             while True:
                 try:
                     got = lines.get_nowait()
@@ -533,7 +531,7 @@ def _demo(run, tasks, from_stdin: bool, timeout: float, hold: bool, shutdown_tim
     if report is None:
         return code or 1
     report["done"] = code == 0
-    report["wall_seconds"] = round(time.monotonic() - started, 1)
+    report["wall_seconds"] = round(SYSTEM.monotonic() - started, 1)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
     else:

@@ -72,7 +72,6 @@ import functools
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -83,6 +82,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from falcon_ray import lifecycle as lc
+from falcon_ray.clock import SYSTEM
 from falcon_ray.lifecycle import LeaseState, Phase, Reason, Status
 from falcon_ray.messages import MAX_MESSAGE
 from falcon_ray.model import Cluster, ClusterStatus, Disruption, Lease, Task, TaskEvent
@@ -93,8 +93,8 @@ DEFAULT_DB_URL = "sqlite:///falcon.db"
 
 
 def utcnow() -> dt.datetime:
-    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    """The machine's wall time as the database stores it (naive UTC, milliseconds)."""
+    return SYSTEM.now()
 
 
 class IllegalTransition(ValueError):
@@ -232,7 +232,9 @@ class Store:
         self.url = url
         self.timeouts = timeouts
         self.engine = make_engine(url, timeouts)
-        self.clock = clock
+        self.clock = clock  # the wall time of every row written
+        # durations (fence age, the bench's counts): the clock's own when it is a Clock
+        self._monotonic = getattr(clock, "monotonic", SYSTEM.monotonic)
         self.statements = 0
         self.disconnects = 0  # methods rerun after a disconnect
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
@@ -274,13 +276,13 @@ class Store:
         self.breakdown[key] = self.breakdown.get(key, 0) + 1
         if self._count_fd is not None:
             os.pwrite(self._count_fd, b"%20d\n" % self.statements, 0)
-            if time.monotonic() - self._breakdown_at >= self.BREAKDOWN_WRITE_S:
+            if self._monotonic() - self._breakdown_at >= self.BREAKDOWN_WRITE_S:
                 self._write_breakdown()
 
     def _write_breakdown(self) -> None:
         if not self._breakdown_path:
             return
-        self._breakdown_at = time.monotonic()
+        self._breakdown_at = self._monotonic()
         tmp = f"{self._breakdown_path}.tmp"
         try:
             with open(tmp, "w") as f:
@@ -364,7 +366,7 @@ class Store:
     def _verify_epoch(self, c) -> None:
         ll = t.leader_lease
         row = c.execute(sa.select(ll.c.epoch, ll.c.holder).where(ll.c.name == LEADER)).first()
-        self._fence_checked_at = time.monotonic()
+        self._fence_checked_at = self._monotonic()
         if row is None or int(row.epoch) != self.epoch:
             now_held = f"epoch {row.epoch} ({row.holder or 'released'})" if row else "no lease row"
             self.fenced = f"fenced: started under leader epoch {self.epoch}, the lease is now at {now_held}"
@@ -375,7 +377,7 @@ class Store:
         unless it was read less than ``max_age_s`` ago; no-op for an unfenced Store."""
         if self.fenced:
             raise Fenced(self.fenced)
-        if self.epoch is None or time.monotonic() - self._fence_checked_at < max_age_s:
+        if self.epoch is None or self._monotonic() - self._fence_checked_at < max_age_s:
             return
         with self.engine.connect() as c:
             self._verify_epoch(c)

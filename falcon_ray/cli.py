@@ -97,11 +97,9 @@ def json_option(f: Callable) -> Callable:
 
 
 def safe_url(db_url: str) -> str:
-    """The URL with any password hidden, for messages."""
-    try:
-        return sa.engine.make_url(db_url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return db_url
+    """The URL with any password hidden, for messages (one that does not parse, as given)."""
+    text = dbref.redacted(db_url)
+    return db_url if text == dbref.UNPARSABLE else text
 
 
 def _first_line(e: BaseException) -> str:

@@ -90,14 +90,18 @@ def resolve(ref: str) -> str:
     return ref
 
 
+UNPARSABLE = "<unparsable database URL>"
+
+
 def redacted(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***`` (references are returned as they are)."""
+    """``url`` with its password, if any, replaced by ``***`` (references are returned as
+    they are, a string that is no URL as ``UNPARSABLE``)."""
     if is_reference(url):
         return url
     try:
         return make_url(url).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):
-        return "<unparsable database URL>"
+        return UNPARSABLE
 
 
 def private_file(url: str, directory: str | None = None) -> str:

@@ -151,10 +151,9 @@ class DemoRun:
         self._saved_metadata: str | None = None
 
     def _local_ref(self, url: str) -> str:
-        if not dbref.carries_password(url) or dbref.is_reference(url):
-            return url
+        """``dbref.for_local_actors`` once per URL, its files in one directory that ``stop`` removes."""
         if url not in self._refs:
-            if self._secret_dir is None:
+            if self._secret_dir is None and dbref.carries_password(url):
                 self._secret_dir = tempfile.mkdtemp(prefix="falcon-db-")  # mode 0700
             self._refs[url] = dbref.for_local_actors(url, self._secret_dir)
         return self._refs[url]

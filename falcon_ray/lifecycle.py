@@ -111,70 +111,80 @@ POLLER = "PollerActor"
 QUEUE = "QueueActor"
 
 
-def _edges() -> dict[tuple[Phase, Phase], str]:
-    e: dict[tuple[Phase, Phase], str] = {}
+_POOL_TIMEOUT = f"{QUEUE}: control plane not RUNNING within node_pool_timeout"
+_POOL_REFUSED = f"{QUEUE}: GKE refused the create (quota, bad request), or capacity_budget_s ran out"
 
-    def add(src: Phase | tuple[Phase, ...], dst: Phase, who: str) -> None:
-        for s in src if isinstance(src, tuple) and isinstance(src[0], Phase) else (src,):
-            e[(s, dst)] = who  # type: ignore[index]
-
+# Every task edge as (source phase or phases, destination, who causes it), in the order
+# docs/schema.md prints them; TASK_TRANSITIONS expands the rows with several sources.
+_TASK_EDGES: tuple[tuple[Phase | tuple[Phase, ...], Phase, str], ...] = (
     # intake
-    add(NEW, WAITING, f"{POLLER}: assigned to a (cluster, topology) queue")
-    add(NEW, failed(Reason.INVALID_SPEC), f"{POLLER}: the spec failed validation")
-    add(NEW, failed(Reason.UNSUPPORTED_TPU_TYPE), f"{POLLER}: no registered cluster offers the TPU type")
-    add(NEW, failed(Reason.NO_CANDIDATE_CLUSTER), f"{POLLER}: no cluster can take the task (e.g. no reservation)")
-    add(WAITING, NEW, f"{QUEUE}: its cluster left service; the poller ranks the task again")
-    add(
+    (NEW, WAITING, f"{POLLER}: assigned to a (cluster, topology) queue"),
+    (NEW, failed(Reason.INVALID_SPEC), f"{POLLER}: the spec failed validation"),
+    (NEW, failed(Reason.UNSUPPORTED_TPU_TYPE), f"{POLLER}: no registered cluster offers the TPU type"),
+    (NEW, failed(Reason.NO_CANDIDATE_CLUSTER), f"{POLLER}: no cluster can take the task (e.g. no reservation)"),
+    (WAITING, NEW, f"{QUEUE}: its cluster left service; the poller ranks the task again"),
+    (
         (PROVISIONING, CLUSTER_BUSY),
         NEW,
         f"{QUEUE}: its cluster's reservation holds another machine type; the poller ranks the task again",
-    )
+    ),
     # acquisition (one task per queue at a time)
-    add(WAITING, PROVISIONING, f"{QUEUE}: picked for the slot")
-    add((PROVISIONING, CLUSTER_BUSY), CLUSTER_BUSY, f"{QUEUE}: reservation headroom short, or GKE refused the create for capacity (stockout); wait, no fallback")
-    add(WAITING_FOR_NODE, CLUSTER_BUSY, f"{QUEUE}: the pool failed for capacity before its nodes came (stockout); its Job and pool deleted, wait")
-    add(CLUSTER_BUSY, PROVISIONING, f"{QUEUE}: reservation headroom back, or the capacity backoff passed; creating")
-    add(
+    (WAITING, PROVISIONING, f"{QUEUE}: picked for the slot"),
+    ((PROVISIONING, CLUSTER_BUSY), CLUSTER_BUSY, f"{QUEUE}: reservation headroom short, or GKE refused the create for capacity (stockout); wait, no fallback"),
+    (WAITING_FOR_NODE, CLUSTER_BUSY, f"{QUEUE}: the pool failed for capacity before its nodes came (stockout); its Job and pool deleted, wait"),
+    (CLUSTER_BUSY, PROVISIONING, f"{QUEUE}: reservation headroom back, or the capacity backoff passed; creating"),
+    (
         CLUSTER_BUSY,
         WAITING,
         f"{QUEUE}: another active cluster of its TPU type can start it now with the same supply; moved to that queue",
-    )
-    add((PROVISIONING, CLUSTER_BUSY), WAITING_FOR_NODE, f"{QUEUE}: pool control plane RUNNING, nodes registering")
-    add((PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE), DISPATCHING, f"{QUEUE}: pool ready (or an idle one reused)")
-    add(WAITING, DISPATCHING, f"{QUEUE}: picked and an idle same-topology pool is ready")
-    add(DISPATCHING, RUNNING, f"{QUEUE}: every pod of the Job is active")
+    ),
+    ((PROVISIONING, CLUSTER_BUSY), WAITING_FOR_NODE, f"{QUEUE}: pool control plane RUNNING, nodes registering"),
+    ((PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE), DISPATCHING, f"{QUEUE}: pool ready (or an idle one reused)"),
+    (WAITING, DISPATCHING, f"{QUEUE}: picked and an idle same-topology pool is ready"),
+    (DISPATCHING, RUNNING, f"{QUEUE}: every pod of the Job is active"),
     # a pool that scales from zero (flex-start, or an idle pool the autoscaler emptied) gets its
     # nodes only for the Job's pending pods: the Job is submitted first, the nodes follow
-    add(DISPATCHING, WAITING_FOR_NODE, f"{QUEUE}: Job submitted; its pool has no nodes yet, they come for its pending pods")
-    add(WAITING_FOR_NODE, RUNNING, f"{QUEUE}: the nodes came and every pod of the Job is active")
+    (DISPATCHING, WAITING_FOR_NODE, f"{QUEUE}: Job submitted; its pool has no nodes yet, they come for its pending pods"),
+    (WAITING_FOR_NODE, RUNNING, f"{QUEUE}: the nodes came and every pod of the Job is active"),
     # acquisition failures
-    for src in (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE):
-        add(src, failed(Reason.NODE_POOL_TIMEOUT), f"{QUEUE}: control plane not RUNNING within node_pool_timeout")
-        add(src, failed(Reason.NODE_POOL_FAILED), f"{QUEUE}: GKE refused the create (quota, bad request), or capacity_budget_s ran out")
-    add((DISPATCHING, WAITING_FOR_NODE), failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the Job")
+    (PROVISIONING, failed(Reason.NODE_POOL_TIMEOUT), _POOL_TIMEOUT),
+    (PROVISIONING, failed(Reason.NODE_POOL_FAILED), _POOL_REFUSED),
+    (CLUSTER_BUSY, failed(Reason.NODE_POOL_TIMEOUT), _POOL_TIMEOUT),
+    (CLUSTER_BUSY, failed(Reason.NODE_POOL_FAILED), _POOL_REFUSED),
+    (WAITING_FOR_NODE, failed(Reason.NODE_POOL_TIMEOUT), _POOL_TIMEOUT),
+    (WAITING_FOR_NODE, failed(Reason.NODE_POOL_FAILED), _POOL_REFUSED),
+    ((DISPATCHING, WAITING_FOR_NODE), failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the Job"),
     # execution
-    add((DISPATCHING, WAITING_FOR_NODE, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed")
-    add((DISPATCHING, WAITING_FOR_NODE, RUNNING), failed(Reason.JOB_FAILED), f"{QUEUE}: the Job failed (pod failure, OOM, ...)")
-    add((DISPATCHING, RUNNING), failed(Reason.TIMEOUT), f"{QUEUE}: dispatched_at + timeout_seconds passed")
+    ((DISPATCHING, WAITING_FOR_NODE, RUNNING), SUCCEEDED, f"{QUEUE}: the Job completed"),
+    ((DISPATCHING, WAITING_FOR_NODE, RUNNING), failed(Reason.JOB_FAILED), f"{QUEUE}: the Job failed (pod failure, OOM, ...)"),
+    ((DISPATCHING, RUNNING), failed(Reason.TIMEOUT), f"{QUEUE}: dispatched_at + timeout_seconds passed"),
     # recovery: the fleet, not the task, ended a run (reconcile.recover, falcon_ray.faults)
-    add(
+    (
         (DISPATCHING, WAITING_FOR_NODE, RUNNING),
         RECOVERING,
         f"{QUEUE}: the fleet disrupted the run (maintenance, repair, reclaim, a lost node or pool) and its recoveries are not used up; its Job is deleted",
-    )
-    add(RECOVERING, RUNNING, f"{QUEUE}: every pod of the new attempt's Job is active (the attempt's timeout clock starts)")
-    add(RECOVERING, WAITING, f"{QUEUE}: its pool is gone or did not come back within recovery_pool_wait_s; it acquires a new one, ahead of the queue")
-    add(RECOVERING, SUCCEEDED, f"{QUEUE}: the new attempt's Job completed")
-    add(RECOVERING, failed(Reason.JOB_FAILED), f"{QUEUE}: the new attempt's Job failed by the task's own fault")
-    add(RECOVERING, failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the new attempt's Job")
-    add(
+    ),
+    (RECOVERING, RUNNING, f"{QUEUE}: every pod of the new attempt's Job is active (the attempt's timeout clock starts)"),
+    (RECOVERING, WAITING, f"{QUEUE}: its pool is gone or did not come back within recovery_pool_wait_s; it acquires a new one, ahead of the queue"),
+    (RECOVERING, SUCCEEDED, f"{QUEUE}: the new attempt's Job completed"),
+    (RECOVERING, failed(Reason.JOB_FAILED), f"{QUEUE}: the new attempt's Job failed by the task's own fault"),
+    (RECOVERING, failed(Reason.JOB_SUBMIT_FAILED), f"{QUEUE}: the Kubernetes API refused the new attempt's Job"),
+    (
         (DISPATCHING, WAITING_FOR_NODE, RUNNING, RECOVERING),
         failed(Reason.DISRUPTED),
         f"{QUEUE}: the fleet disrupted the run once more than the task's max_recoveries allows",
-    )
+    ),
     # abort: the upper layer may abort any live task; Falcon finishes it
-    add(LIVE_PHASES, ABORTING, f"{UPPER}: abort requested")
-    add(ABORTING, ABORTED, f"{QUEUE} (or {POLLER} for a task unassigned or aborted while Waiting): Job and pool handled")
+    (LIVE_PHASES, ABORTING, f"{UPPER}: abort requested"),
+    (ABORTING, ABORTED, f"{QUEUE} (or {POLLER} for a task unassigned or aborted while Waiting): Job and pool handled"),
+)
+
+
+def _edges() -> dict[tuple[Phase, Phase], str]:
+    e: dict[tuple[Phase, Phase], str] = {}
+    for src, dst, who in _TASK_EDGES:
+        for s in src if isinstance(src, tuple) and isinstance(src[0], Phase) else (src,):
+            e[(s, dst)] = who  # type: ignore[index]
     return e
 
 
@@ -243,7 +253,15 @@ LEASE_TRANSITIONS: dict[tuple[LeaseState, LeaseState], str] = {
     (L.DELETING, L.DELETING): f"{QUEUE}: delete retried with backoff",
     (L.DELETING, L.DELETED): "ClusterActor / QueueActor: GKE returned NotFound for the pool",
 }
-LEASE_LIVE = frozenset(set(LeaseState) - {LeaseState.DELETED})
+# The groups of lease states the controller reasons about; each is named here once.
+LEASE_LIVE = frozenset(set(LeaseState) - {L.DELETED})  # a pool that exists or may exist
+LEASE_BEING_CREATED = frozenset({L.REQUESTED, L.CREATING})  # asked for; not ready yet
+LEASE_HELD = LEASE_BEING_CREATED | {L.READY, L.IN_USE}  # bound to one task
+# hosts of a reservation that Falcon holds (GKE may not count them yet): every pool bound to
+# a task or kept idle for one; a deleting pool gives its hosts back
+LEASE_HOLDS_RESERVATION = LEASE_HELD | {L.IDLE}
+# a pool that can have nodes while no task's pod runs on it: the idle chip-hours
+LEASE_UNUSED = frozenset({L.READY, L.IDLE, L.DELETING})
 
 
 def lease_allowed(src: LeaseState, dst: LeaseState) -> bool:

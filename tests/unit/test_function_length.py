@@ -30,7 +30,6 @@ ALLOWED: dict[str, int] = {
     "falcon_ray/controller_cli.py:register": 215,
     "falcon_ray/health.py:check": 78,
     "falcon_ray/health.py:overdue_tasks": 57,
-    "falcon_ray/lifecycle.py:_edges": 65,
     "falcon_ray/queues_view.py:render": 59,
     "falcon_ray/render.py:job_manifest": 91,
     "falcon_ray/render.py:node_pool_request": 90,

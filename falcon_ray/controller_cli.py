@@ -115,7 +115,7 @@ def register(main: click.Group) -> None:
         """Measure the controller's costs (issue 11): statements per task, idle, hand-over, intake, scale."""
         import logging
 
-        from falcon_ray import bench
+        from falcon_ray.devtools import bench
 
         logging.getLogger("falcon").setLevel(logging.WARNING)
         doc = bench.run_bench(db_url, quick=quick, parts=tuple(parts))
@@ -155,7 +155,7 @@ def register(main: click.Group) -> None:
         with no flags while it runs. Ctrl-C aborts the live tasks, lets the controller
         delete its pools, prints the fleet's accounting and exits 0.
         """
-        from falcon_ray.demo import DemoRun, demo_settings, load_tasks
+        from falcon_ray.devtools.demo import DemoRun, demo_settings, load_tasks
 
         from_stdin = tasks_path == "-"
         try:
@@ -198,7 +198,7 @@ def register(main: click.Group) -> None:
         did not disrupt, or a task whose every run fails ending Succeeded; 0 when every
         invariant holds.
         """
-        from falcon_ray.chaos import ChaosRun, summarize
+        from falcon_ray.devtools.chaos import ChaosRun, summarize
 
         def say(line: str) -> None:
             click.echo(line, err=True)
@@ -427,7 +427,7 @@ def _demo(run, tasks, from_stdin: bool, timeout: float, hold: bool, shutdown_tim
 
     from falcon_ray import discovery
     from falcon_ray.clock import SYSTEM  # a command's console: the machine's clock
-    from falcon_ray.demo import Schedule, parse_task_line, progress_printer, summarize
+    from falcon_ray.devtools.demo import Schedule, parse_task_line, progress_printer, summarize
 
     def say(text: str) -> None:
         click.echo(text, err=True)

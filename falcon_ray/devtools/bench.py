@@ -218,7 +218,7 @@ def _bulk_pending(store: Store, n: int, topologies: tuple[str, ...] = (ONE_HOST,
 
 
 def _settings(**kw: Any):
-    from falcon_ray.demo import demo_settings
+    from falcon_ray.devtools.demo import demo_settings
 
     return demo_settings(health_port=0, **kw)
 
@@ -686,7 +686,7 @@ def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, A
     marginal between a run of n1 and a run of n2 tasks, with where they go."""
     import ray
 
-    from falcon_ray.demo import DemoRun
+    from falcon_ray.devtools.demo import DemoRun
 
     counts = tempfile.mkdtemp(prefix="falcon-bench-counts-")
     os.environ["FALCON_STATEMENT_COUNTS"] = counts  # before Ray starts: its workers inherit it
@@ -735,7 +735,7 @@ def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, A
 def bench_end_to_end(db: str | None, sizes: tuple[int, int], idle_s: float) -> dict[str, Any]:
     import ray
 
-    from falcon_ray.demo import DemoRun
+    from falcon_ray.devtools.demo import DemoRun
 
     counts = tempfile.mkdtemp(prefix="falcon-bench-counts-")
     os.environ["FALCON_STATEMENT_COUNTS"] = counts  # before Ray starts: its workers inherit it

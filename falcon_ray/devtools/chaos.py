@@ -547,7 +547,7 @@ class ChaosRun:
     # ---- setup -----------------------------------------------------------------------------
 
     def _settings(self):
-        from falcon_ray.demo import demo_settings
+        from falcon_ray.devtools.demo import demo_settings
 
         # recovery_pool_wait_s, disruption_grace_s: the production 1 h and 60 s scaled down
         # (a recovering task whose pool's nodes do not come back acquires a new pool)
@@ -661,7 +661,7 @@ class ChaosRun:
     # ---- the play --------------------------------------------------------------------------------
 
     def run_soak(self) -> dict[str, Any]:
-        from falcon_ray.demo import DemoRun, Schedule
+        from falcon_ray.devtools.demo import DemoRun, Schedule
 
         plan = make_plan(self.n, self.seed, self.play_s)
         self.run = DemoRun(chaos_fleet(self.seed), self._settings(), self.db_url, controller_db_url=self._controller_url())

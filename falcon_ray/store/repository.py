@@ -246,7 +246,7 @@ class Store:
         self.written: dict[str, Any] | None = None
         self._fence_checked_at = 0.0
 
-        # The benchmark (falcon_ray.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
+        # The benchmark (falcon_ray.devtools.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
         # Store then keeps its running count in a file there, so the count of an actor that
         # is killed (a retired queue) is not lost.
         # Beside it, ``<pid>-<id>.json`` holds ``breakdown`` (rewritten at most every

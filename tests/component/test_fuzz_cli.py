@@ -69,7 +69,7 @@ def guarded(monkeypatch):
     """Stop anything that would leave this process: Ray, the demo, the simulated fleet, the benchmark."""
     import ray
 
-    from falcon_ray import bench, demo
+    from falcon_ray.devtools import bench, demo
     from falcon_ray.sim import server
 
     def started(*_a, **_k):

@@ -81,7 +81,7 @@ def test_an_actor_whose_constructor_failed_dies_with_its_own_error(ray_session):
     """A constructor that fails at its first step (here the Store: an unusable database URL;
     in production a killed connection): the actor dies with that error, and the repr Ray
     asks for then is its identity, not an ``AttributeError`` for what was never set."""
-    from falcon_ray.demo import demo_settings
+    from falcon_ray.devtools.demo import demo_settings
 
     ns = f"falcon-repr-{uuid.uuid4().hex[:8]}"
     settings = demo_settings().model_copy(update={"namespace": ns})

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from falcon_ray.chaos import ChaosRun
+from falcon_ray.devtools.chaos import ChaosRun
 from tests.harness.db import fresh_mysql_database
 
 pytestmark = [pytest.mark.mysql, pytest.mark.timeout(300)]

@@ -1,7 +1,7 @@
 """The soak of issue 12 in CI: 200 mixed tasks under API faults, incompatible-operation
 refusals, watch cuts, 410s, token refusals, bursts of INTERNAL create failures, actor
 kills and random disruptions of running pods (host maintenance, auto-repair, capacity
-reclaimed: ``chaos.DISRUPTION_RATE`` per node-hour) (``falcon_ray.chaos``), on the session's
+reclaimed: ``chaos.DISRUPTION_RATE`` per node-hour) (``falcon_ray.devtools.chaos``), on the session's
 Ray and a SQLite database, on issue 10's fleet (a reservation of 6 hosts and a flex-start
 cluster of 32 chips). Every invariant must report zero; ``failed_for_capacity`` is issue
 10's "no task ends NodePoolFailed for capacity", ``recovered_own_failure`` that every
@@ -29,7 +29,7 @@ import json
 
 import pytest
 
-from falcon_ray.chaos import ChaosRun, summarize
+from falcon_ray.devtools.chaos import ChaosRun, summarize
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -1,4 +1,4 @@
-"""Disruptions end to end: the scenario of ``falcon_ray/demo/scenarios/disruptions`` (the
+"""Disruptions end to end: the scenario of ``falcon_ray/devtools/demo/scenarios/disruptions`` (the
 fleet, the settings and the tasks ``falcon-ray demo --fleet --tasks --config`` plays), on
 the session's Ray, the real clients over HTTP, the sim disrupting runs as GKE does.
 
@@ -18,13 +18,13 @@ import pytest
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import render
-from falcon_ray.demo import DemoRun, demo_settings, load_tasks
+from falcon_ray.devtools.demo import DemoRun, demo_settings, load_tasks
 from falcon_ray.sim.fleet import load_fleet
 from tests.harness.e2e import assert_clean, reasons
 
 pytestmark = pytest.mark.timeout(300)
 
-SCENARIO = resources.files("falcon_ray.demo").joinpath("scenarios", "disruptions")
+SCENARIO = resources.files("falcon_ray.devtools.demo").joinpath("scenarios", "disruptions")
 EXPECTED = {
     "single-maintenance": ("Succeeded", 1),
     "single-repair": ("Succeeded", 1),

@@ -28,7 +28,7 @@ import yaml
 
 from falcon_ray import health
 from falcon_ray import lifecycle as lc
-from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.devtools.demo import DemoRun, demo_settings
 from tests.harness.e2e import make_fleet, spec
 
 LIMITS = {"waiting_limit_s": 600.0, "reservation_wait_limit_s": 86400.0}

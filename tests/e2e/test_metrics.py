@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors import names
 from falcon_ray import metrics
-from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.devtools.demo import DemoRun, demo_settings
 from tests.harness.e2e import make_fleet, spec
 
 ROOT = Path(__file__).resolve().parents[2]

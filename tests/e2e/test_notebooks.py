@@ -23,7 +23,7 @@ import pytest
 import ray
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.devtools.demo import DemoRun, demo_settings
 from falcon_ray.render import job_name
 from tests.harness.e2e import make_fleet, spec, wait_for
 

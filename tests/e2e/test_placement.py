@@ -9,7 +9,7 @@ import time
 import pytest
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.demo import DemoRun
+from falcon_ray.devtools.demo import DemoRun
 from tests.harness.e2e import assert_clean, make_fleet, phase_is, reasons, spec, wait_for
 
 pytestmark = pytest.mark.timeout(180)

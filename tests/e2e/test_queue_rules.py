@@ -15,7 +15,7 @@ import re
 import pytest
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.demo import DemoRun
+from falcon_ray.devtools.demo import DemoRun
 from falcon_ray.render import job_name
 from tests.harness.e2e import assert_clean, make_fleet, phase_is, spec, wait_for
 

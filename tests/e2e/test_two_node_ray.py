@@ -67,7 +67,7 @@ SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_timeout_ms": 500, 
 DRIVER = """
 import json, sys
 import ray
-from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.devtools.demo import DemoRun, demo_settings
 from tests.harness.e2e import make_fleet
 
 address, db_url, resource = sys.argv[1:4]

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.demo import DemoRun, demo_settings
+from falcon_ray.devtools.demo import DemoRun, demo_settings
 from falcon_ray.render import job_name
 from falcon_ray.sim.fleet import FAST_TIMINGS, FleetConfig
 from tests.harness.db import fresh_mysql_database

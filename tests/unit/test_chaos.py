@@ -1,4 +1,4 @@
-"""The soak's judgement (``falcon_ray.chaos.check``) and plan, without Ray or a fleet."""
+"""The soak's judgement (``falcon_ray.devtools.chaos.check``) and plan, without Ray or a fleet."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 import datetime as dt
 import json
 
-from falcon_ray import chaos
-from falcon_ray.chaos import Limits, Observed, check, make_plan
+from falcon_ray.devtools import chaos
+from falcon_ray.devtools.chaos import Limits, Observed, check, make_plan
 from falcon_ray.model import Disruption, Task, TaskEvent
 
 T0 = dt.datetime(2026, 1, 1)
@@ -170,7 +170,7 @@ def test_a_wait_counter_in_the_message_is_not_progress():
 
 
 def test_a_database_outage_does_not_count_against_a_quiet_phase():
-    from falcon_ray.chaos import Limits, Observed, _longest_quiet
+    from falcon_ray.devtools.chaos import Limits, Observed, _longest_quiet
 
     obs = Observed()
     obs.see(100.0, "Aborting", "", "")
@@ -308,7 +308,7 @@ def test_recovering_may_stay_quiet_as_long_as_the_recovery_wait():
 
 
 def test_an_abandoned_attempt_after_a_disruption_is_no_recovery_of_its_own():
-    from falcon_ray import chaos
+    from falcon_ray.devtools import chaos
     from falcon_ray.model import Disruption
 
     at = dt.datetime(2026, 12, 1, 12, 0, 0)

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("falcon_ray/sim/", "falcon_ray/demo/", "falcon_ray/chaos.py", "falcon_ray/bench.py", "falcon_ray/migrations/")
+TOOLS = ("falcon_ray/sim/", "falcon_ray/devtools/", "falcon_ray/migrations/")
 CLOCK_MODULE = "falcon_ray/clock.py"
 
 # direct reads a file may still make, by file; empty: every product module reads the time

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from falcon_ray import discovery
-from falcon_ray.demo import parse_task_line
+from falcon_ray.devtools.demo import parse_task_line
 from falcon_ray.queues_view import PhaseClock, render
 
 SNAP = {

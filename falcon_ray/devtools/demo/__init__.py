@@ -43,7 +43,7 @@ log = logging.getLogger("falcon.demo")
 
 
 def _pkg_file(name: str) -> str:
-    return str(resources.files("falcon_ray.demo").joinpath(name))
+    return str(resources.files("falcon_ray.devtools.demo").joinpath(name))
 
 
 def demo_settings(config: str | None = None, **overrides: Any) -> Settings:

@@ -38,13 +38,13 @@ Retries (google.api_core.retry.Retry, exponential with jitter, configurable)
 Import cost
 -----------
 ``google.cloud.compute_v1``'s package ``__init__`` imports every one of its more than 100
-service clients (about 1 CPU-second); Falcon uses one, ``ReservationsClient``, and every
+service clients, a cost paid in CPU at every process start; Falcon uses one, ``ReservationsClient``, and every
 ClusterActor process (started again after each restart) pays the import.
 ``_lean_compute_v1`` registers the package without running its ``__init__`` so that only
 the reservations service and the shared types load; the first access to any other name
 of the package (``compute_v1.Instance``) runs the real ``__init__`` then, so other code in
-the same process sees the whole package as usual. Even that lean load (the shared types,
-~0.3 CPU-s) waits for the first ``ComputeApi``: a ClusterActor builds one only for a
+the same process sees the whole package as usual. Even that lean load (the shared types)
+waits for the first ``ComputeApi``: a ClusterActor builds one only for a
 cluster with a default reservation, the one thing it reads from Compute.
 """
 

@@ -58,6 +58,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,6 +72,7 @@ from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import (
     OP_IN_FLIGHT,
     RETRYABLE_KINDS,
+    Cluster,
     ClusterView,
     ErrorKind,
     JobPhase,
@@ -116,23 +118,105 @@ class PoolOp:
         return OpView(self.kind, self.state, self.attempts, self.error_kind, self.error, self.operation)
 
 
+@dataclass
+class Adapters:
+    """The clients of one connection to an edge cluster: what the gateway calls to observe
+    and to act. The real ones are ``falcon_ray.gcp`` and ``falcon_ray.kube``; a simulator may
+    hand in-process objects with the same methods and results.
+
+    - ``gke``: the GKE calls on this cluster's node pools: ``list_node_pools``,
+      ``create_node_pool`` (returns the operation name), ``delete_node_pool`` (the
+      operation name, or None when the pool is gone), ``get_operation``; failures raise
+      ``CloudError`` (409 as ALREADY_EXISTS, 404 as NOT_FOUND).
+    - ``kube``: ``list_nodes``, ``create_job``, ``create_service``, ``delete_job``,
+      ``delete_service``, ``job_failure_message``, ``run_evidence`` (``falcon_ray.kube.KubeApi``).
+    - ``locations``: the zones of the cluster's nodes, as ``clusters.get`` reports them.
+    - ``compute()``: builds the client of the reservation read (``reservation(project,
+      zone, name)``), called once, at the first read.
+    - ``resource_policies()``: builds the client of the workload-policy read (``get(project,
+      region, name)``), called once, at the first TPU7x create that names a policy.
+    - ``job_watcher(namespace, label_selector=, timeout_seconds=, clock=)``: a Job watch
+      over ``kube`` (``falcon_ray.kube.JobWatcher``: ``step(on_job, on_resync, stopping)``
+      returns the delay before the next step; ``close()``; ``reconnects``, ``relists``,
+      ``last_event_at``, ``last_ok_at``).
+    """
+
+    gke: Any
+    kube: Any
+    locations: tuple[str, ...]
+    compute: Callable[[], Any]
+    resource_policies: Callable[[], Any]
+    job_watcher: Callable[..., Any]
+
+
+# (cluster row, settings, user agent, stage callback) -> the clients of one connection
+Connect = Callable[[Cluster, Settings, str, Callable[[str], None]], Adapters]
+
+
+def connect_to_gke(cluster: Cluster, settings: Settings, user_agent: str, stage: Callable[[str], None]) -> Adapters:
+    """The real clients: application default credentials, the cluster read from the GKE API,
+    a Kubernetes client on its endpoint and CA with a bearer token that refreshes itself."""
+    if settings.metadata_host:  # the simulated fleet's metadata server (configuration, not a branch)
+        os.environ["GCE_METADATA_HOST"] = settings.metadata_host
+        os.environ["GCE_METADATA_IP"] = settings.metadata_host
+    stage("loading the GCP clients")
+    import google.auth
+
+    from falcon_ray.gcp import ComputeApi, GkeApi, ResourcePolicyApi
+    from falcon_ray.kube import JobWatcher, KubeApi, api_client
+
+    stage("getting credentials (application default credentials)")
+    creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    stage("reading the cluster from the GKE API")
+    rest = {"credentials": creds, "timeout": settings.api_retry_timeout_s, "user_agent": user_agent}
+    gke = GkeApi(endpoint=settings.gke_endpoint, **rest)
+    ep = gke.get_cluster(cluster.project, cluster.location, cluster.name)
+    stage("building the Kubernetes client")
+    client = api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=settings.kubernetes_scheme, user_agent=user_agent)
+    kube = KubeApi(client, retry_timeout=settings.api_retry_timeout_s)
+    return Adapters(
+        gke=gke,
+        kube=kube,
+        locations=tuple(ep.locations or ()),
+        compute=lambda: ComputeApi(endpoint=settings.compute_endpoint, **rest),
+        resource_policies=lambda: ResourcePolicyApi(endpoint=settings.compute_endpoint, **rest),
+        job_watcher=lambda namespace, **kw: JobWatcher(kube, namespace, **kw),
+    )
+
+
 class ClusterGateway:
-    def __init__(self, cluster_name: str, settings: Settings, store: Store, port: Port, clock: Clock = SYSTEM) -> None:
+    """One edge cluster's clients, caches and node-pool operation queue (the module's contract).
+
+    ``connect``, when given, replaces the real clients (a simulator hands in-process ones):
+    ``connect(cluster, settings, user_agent, stage)`` is called by every connect attempt,
+    from the watch loop's thread, and returns the ``Adapters`` of one connection or raises
+    (the attempt failed; the loop tries again with backoff). ``stage(text)`` names what the
+    call is doing, for ``not_connected()`` and the connect timings. Without it the gateway
+    connects to GKE (``connect_to_gke``).
+    """
+
+    def __init__(
+        self,
+        cluster_name: str,
+        settings: Settings,
+        store: Store,
+        port: Port,
+        clock: Clock = SYSTEM,
+        connect: Connect | None = None,
+    ) -> None:
         self.s = settings
         self.clock = clock
         self.name = cluster_name
         self.store = store
         self.port = port
-        if settings.metadata_host:  # the simulated fleet's metadata server (configuration, not a branch)
-            os.environ["GCE_METADATA_HOST"] = settings.metadata_host
-            os.environ["GCE_METADATA_IP"] = settings.metadata_host
         self.cluster = self.store.get_cluster(cluster_name)
         self.lock = threading.RLock()
         self.stop = threading.Event()
+        self._connect_with: Connect = connect or connect_to_gke
+        self.adapters: Adapters | None = None  # the clients of the last connect
         self.gke = None
         self.compute = None  # built by the first reservation read (see _refresh_reservation)
-        self._compute_args: tuple = ()  # (credentials, user agent) of the last connect
-        self.policy_api = None  # gcp.ResourcePolicyApi, built by the first workload-policy check
+        self.policy_api = None  # built by the first workload-policy check
         self.kube = None
         self.watcher = None
         self.connect_error = ""
@@ -212,37 +296,30 @@ class ClusterGateway:
     def _connect(self) -> None:
         t0 = self.clock.time()
         self.connect_timings = {}
-        self._stage("loading the GCP clients")
-        import google.auth
-
-        from falcon_ray.gcp import GkeApi, falcon_user_agent
-        from falcon_ray.kube import KubeApi, api_client
-
+        ua = self._user_agent()
+        adapters = self._connect_with(self.cluster, self.s, ua, self._stage)
         c = self.cluster
-        ua = falcon_user_agent(self.s.installation, self.store.epoch)  # which controller calls, in the audit logs
-        self._stage("getting credentials (application default credentials)")
-        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        self._stage("reading the cluster from the GKE API")
-        gke = GkeApi(endpoint=self.s.gke_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
-        ep = gke.get_cluster(c.project, c.location, c.name)
-        self.zones = ep.locations or ((c.location,) if render.cluster_zone(c) else ())
+        self.zones = adapters.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = self.clock.time()
-        self._stage("building the Kubernetes client")
-        client = api_client(ep.endpoint, ep.ca_certificate_pem, creds, scheme=self.s.kubernetes_scheme, user_agent=ua)
-        self.kube = KubeApi(client, retry_timeout=self.s.api_retry_timeout_s)
-        # Compute serves one read, the default reservation's: its client (costly to load) is
-        # built by the first such read, so a cluster without a reservation never loads it
+        self.kube = adapters.kube
+        self.adapters = adapters
+        # Compute serves one read, the default reservation's: its client is built by the
+        # first such read, so a cluster without a reservation never builds it
         self.compute = None
-        self._compute_args = (creds, ua)
-        self.gke = gke
+        self.policy_api = None
+        self.gke = adapters.gke
         self._stage("connected")
         took = self.clock.time() - t0
         (log.warning if took > SLOW_CONNECT_S else log.info)("cluster %s: connected in %.1fs %s", self.name, took, self.connect_timings)
 
+    def _user_agent(self) -> str:
+        """The product token of this controller's requests (which controller calls, in the audit logs)."""
+        from falcon_ray.gcp import falcon_user_agent
+
+        return falcon_user_agent(self.s.installation, self.store.epoch)
+
     def _watch_step(self) -> None:
         """Connect (with backoff) until connected, then one round of the Job watch."""
-        from falcon_ray.kube import JobWatcher
-
         self._fence(self.s.leader_ttl_s / 3)
         if self.gke is None:
             try:
@@ -256,8 +333,7 @@ class ClusterGateway:
                 return
             self.connect_error = ""
             self.tickers["operations"].wake()
-            self.watcher = JobWatcher(
-                self.kube,
+            self.watcher = self.adapters.job_watcher(
                 self.cluster.namespace,
                 label_selector=render.installation_selector(self.s.installation),
                 timeout_seconds=self.s.watch_timeout_s,
@@ -458,10 +534,7 @@ class ClusterGateway:
             return
         c = self.cluster
         if self.policy_api is None:
-            from falcon_ray.gcp import ResourcePolicyApi
-
-            creds, ua = self._compute_args
-            self.policy_api = ResourcePolicyApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
+            self.policy_api = self.adapters.resource_policies()
         found = self.policy_api.get(c.project, render.cluster_region(c), policy)
         self.last_ok["compute"] = self.clock.time()
         try:
@@ -479,10 +552,7 @@ class ClusterGateway:
         if not c.default_reservation or self.gke is None:
             return
         if self.compute is None:
-            from falcon_ray.gcp import ComputeApi
-
-            creds, ua = self._compute_args
-            self.compute = ComputeApi(endpoint=self.s.compute_endpoint, credentials=creds, timeout=self.s.api_retry_timeout_s, user_agent=ua)
+            self.compute = self.adapters.compute()
         if (self.reservation is not None or self.reservation_error) and self.clock.monotonic() - self.reservation_at < self.s.pool_refresh_s:
             return
         project, name = self._reservation_owner()

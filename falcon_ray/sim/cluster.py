@@ -31,9 +31,12 @@ import asyncio
 import hashlib
 import logging
 import random
-import time
+import uuid
 from collections.abc import Callable
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from falcon_ray.clock import SYSTEM, Clock
 
 from .autoscaler import Autoscaler
 from .disruptions import Disruptions
@@ -49,11 +52,27 @@ log = logging.getLogger(__name__)
 MAX_EVENTS = 500
 
 
+class TimerLoop(Protocol):
+    """What a cluster needs of its loop: an asyncio loop, or a simulator's own event queue."""
+
+    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> Any: ...
+
+    def call_soon(self, callback: Callable[..., None], *args: Any) -> Any: ...
+
+
 class SimCluster:
-    def __init__(self, config: ClusterConfig, index: int, seed: int, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        config: ClusterConfig,
+        index: int,
+        seed: int,
+        loop: asyncio.AbstractEventLoop | TimerLoop,
+        clock: Clock = SYSTEM,
+    ):
         self.config = config
         self.index = index
         self.loop = loop
+        self.clock = clock
         self.faults: Faults = config.faults.model_copy(deep=True)
         self.timings: Timings = config.timings.model_copy(deep=True)
         self.rng = random.Random(f"{seed}:{config.name}")  # names (operations, nodes, pods, events)
@@ -70,7 +89,11 @@ class SimCluster:
             "create_error": 0,
             "webhook_unavailable": 0,
         }
-        self.store = ObjectStore(config.watch_history)
+        if clock is SYSTEM:
+            self.store = ObjectStore(config.watch_history)
+        else:  # a given clock: stamps in its time, uids from the cluster's seed (a replayable run)
+            uid_rng = random.Random(f"{seed}:{config.name}:uids")
+            self.store = ObjectStore(config.watch_history, stamp=self.stamp, new_uid=lambda: str(uuid.UUID(int=uid_rng.getrandbits(128), version=4)))
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
         self.autoscaler = Autoscaler(self)  # after Workloads: its pass sees the scheduler's verdicts
@@ -81,9 +104,15 @@ class SimCluster:
         self._event_names: list[tuple[str, str]] = []
 
     # ---- time and timers -----------------------------------------------------------------------
-    @staticmethod
-    def mono() -> float:
-        return time.monotonic()
+    def mono(self) -> float:
+        return self.clock.monotonic()
+
+    def wall(self) -> float:
+        return self.clock.time()
+
+    def stamp(self) -> str:
+        """Now as an RFC 3339 timestamp (seconds), for the objects' server-set times."""
+        return rfc3339(datetime.fromtimestamp(self.clock.time(), UTC))
 
     def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         self.loop.call_later(max(0.0, delay), self._guarded, fn, args)
@@ -249,7 +278,7 @@ class SimCluster:
     def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
         md = job["metadata"]
         key = (md.get("namespace", ""), md["name"])
-        now = time.time()
+        now = self.wall()
         rec = self.job_records.get(key)
         if rec is None:
             rec = self.job_records[key] = {
@@ -271,13 +300,13 @@ class SimCluster:
         md = job["metadata"]
         rec = self.job_records.get((md.get("namespace", ""), md["name"]))
         if rec is not None:
-            rec.setdefault("deleted_at", []).append(time.time())
+            rec.setdefault("deleted_at", []).append(self.wall())
 
     def record_event(self, obj: dict[str, Any], etype: str, reason: str, message: str) -> None:
         md = obj["metadata"]
         ns = md.get("namespace") or "default"
         suffix = "".join(self.rng.choice("0123456789abcdef") for _ in range(16))
-        now = rfc3339()
+        now = self.stamp()
         event = {
             "metadata": {"name": f"{md['name']}.{suffix}", "namespace": ns},
             "involvedObject": {

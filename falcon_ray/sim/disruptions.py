@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from typing import TYPE_CHECKING, Any
 
 from .fleet import DISRUPTION_KINDS
@@ -115,6 +114,9 @@ class Disruptions:
         self._turn = 0
         self._ticking = False
         self._last_tick = 0.0
+        # seconds between draws; each draw's chance covers the time since the last, so a longer
+        # tick (a simulator in virtual time) keeps the rate and only coarsens when a draw lands
+        self.tick_s = TICK
         self.store.add_listener(self._on_event)
         self.poke()
 
@@ -197,7 +199,7 @@ class Disruptions:
         if not self._ticking and self.cluster.faults.disruption_rate_per_node_hour > 0:
             self._ticking = True
             self._last_tick = self.cluster.mono()
-            self.cluster.call_later(TICK, self._tick)
+            self.cluster.call_later(self.tick_s, self._tick)
 
     def _tick(self) -> None:
         faults = self.cluster.faults
@@ -219,7 +221,7 @@ class Disruptions:
                 kind = kinds[self._turn % len(kinds)]
                 self._turn += 1
                 self.disrupt(kind, self.slice_of(node), trigger="disruption_rate_per_node_hour")
-        self.cluster.call_later(TICK, self._tick)
+        self.cluster.call_later(self.tick_s, self._tick)
 
     # ---- the disruption ------------------------------------------------------------------------
     def _pool_of(self, node_name: str) -> NodePool | None:
@@ -261,7 +263,7 @@ class Disruptions:
             "nodes": list(nodes),
             "pods": [_ref(p) for p in pods],
             "jobs": jobs,
-            "at": time.time(),
+            "at": self.cluster.wall(),
             "drained_at": None,
             "restored_at": None,
         }
@@ -294,7 +296,7 @@ class Disruptions:
     # ---- maintenance ---------------------------------------------------------------------------
     def _notify_maintenance(self, record: dict[str, Any], nodes: list[str]) -> None:
         notice = self.cluster.timings.maintenance_notice
-        when = int(time.time() + notice)
+        when = int(self.cluster.wall() + notice)
         for name in nodes:
             self._mutate_node(
                 name, lambda n: n["metadata"].setdefault("labels", {}).update({SCHEDULED_LABEL: str(when)})
@@ -309,7 +311,7 @@ class Disruptions:
         self.cluster.call_later(notice, self._drain_for_maintenance, record, nodes)
 
     def _drain_for_maintenance(self, record: dict[str, Any], nodes: list[str]) -> None:
-        now = rfc3339()
+        now = self.cluster.stamp()
 
         def ongoing(n: dict[str, Any]) -> None:
             n["metadata"].setdefault("labels", {})[ACTIVE_LABEL] = "ONGOING"
@@ -339,14 +341,14 @@ class Disruptions:
                 "HostMaintenance",
                 f"Stopping pod for host maintenance of node {pod['spec'].get('nodeName')}: {SHUTDOWN_MESSAGE}",
             )
-        record["drained_at"] = time.time()
+        record["drained_at"] = self.cluster.wall()
         record["pods"] = sorted(set(record["pods"]) | {_ref(p) for p in pods})
         self.cluster.call_later(
             self.cluster.timings.maintenance_duration, self._end_maintenance, record, nodes
         )
 
     def _end_maintenance(self, record: dict[str, Any], nodes: list[str]) -> None:
-        now = rfc3339()
+        now = self.cluster.stamp()
 
         def done(n: dict[str, Any]) -> None:
             labels = n["metadata"].setdefault("labels", {})
@@ -366,11 +368,11 @@ class Disruptions:
                     f"Host maintenance of node {name} completed; the node is Ready",
                 )
             self._busy.discard(name)
-        record["restored_at"] = time.time()
+        record["restored_at"] = self.cluster.wall()
 
     # ---- repair --------------------------------------------------------------------------------
     def _fail_nodes(self, record: dict[str, Any], pool: NodePool, nodes: list[str]) -> None:
-        now = rfc3339()
+        now = self.cluster.stamp()
 
         def unknown(n: dict[str, Any]) -> None:
             spec = n.setdefault("spec", {})
@@ -409,7 +411,7 @@ class Disruptions:
         pods = self._pods_on(nodes)
         for pod in pods:
             self._terminate(pod, "TerminationByKubelet", SHUTDOWN_MESSAGE, SIGTERM_EXIT, graceful=True)
-        record["drained_at"] = time.time()
+        record["drained_at"] = self.cluster.wall()
         if pool.flex:
             for name in nodes:
                 self._node_event(
@@ -444,7 +446,7 @@ class Disruptions:
                 self.store.delete("pods", md["namespace"], md["name"])
             self.store.delete("nodes", "", name)
         if record["drained_at"] is None:
-            record["drained_at"] = time.time()
+            record["drained_at"] = self.cluster.wall()
         self.cluster.refresh_idle()
         return zones
 
@@ -462,14 +464,14 @@ class Disruptions:
             self._node_event(
                 name, "Normal", "RegisteredNode", f"Node {name} event: Registered Node {name} in Controller"
             )
-        record["restored_at"] = time.time()
+        record["restored_at"] = self.cluster.wall()
         self.cluster.refresh_idle()
 
     def _terminate(
         self, pod: dict[str, Any], reason: str, message: str, exit_code: int | None, graceful: bool
     ) -> None:
         """Phase Failed with ``DisruptionTarget``; ``exit_code``: the containers were stopped (else untouched)."""
-        now = rfc3339()
+        now = self.cluster.stamp()
 
         def change(p: dict[str, Any]) -> None:
             st = p.setdefault("status", {})

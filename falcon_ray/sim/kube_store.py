@@ -97,7 +97,14 @@ class Watcher:
 
 
 class ObjectStore:
-    def __init__(self, history_limit: int):
+    def __init__(
+        self,
+        history_limit: int,
+        stamp: Callable[[], str] | None = None,
+        new_uid: Callable[[], str] | None = None,
+    ):
+        self._stamp = stamp or rfc3339
+        self._new_uid = new_uid or (lambda: str(uuid.uuid4()))
         self.rv = 0
         self.history_limit = history_limit
         self.compacted_rv = 0  # events with rv <= this are gone from history
@@ -139,8 +146,8 @@ class ObjectStore:
         obj["kind"], obj["apiVersion"] = rk.kind, rk.api_version
         if not rk.namespaced:
             md.pop("namespace", None)
-        md["uid"] = uid or str(uuid.uuid4())
-        md["creationTimestamp"] = rfc3339()
+        md["uid"] = uid or self._new_uid()
+        md["creationTimestamp"] = self._stamp()
         md["generation"] = 1
         md.pop("deletionTimestamp", None)
         md["resourceVersion"] = str(self._next_rv())

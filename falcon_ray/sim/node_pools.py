@@ -44,14 +44,13 @@ Contract
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import GoogleError
 from .fleet import is_zone, region_of
-from .kube_store import clone, rfc3339
+from .kube_store import clone
 from .machines import TpuFamily, chips_per_host, default_topology, tpu_family
 
 if TYPE_CHECKING:
@@ -505,7 +504,7 @@ class NodePools:
             chips_per_host=per_host,
             topology=topology,
             reservation=reservation,
-            created_at=time.time(),
+            created_at=self.cluster.wall(),
             visible_after=self.cluster.mono() + lag,
             zones=zones,
             autoscaling=autoscaling,
@@ -632,7 +631,7 @@ class NodePools:
             self._end_op(op, pool.error)
             return
         pool.status = "RUNNING"
-        pool.ready_at = time.time()
+        pool.ready_at = self.cluster.wall()
         self._end_op(op, None)
         self.cluster.refresh_idle()
         self._provision(pool, pool.hosts)
@@ -667,7 +666,7 @@ class NodePools:
             zone = pool.zones[len(pool.node_names) % len(pool.zones)]
             pool.node_names.append(self.cluster.add_node(pool, zone))
         if pool.first_node_at is None:
-            pool.first_node_at = time.time()
+            pool.first_node_at = self.cluster.wall()
 
     # ---- delete --------------------------------------------------------------------------------
     def delete(self, name: str) -> Operation:
@@ -675,14 +674,14 @@ class NodePools:
         self._claim_operation_slot()
         op = self._start_op("DELETE_NODE_POOL", name)
         pool.status = "STOPPING"
-        pool.delete_requested_at = time.time()
+        pool.delete_requested_at = self.cluster.wall()
         self.cluster.call_later(self.cluster.timings.node_pool_delete, self._finish_delete, pool, op)
         return op
 
     def _finish_delete(self, pool: NodePool, op: Operation) -> None:
         for node in pool.node_names:
             self.cluster.remove_node(node)
-        pool.deleted_at = time.time()
+        pool.deleted_at = self.cluster.wall()
         self.pools.pop(pool.name, None)
         self.cluster.refresh_idle()
         self._end_op(op, None)
@@ -696,7 +695,7 @@ class NodePools:
             self.cluster.fault_counts["incompatible_op"] += 1
             raise GoogleError(
                 400,
-                f"Cluster is running incompatible operation operation-{int(time.time() * 1000)}-upgrade. "
+                f"Cluster is running incompatible operation operation-{int(self.cluster.wall() * 1000)}-upgrade. "
                 "Please wait and try again.",
                 "FAILED_PRECONDITION",
             )
@@ -712,8 +711,8 @@ class NodePools:
 
     def _start_op(self, op_type: str, pool: str) -> Operation:
         suffix = "".join(self.cluster.rng.choice("0123456789abcdef") for _ in range(8))
-        name = f"operation-{int(time.time() * 1000)}-{suffix}"
-        op = Operation(name, op_type, pool, self.cluster, started_at=time.time())
+        name = f"operation-{int(self.cluster.wall() * 1000)}-{suffix}"
+        op = Operation(name, op_type, pool, self.cluster, started_at=self.cluster.wall())
         self.operations[name] = op
         self.running_op = op
         self.max_concurrent_ops = max(self.max_concurrent_ops, 1)
@@ -721,7 +720,7 @@ class NodePools:
 
     def _end_op(self, op: Operation, error: dict[str, Any] | None) -> None:
         op.status = "DONE"
-        op.ended_at = time.time()
+        op.ended_at = self.cluster.wall()
         op.error = error
         if self.running_op is op:
             self.running_op = None
@@ -772,7 +771,7 @@ def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int,
         capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", "ephemeral-storage": "100Gi"}
         capacity[TPU_RESOURCE] = str(pool.chips_per_host)
         taints.append({"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"})
-    now = rfc3339()
+    now = cluster.stamp()
     ip = f"10.128.{len(cluster.pools.history) % 250}.{index % 250 + 2}"
     return {
         "metadata": {"name": node_name, "labels": labels, "annotations": {"sim.falcon/pool": pool.name}},

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -339,7 +338,7 @@ class Workloads:
         uid = md["uid"]
         self.cluster.record_job_delete(job)
         if propagation == "Foreground":
-            now = rfc3339()
+            now = self.cluster.stamp()
 
             def mark(obj: dict[str, Any]) -> None:
                 omd = obj["metadata"]
@@ -377,7 +376,7 @@ class Workloads:
         if job is not None:
             rec = self.cluster.job_records.get((namespace, name))
             if rec is not None:
-                rec.setdefault("gone_at", []).append(time.time())
+                rec.setdefault("gone_at", []).append(self.cluster.wall())
         return job
 
     def _dependents(self, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
@@ -403,7 +402,7 @@ class Workloads:
         if phase in TERMINAL or not (pod.get("spec") or {}).get("nodeName") or grace <= 0:
             self.store.delete("pods", ns, name)
             return
-        deadline = rfc3339_from(time.time() + grace)
+        deadline = rfc3339_from(self.cluster.wall() + grace)
         whole_seconds = max(1, math.ceil(grace))
 
         def mark(obj: dict[str, Any]) -> None:
@@ -421,7 +420,7 @@ class Workloads:
         if pod is None:
             return
         if (pod.get("status") or {}).get("phase") == "Running":
-            now = rfc3339()
+            now = self.cluster.stamp()
 
             def end(obj: dict[str, Any]) -> None:
                 st = obj["status"]
@@ -521,7 +520,7 @@ class Workloads:
         indexed = spec.get("completionMode") == "Indexed"
         suspended = bool(spec.get("suspend"))
         status = clone(job.get("status") or {})
-        now = rfc3339()
+        now = self.cluster.stamp()
         if not suspended and not status.get("startTime"):
             status["startTime"] = now
 
@@ -586,13 +585,12 @@ class Workloads:
         self._dirty_jobs.add((ns, name))
         self._arm()
 
-    @staticmethod
-    def _job_age(job: dict[str, Any], status: dict[str, Any]) -> float:
+    def _job_age(self, job: dict[str, Any], status: dict[str, Any]) -> float:
         try:
             start = datetime.strptime(status["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         except (KeyError, ValueError):
             return 0.0
-        return time.time() - start.timestamp()
+        return self.cluster.wall() - start.timestamp()
 
     def _create_missing_pods(
         self,
@@ -764,7 +762,7 @@ class Workloads:
         if self._unschedulable_msg.get(uid) == message:
             return
         self._unschedulable_msg[uid] = message
-        now = rfc3339()
+        now = self.cluster.stamp()
 
         def change(p: dict[str, Any]) -> None:
             st = p.setdefault("status", {})
@@ -795,7 +793,7 @@ class Workloads:
             ),
             "",
         )
-        now = rfc3339()
+        now = self.cluster.stamp()
         self._unschedulable_msg.pop(md["uid"], None)
         self._bound.add(md["uid"])
 
@@ -843,8 +841,8 @@ class Workloads:
         if pod["metadata"].get("deletionTimestamp"):
             return  # deleted before its containers started: it is removed when its grace period ends
         plans = [container_plan(c) for c in pod["spec"].get("containers") or []]
-        now = rfc3339()
-        started = time.time()
+        now = self.cluster.stamp()
+        started = self.cluster.wall()
         ip = f"10.{64 + self.cluster.index % 64}.{(self.store.rv // 250) % 250}.{self.store.rv % 250 + 2}"
 
         def change(p: dict[str, Any]) -> None:
@@ -885,7 +883,7 @@ class Workloads:
             return
         by_name = {pl.name: pl for pl in plans}
         failed = any(pl.exit_code != 0 for pl in plans)
-        now = rfc3339()
+        now = self.cluster.stamp()
 
         def change(p: dict[str, Any]) -> None:
             st = p["status"]

@@ -1,23 +1,23 @@
 """`falcon-ray`: the operator's command line.
 
-Commands that need only the database live here: ``db upgrade``, ``clusters``,
-``submit``, ``abort`` and ``status``. ``sim`` and the Ray commands (``run``, ``demo``,
-``queues``, ...) are attached at the bottom from their own modules.
+The product's commands: ``db upgrade``, ``clusters``, ``submit``, ``abort``, ``status`` and
+``render`` need only the database (or nothing); ``run``, ``queues`` and ``health`` need Ray
+and come from ``falcon_ray.controller_cli``. The development tools (``demo``, ``chaos``,
+``bench``, ``sim``...) are registered by ``falcon_ray.devtools.commands`` when that package
+is installed; an image built without it (deploy/Dockerfile) answers them with one line
+saying so and exit 1.
 
 Every command takes ``--db URL`` (default: ``$FALCON_DB_URL``, else
 ``sqlite:///falcon.db``) and prints a table, or JSON with ``--json``. Errors are
 one line on stderr and a non-zero exit: 1 for a refused operation or a database
-problem, 2 for invalid input (click's usage errors and an invalid task spec).
-Other command modules may reuse ``db_option``, ``json_option``, ``open_store``,
-``render_table`` and ``echo_json``.
+problem, 2 for invalid input (click's usage errors and an invalid task spec). The
+options, errors and output helpers shared by the command modules are in
+``falcon_ray.cli_shared``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import json
-from collections.abc import Callable, Iterator, Sequence
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -25,168 +25,32 @@ import click
 import sqlalchemy as sa
 import yaml
 
-from falcon_ray import dbref, render, scheduling, tpu
+from falcon_ray import controller_cli, render, scheduling, tpu
 from falcon_ray import lifecycle as lc
+from falcon_ray.cli_shared import (  # noqa: F401  (re-exported: the commands' helpers as cli.*)
+    CliError,
+    InvalidInput,
+    check_database,
+    db_option,
+    db_url_param,
+    echo_json,
+    first_line,
+    human_duration,
+    json_option,
+    open_store,
+    render_table,
+    safe_url,
+)
 from falcon_ray.clock import SYSTEM
 from falcon_ray.config import SettingsError, load_settings
 from falcon_ray.model import Cluster
 from falcon_ray.render import ZONE_RE
 from falcon_ray.spec import SpecError, parse_spec
-from falcon_ray.store import DEFAULT_DB_URL, Store, Task, migrate
+from falcon_ray.store import Store, Task, migrate
 from falcon_ray.store.repository import CLUSTER_STATUSES
 
 STATUS_LIMIT = 50
 TABLE_MESSAGE_WIDTH = 60
-
-
-class CliError(click.ClickException):
-    """A refused operation or an unusable database: one line, exit code 1."""
-
-
-class InvalidInput(click.ClickException):
-    """Input that can never succeed (e.g. an invalid spec): exit code 2, like a usage error."""
-
-    exit_code = 2
-
-
-# --- shared options and helpers --------------------------------------------------------
-
-
-def db_url_param(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
-    """Click callback: a database URL SQLAlchemy can parse and has a driver for (else exit 2).
-
-    When ``--db`` was not given and ``FALCON_DB_URL`` is unset, the URL is read from the file
-    ``FALCON_DB_URL_FILE`` names (a mounted Secret), so a password need not be on a command
-    line nor in an environment."""
-    source = ctx.get_parameter_source(param.name) if ctx is not None and param is not None and param.name else None
-    if source in (None, click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP):
-        from falcon_ray.discovery import db_url_from_environment
-
-        try:
-            value = db_url_from_environment() or value
-        except dbref.UnresolvedReference as e:
-            raise click.BadParameter(str(e)) from None
-    if value is None:
-        return None
-    try:
-        sa.engine.make_url(value).get_dialect().import_dbapi()
-    except sa.exc.ArgumentError:
-        raise click.BadParameter(f"not a database URL: {value[:200]!r}") from None
-    except (ImportError, sa.exc.NoSuchModuleError) as e:
-        raise click.BadParameter(f"no database driver for {safe_url(value)[:200]!r}: {_first_line(e)}") from None
-    return value
-
-
-def db_option(f: Callable) -> Callable:
-    return click.option(
-        "--db",
-        "db_url",
-        envvar="FALCON_DB_URL",
-        default=DEFAULT_DB_URL,
-        show_default=True,
-        show_envvar=True,
-        metavar="URL",
-        callback=db_url_param,
-        help="SQLAlchemy database URL, e.g. mysql+pymysql://user@host:3306/falcon "
-        "(else the file FALCON_DB_URL_FILE names).",
-    )(f)
-
-
-def json_option(f: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
-
-
-def safe_url(db_url: str) -> str:
-    """The URL with any password hidden, for messages (one that does not parse, as given)."""
-    text = dbref.redacted(db_url)
-    return db_url if text == dbref.UNPARSABLE else text
-
-
-def _first_line(e: BaseException) -> str:
-    orig = getattr(e, "orig", None)
-    text = str(orig if orig is not None else e).strip()
-    return (text.splitlines() or [type(e).__name__])[0][:300]
-
-
-def check_database(db_url: str, need_jobs: bool = True) -> None:
-    """Raise CliError unless the database exists and holds the tables the caller needs."""
-    try:
-        url = sa.engine.make_url(db_url)
-    except sa.exc.ArgumentError as e:
-        raise InvalidInput(f"not a database URL: {db_url!r} ({e})") from None
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        if not Path(url.database).exists():
-            raise CliError(f"database file {url.database} does not exist; run `falcon-ray db upgrade` first")
-    missing = migrate.missing_tables(db_url, with_jobs_table=need_jobs)
-    falcon_missing = [name for name in missing if name != "jobs"]
-    if falcon_missing:
-        raise CliError(
-            f"database {safe_url(db_url)} is not migrated (missing: {', '.join(falcon_missing)}); "
-            "run `falcon-ray db upgrade` first"
-        )
-    if missing:
-        raise CliError(
-            f"database {safe_url(db_url)} has no jobs table; the upper layer creates it, "
-            "or run `falcon-ray db upgrade --with-jobs-table`"
-        )
-
-
-@contextlib.contextmanager
-def open_store(db_url: str, need_jobs: bool = True) -> Iterator[Store]:
-    """A Store on a checked database, disposed afterwards."""
-    check_database(db_url, need_jobs=need_jobs)
-    store = Store(db_url)
-    try:
-        yield store
-    finally:
-        store.dispose()
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat(timespec="milliseconds") + ("Z" if value.tzinfo is None else "")
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    return str(value)
-
-
-def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, default=_json_default, indent=2, ensure_ascii=False))
-
-
-def _cell(value: Any, width: int | None = None) -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, dt.datetime):
-        text = value.strftime("%Y-%m-%d %H:%M:%S")
-    else:
-        text = " ".join(str(value).split())  # one line per row
-    if width is not None and len(text) > width:
-        text = text[: width - 3] + "..."
-    return text
-
-
-def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], widths: dict | None = None) -> str:
-    """A plain aligned table; ``columns`` are (key, header) pairs."""
-    widths = widths or {}
-    cells = [[_cell(row.get(key), widths.get(key)) for key, _ in columns] for row in rows]
-    heads = [head for _, head in columns]
-    size = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(heads)]
-    lines = ["  ".join(h.ljust(size[i]) for i, h in enumerate(heads)).rstrip()]
-    lines += ["  ".join(c.ljust(size[i]) for i, c in enumerate(r)).rstrip() for r in cells]
-    return "\n".join(lines)
-
-
-def human_duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    s = int(round(seconds))
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 # --- the group -------------------------------------------------------------------------
@@ -199,7 +63,7 @@ class _Main(click.Group):
         except SettingsError as e:  # a bad --config file is bad input
             raise InvalidInput(str(e)) from None
         except sa.exc.SQLAlchemyError as e:  # never a traceback for a database problem
-            raise CliError(f"database error: {_first_line(e)}") from None
+            raise CliError(f"database error: {first_line(e)}") from None
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -634,7 +498,7 @@ def _spec_text(value: str) -> str:
         try:
             return Path(value[1:]).read_text()
         except (OSError, UnicodeDecodeError) as e:
-            raise InvalidInput(f"cannot read spec file {value[1:]!r}: {_first_line(e)}") from None
+            raise InvalidInput(f"cannot read spec file {value[1:]!r}: {first_line(e)}") from None
     return value
 
 
@@ -673,7 +537,24 @@ def render_cmd(
     given as NAME on a regional cluster needs --zone (the controller finds its zone through
     Compute)."""
     settings = load_settings(config_path)
-    try:  # bad input is one line and exit 2 (click's own errors would add the usage)
+    spec, reservation, zone = _render_input(tpu_type, reservation, zone, spec_arg)
+    now = SYSTEM.now()  # a command: the machine's clock
+    cluster = Cluster(
+        id=cluster_name, name=cluster_name, project=project, location=location, tpu_type=tpu_type,
+        gcs_bucket=gcs_bucket, default_reservation=reservation, status="active", namespace=namespace,
+        service_account=service_account, created_at=now, updated_at=now, zone=zone,
+    )
+    mode, out = _rendered(spec, cluster, task_id, settings)
+    if as_json:
+        echo_json(out)
+    else:
+        _print_rendered(out, mode, f"projects/{project}/locations/{location}/clusters/{cluster_name}", namespace)
+
+
+def _render_input(tpu_type: str, reservation: str, zone: str, spec_arg: str) -> tuple[Any, str, str]:
+    """render's input checked: (the parsed spec, the reservation, the zone); bad input is
+    one line and exit 2 (click's own errors would add the usage)."""
+    try:
         _tpu_type(None, None, tpu_type)  # type: ignore[arg-type]
         reservation, zone = _reservation(reservation), _zone(zone)
     except click.BadParameter as e:
@@ -684,15 +565,15 @@ def render_cmd(
         raise InvalidInput(f"invalid task spec: {e}") from None
     if spec.tpu_type != tpu_type:
         raise InvalidInput(f"the spec asks for TPU type {spec.tpu_type}; the cluster offers {tpu_type}")
-    now = SYSTEM.now()  # a command: the machine's clock
-    cluster = Cluster(
-        id=cluster_name, name=cluster_name, project=project, location=location, tpu_type=tpu_type,
-        gcs_bucket=gcs_bucket, default_reservation=reservation, status="active", namespace=namespace,
-        service_account=service_account, created_at=now, updated_at=now, zone=zone,
-    )
+    return spec, reservation, zone
+
+
+def _rendered(spec: Any, cluster: Cluster, task_id: int, settings: Any) -> tuple[Any, dict[str, Any]]:
+    """The supply mode the controller would choose and what it would send: (mode,
+    {"node_pool", "job", "service"}); a task the controller would not place is exit 2."""
     offer = scheduling.offer(spec, cluster)
     if not offer.serves:
-        raise InvalidInput(f"the controller would not place this task on {cluster_name}: {_unfit_text(offer, spec)}")
+        raise InvalidInput(f"the controller would not place this task on {cluster.name}: {_unfit_text(offer, spec)}")
     mode = offer.mode
     pool = render.node_pool_name(task_id, spec.topology)
     try:
@@ -701,29 +582,29 @@ def render_cmd(
             idle_seconds=settings.idle_seconds(mode),
             workload_policy=settings.workload_policy(spec.topology) if spec.tpu_type == "v7x" else None,
             installation=settings.installation,
-            zone=zone or None,
+            zone=cluster.zone or None,
             oauth_scopes=settings.node_oauth_scopes,
             service_account=settings.node_service_account,
         )
     except ValueError as e:
         raise InvalidInput(str(e)) from None
-    job = render.job_manifest(task_id, spec, cluster, pool, render.queue_label(cluster_name, spec.topology), settings.installation)
+    job = render.job_manifest(task_id, spec, cluster, pool, render.queue_label(cluster.name, spec.topology), settings.installation)
     service = render.headless_service(task_id, spec, cluster, settings.installation) if spec.shape.multi_host else None
-    out = {"node_pool": request, "job": job, "service": service}
-    if as_json:
-        echo_json(out)
-        return
-    parent = f"projects/{project}/locations/{location}/clusters/{cluster_name}"
+    return mode, {"node_pool": request, "job": job, "service": service}
+
+
+def _print_rendered(out: dict[str, Any], mode: Any, parent: str, namespace: str) -> None:
+    """render's text form: each request as YAML under a heading naming where it goes."""
     click.echo(f"# supply mode: {mode.value}")
     click.echo(f"# node pool: POST https://container.googleapis.com/v1/{parent}/nodePools  {{\"nodePool\": ...}}")
-    click.echo(yaml.safe_dump(request, sort_keys=False, allow_unicode=True).rstrip())
+    click.echo(yaml.safe_dump(out["node_pool"], sort_keys=False, allow_unicode=True).rstrip())
     click.echo(f"# job: POST /apis/batch/v1/namespaces/{namespace}/jobs")
-    click.echo(yaml.safe_dump(job, sort_keys=False, allow_unicode=True).rstrip())
-    if service is None:
+    click.echo(yaml.safe_dump(out["job"], sort_keys=False, allow_unicode=True).rstrip())
+    if out["service"] is None:
         click.echo("# service: none (single-host slice)")
     else:
         click.echo(f"# service: POST /api/v1/namespaces/{namespace}/services")
-        click.echo(yaml.safe_dump(service, sort_keys=False, allow_unicode=True).rstrip())
+        click.echo(yaml.safe_dump(out["service"], sort_keys=False, allow_unicode=True).rstrip())
 
 
 def _unfit_text(offer: scheduling.Offer, spec: Any) -> str:
@@ -737,12 +618,48 @@ def _unfit_text(offer: scheduling.Offer, spec: Any) -> str:
     return f"{offer.unfit}"
 
 
-# --- commands from other modules (keep at the very end) ----------------------------------
+# --- commands from other modules ----------------------------------------------------------
 
-from falcon_ray.sim.cli import sim as _sim_group  # noqa: E402
+for _command in controller_cli.COMMANDS:
+    main.add_command(_command)
 
-main.add_command(_sim_group)
+# The development tools' module, loaded by name: the product never imports the tools (the
+# import contracts in pyproject.toml), and the production image is built without them.
+DEVTOOLS_COMMANDS = "falcon_ray.devtools.commands"
+# what an image without the tools answers for them
+TOOL_COMMAND_NAMES = ("demo", "chaos", "bench", "sim", "simulate")
 
-from falcon_ray import controller_cli  # noqa: E402
 
-controller_cli.register(main)
+def _tool_not_installed(name: str) -> click.Command:
+    """A hidden stand-in for a tool command: one line saying the tools are absent, exit 1."""
+
+    def refuse() -> None:
+        raise CliError(
+            f"`falcon-ray {name}` is a development tool, and the development tools "
+            "(falcon_ray.devtools) are not installed in this image; run it from a source "
+            "checkout (pip install -e .)"
+        )
+
+    return click.Command(
+        name, callback=refuse, hidden=True, add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        help="Not installed in this image (a development tool).",
+    )
+
+
+def register_tools(group: click.Group) -> bool:
+    """Attach the development tools' commands when their package is installed (True), else
+    their stand-ins (False)."""
+    try:
+        tools = importlib.import_module(DEVTOOLS_COMMANDS)
+    except ModuleNotFoundError as e:
+        if e.name not in ("falcon_ray.devtools", DEVTOOLS_COMMANDS):
+            raise  # a tool is installed but one of its own imports is missing
+        for name in TOOL_COMMAND_NAMES:
+            group.add_command(_tool_not_installed(name))
+        return False
+    tools.register(group)
+    return True
+
+
+register_tools(main)

@@ -64,14 +64,13 @@ from typing import Any
 
 from actors.port import Port
 from actors.ticker import Ticker
-from falcon_ray import metrics, render, tpu
+from falcon_ray import metrics, render
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, capacity_kind
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import (
     OP_IN_FLIGHT,
-    RETRYABLE_KINDS,
     Cluster,
     ClusterView,
     ErrorKind,
@@ -85,7 +84,7 @@ from falcon_ray.model import (
     ReservationView,
     RunEvidence,
 )
-from falcon_ray.spec import SupplyMode
+from falcon_ray.nodepools import ledger, operations, orphans
 from falcon_ray.store import Fenced, Store
 from falcon_ray.tpu import NODEPOOL_LABEL
 
@@ -93,9 +92,6 @@ log = logging.getLogger("falcon.cluster")
 
 GAUGE_PERIOD_S = 10.0
 LEDGER_READ_TTL_S = 1.0  # the lease rows behind the ledger's view are read at most this often
-GRANT_TTL_S = 120.0  # a granted claim whose lease row never appeared is dropped after this
-# lease states whose pool holds (or is about to hold) reservation capacity
-CLAIMING = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE, LeaseState.IDLE)
 OP_IDLE_WAIT_S = 0.2
 CONNECT_BACKOFF_MAX_S = 60.0
 SLOW_CONNECT_S = 10.0  # a connect slower than this is logged as a warning, with its stages
@@ -251,7 +247,7 @@ class ClusterGateway:
         self.ledger_recorded: tuple[Any, ...] | None = None  # the figures last written on the cluster row
         self.claim_lock = threading.Lock()
         self.ledger_rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows)
-        self.grants: dict[str, tuple[int, float]] = {}  # pool -> (hosts, granted at): claims not yet in a lease row
+        self.grants: dict[str, ledger.Grant] = {}  # pool -> its claim, until a lease row carries it
         self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
@@ -593,46 +589,42 @@ class ClusterGateway:
             self.ledger_rows = (now, rows)
         return rows
 
-    def _claimed(self, exclude: str = "", fresh: bool = False) -> int:
+    def _registered(self) -> dict[str, int]:
+        """The registered nodes of every listed pool."""
+        with self.lock:
+            return {name: pool.registered for name, pool in self.pools.items()}
+
+    def _drop_settled_grants(self, rows: list) -> None:
+        """Forget the grants the ledger no longer counts (carried by a lease row, or expired).
+        Only removes: a grant made meanwhile by a claim is kept."""
+        seen = dict(self.grants)
+        kept = ledger.outstanding_grants(seen, rows, self.clock.monotonic())
+        for name in seen.keys() - kept.keys():
+            self.grants.pop(name, None)
+
+    def _claimed(self) -> int:
         """Hosts of the reservation that Falcon's pools hold and GKE does not count yet."""
-        now = self.clock.monotonic()
-        counted: set[str] = set()
-        total = 0
-        for lease in self._lease_rows(fresh):
-            if lease.supply_mode != SupplyMode.RESERVATION or lease.state not in CLAIMING or lease.name == exclude:
-                continue
-            counted.add(lease.name)
-            try:
-                hosts = tpu.lookup(self.cluster.tpu_type, lease.topology).hosts
-            except tpu.UnknownShape:
-                continue
-            with self.lock:
-                pool = self.pools.get(lease.name)
-            total += max(0, hosts - (pool.registered if pool else 0))
-        for name, (hosts, at) in list(self.grants.items()):
-            if name in counted or now - at > GRANT_TTL_S:
-                self.grants.pop(name, None)  # its lease row carries it now (or it was never written)
-            elif name != exclude:
-                total += hosts
-        return total
+        rows = self._lease_rows(fresh=False)
+        self._drop_settled_grants(rows)
+        return ledger.claimed_hosts(self.cluster.tpu_type, rows, self._registered(), dict(self.grants))
 
     def claim_reservation(self, name: str, hosts: int) -> bool:
-        """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free.
-        Idempotent: a claim already granted (or carried by its lease row) is granted again."""
+        """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free
+        (``nodepools.ledger.decide_claim``). Idempotent: a claim already granted (or carried
+        by its lease row) is granted again."""
         self._fence(self.s.leader_ttl_s / 3)
         with self.claim_lock:
             self._refresh_reservation()
             r = self.reservation
-            if r is None:
-                return False
-            if name in self.grants or any(l.name == name for l in self._lease_rows(fresh=True)):
-                return True
-            free = r.count - r.in_use - self._claimed(exclude=name)  # the rows just read
-            if free < hosts:
-                log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, free)
-                return False
-            self.grants[name] = (hosts, self.clock.monotonic())
-            return True
+            rows = self._lease_rows(fresh=True)  # the claim is the arbiter: read the rows afresh
+            self._drop_settled_grants(rows)
+            free = None if r is None else r.count - r.in_use
+            decision = ledger.decide_claim(name, hosts, free, self.cluster.tpu_type, rows, self._registered(), dict(self.grants))
+            if decision.outcome == ledger.ClaimOutcome.REFUSED:
+                log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, decision.free)
+            elif decision.outcome == ledger.ClaimOutcome.GRANTED:
+                self.grants[name] = ledger.Grant(hosts, self.clock.monotonic())
+            return decision.granted
 
     def _ledger(self) -> dict[str, Any] | None:
         r = self.reservation_view()
@@ -794,9 +786,7 @@ class ClusterGateway:
                     return False
                 op.operation = name
         except CloudError as e:
-            if op.kind == OpKind.CREATE and e.kind == ErrorKind.ALREADY_EXISTS:
-                return False  # created before a crash: adopt it
-            if op.kind == OpKind.DELETE and e.kind == ErrorKind.NOT_FOUND:
+            if operations.goal_holds(op.kind, e.kind):  # created before a restart (adopt it), or already gone
                 return False
             raise
         self.last_ok["gke"] = self.clock.time()
@@ -820,7 +810,7 @@ class ClusterGateway:
             self.last_ok["gke"] = self.clock.time()
             if info.done:
                 if info.error is not None:
-                    if op.kind == OpKind.DELETE and info.error.kind == ErrorKind.NOT_FOUND:
+                    if op.kind == OpKind.DELETE and operations.goal_holds(op.kind, info.error.kind):
                         return
                     op.operation = ""  # that operation is over: a retry makes a new call
                     raise info.error
@@ -832,13 +822,13 @@ class ClusterGateway:
         op.error_kind = e.kind
         op.error = e.message[:1000]
         log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
-        if op.kind == OpKind.CREATE and e.kind not in RETRYABLE_KINDS:
+        s = self.s
+        delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, s.pool_op_backoff_initial_s, s.pool_op_backoff_max_s, random.random())
+        if delay is None:
             op.state = OpState.FAILED
             self.counters["ops_failed"] += 1
             return
-        # retry: creates on busy/transient errors, deletes always
-        delay = min(self.s.pool_op_backoff_initial_s * (2 ** (op.attempts - 1)), self.s.pool_op_backoff_max_s)
-        op.next_at = self.clock.monotonic() + delay * (0.5 + random.random() / 2)
+        op.next_at = self.clock.monotonic() + delay
         op.state = OpState.QUEUED
         self.counters["ops_retried"] += 1
         with self.lock:
@@ -893,28 +883,16 @@ class ClusterGateway:
             self._record_ledger()  # the claims change without a new reading
 
     def _orphan_pools(self) -> list[str]:
-        """Falcon pools of this installation that no live lease manages and no live task holds."""
-        leases = {l.name: l for l in self.store.leases(self.cluster.id, live_only=True)}
+        """Falcon pools of this installation that no live lease manages and no live task
+        holds (``nodepools.orphans``)."""
+        live = {lease.name: lease for lease in self.store.leases(self.cluster.id, live_only=True)}
         held = {t.node_pool_name for t in self.store.live_tasks(self.cluster.id) if t.node_pool_name}
         now = self.clock.monotonic()
         with self.lock:
-            labelled = list(self.pool_labels.items())
-        found = []
-        for name, labels in labelled:
-            if not render.owned_pool(name, labels, self.s.installation):
-                continue  # another installation's pool (or not Falcon's at all): never ours to delete
-            lease = leases.get(name)
-            if (lease is not None and lease.state != LeaseState.DELETING) or name in held:
-                continue  # a QueueActor manages it
-            if lease is not None:
-                age = (self.clock.now() - lease.created_at).total_seconds()
-            else:
-                age = now - self.pool_first_seen.get(name, now)
-            op = self.ops.get(name)
-            busy = op is not None and op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT
-            if age >= self.s.create_visibility_grace_s and not busy:
-                found.append(name)
-        return found
+            listed = [orphans.ListedPool(n, labels, self.pool_first_seen.get(n, now)) for n, labels in self.pool_labels.items()]
+            deleting = {n for n, op in self.ops.items() if op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT}
+        grace = self.s.create_visibility_grace_s
+        return orphans.orphan_pools(listed, self.s.installation, live, held, deleting, grace, self.clock.now(), now)
 
     def orphan_scan(self) -> dict[str, list[str]]:
         """Delete leaked pools and Jobs; returns what it found and queued for deletion."""

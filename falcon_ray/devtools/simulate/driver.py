@@ -1,0 +1,358 @@
+"""The controller in virtual time: the real poller, queues and cluster gateways on one schedule.
+
+Contract
+--------
+``Simulation(fleet, tasks, settings, seed)`` builds, in one process and on one
+``VirtualClock``: the database (SQLite in memory unless ``db_url`` is given; the schema
+by ``store.migrate.upgrade``; the fleet's clusters registered as ``falcon-ray clusters
+add`` would), the fleet model (``fleet.VirtualFleet``), an ``actors.poller.IntakePoller``,
+one ``actors.cluster.ClusterGateway`` per cluster (connected to the fleet by its
+``connect`` argument) and one ``actors.queue.QueueReconciler`` per (cluster, topology)
+that the poller or another queue hints, as the supervisor and ``RayPort`` create them.
+They are the product's objects, unmodified; each has its own ``Store``, as each actor
+has, and they reach one another through ``SimPort`` (the ``actors.port.Port`` that
+calls the other object directly instead of through Ray).
+
+``run()`` plays the tasks (each submitted at ``submit_at`` seconds and aborted at
+``abort_at`` as the upper layer does: ``Store.submit_task``, ``Store.request_abort``) and
+runs the schedule until every task is terminal and no Falcon pool is left in the fleet,
+or ``until_s`` has passed. What runs when:
+
+- every loop a Ticker would run, at the times the Ticker would run it: the queues'
+  ``step`` every ``interval()`` and at once on a hint; the gateway's orphan scan and
+  gauges at their periods; its operation loop (on a ``schedule.Worker``: it blocks while
+  it follows an operation) and its watch loop;
+- except the rounds that cannot change anything, left out as follows: the operation loop
+  runs only when an operation is due (a queued operation's retry time, or the wake-up of
+  ``ensure_pool`` / ``delete_pool`` / a connect), since with no due operation its step
+  returns at once; the watch loop runs when the fleet emitted a Job event for it or its
+  periodic re-list is due (the in-process watch delivers events as they happen); the
+  poller polls at its interval only after something could have put a row in its intake
+  (a task submitted or aborted, a queue that changed anything: it may have handed a task
+  back) and until a poll finds nothing. A poll that would come sooner than its interval
+  allows is moved to the next tick of that interval, so intake keeps production's cadence.
+
+Determinism: one thread runs at a time (``schedule``), the fleet draws from the seed,
+the controller's jitter from Python's ``random`` seeded here, and the clusters' ids are
+derived from their names; so the same inputs and seed give the same event log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import sqlite3
+import uuid
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
+import sqlalchemy as sa
+
+import actors.cluster
+from actors.cluster import OP_IDLE_WAIT_S, ClusterGateway
+from actors.poller import IntakePoller
+from actors.queue import QueueReconciler
+from falcon_ray.config import Settings
+from falcon_ray.lifecycle import TERMINAL
+from falcon_ray.model import OpState
+from falcon_ray.render import POOL_NAME_PREFIX
+from falcon_ray.sim.fleet import FleetConfig
+from falcon_ray.store import Store
+from falcon_ray.store.migrate import upgrade
+
+from .fleet import VirtualFleet
+from .schedule import ScheduledLoop, Scheduler, VirtualClock, Worker
+
+log = logging.getLogger("falcon.simulate")
+START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
+MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages
+END_CHECK_S = 10.0  # once every task is submitted: virtual seconds between two checks for the end
+
+
+class SimPort:
+    """``actors.port.Port`` in one process: each call goes to the object itself."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def observe(self, cluster: str, queue_label: str, pool_names: list[str], want_reservation: bool):
+        return self.sim.gateways[cluster].observe(queue_label, pool_names, want_reservation)
+
+    def claim_reservation(self, cluster: str, name: str, hosts: int) -> bool:
+        return self.sim.gateways[cluster].claim_reservation(name, hosts)
+
+    def ensure_pool(self, cluster: str, name: str, request: dict[str, Any], operation: str | None = None) -> str:
+        return self.sim.gateways[cluster].ensure_pool(name, request, operation)
+
+    def delete_pool(self, cluster: str, name: str) -> str:
+        return self.sim.gateways[cluster].delete_pool(name)
+
+    def submit_job(self, cluster: str, manifest: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
+        return self.sim.gateways[cluster].submit_job(manifest, service)
+
+    def delete_job(self, cluster: str, namespace: str, name: str) -> bool:
+        return self.sim.gateways[cluster].delete_job(namespace, name)
+
+    def hint(self, cluster: str, topology: str, create: bool = True) -> None:
+        self.sim.hint(cluster, topology, create)
+
+
+class Simulation:
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        tasks: list[dict[str, Any]],
+        settings: Settings,
+        seed: int,
+        db_url: str | None = None,
+        until_s: float | None = None,
+        progress: Callable[[Simulation], None] | None = None,
+    ) -> None:
+        random.seed(seed)
+        self.seed = seed
+        self.settings = settings
+        self.plan = sorted(enumerate(tasks), key=lambda it: (float(it[1].get("submit_at") or 0.0), it[0]))
+        self.until_s = until_s
+        self.progress = progress
+        self.clock = VirtualClock(START)
+        self.t0 = self.clock.monotonic()
+        self.scheduler = Scheduler(self.clock)
+        self.fleet_config = fleet.model_copy(update={"seed": seed})
+        self.fleet = VirtualFleet(self.fleet_config, self.scheduler)
+        self.db_url, self._keeper = _database(db_url, seed)
+        self.store = self._store()  # the upper layer's (submits, aborts) and the report's
+        self._register_clusters()
+        self.port = SimPort(self)
+        self.controller_stores: list[Store] = []
+        self.messages: list[tuple[float, int, str]] = []  # (seconds, task, Waiting Message) as refreshed
+        self.ids: list[int] = []
+        self.submitted = 0
+        self.observed: dict[int, list[tuple[float, str, str, str]]] = {}
+        self.done = False
+        self.poller = IntakePoller(settings, self._controller_store(), self.port, self.clock)
+        self.poller_loop = self._loop("poller", self.poller.poll_once, self.poller.interval)
+        self.poller_loop.next_after = self._poller_next
+        self.gateways: dict[str, ClusterGateway] = {}
+        self.workers: list[Worker] = []
+        for c in self.fleet_config.clusters:
+            self.gateways[c.name] = self._gateway(c.name)
+        self.queues: dict[tuple[str, str], tuple[QueueReconciler, ScheduledLoop]] = {}
+        for index, item in self.plan:
+            self.scheduler.at(self.t0 + float(item.get("submit_at") or 0.0), self._submit, index, item)
+        self.scheduler.at(self.t0 + MONITOR_S, self._monitor)
+        if until_s is not None:
+            self.scheduler.at(self.t0 + until_s, self._stop)
+
+    # ---- building ---------------------------------------------------------------------------------
+
+    def _store(self) -> Store:
+        return Store(self.db_url, clock=self.clock)
+
+    def _controller_store(self) -> Store:
+        s = self._store()
+        self.controller_stores.append(s)
+        refresh = s.refresh_messages
+
+        def recorded(updates):  # the Waiting Messages the upper layer sees, for the start estimates' error
+            at = self.clock.monotonic() - self.t0
+            self.messages.extend((at, tid, text) for tid, _phase, text in updates)
+            return refresh(updates)
+
+        s.refresh_messages = recorded  # type: ignore[method-assign]
+        return s
+
+    def _register_clusters(self) -> None:
+        for c in self.fleet_config.clusters:
+            self.store.add_cluster(
+                c.name,
+                c.project,
+                c.location,
+                c.tpu_type,
+                gcs_bucket=c.gcs_bucket or "",
+                default_reservation=c.reservation.name if c.reservation else "",
+                status=c.status,
+            )
+        with self.store.engine.begin() as conn:  # ids from the names: a replayable run
+            for c in self.fleet_config.clusters:
+                new = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{c.name}.cluster.falcon-simulate"))
+                conn.execute(sa.text("UPDATE clusters SET id = :new WHERE name = :name"), {"new": new, "name": c.name})
+
+    def _loop(self, name: str, step: Callable[[], object], interval: Callable[[], float], start_after: float = 0.0) -> ScheduledLoop:
+        return ScheduledLoop(name, step, interval, log, start_after=start_after, scheduler=self.scheduler)
+
+    def _gateway(self, name: str) -> ClusterGateway:
+        def ticker(*args: Any, **kwargs: Any) -> ScheduledLoop:
+            kwargs.pop("clock", None)
+            return ScheduledLoop(*args, scheduler=self.scheduler, **kwargs)
+
+        # the gateway builds its four Tickers in its constructor: here they are loops on the schedule
+        with mock.patch.object(actors.cluster, "Ticker", ticker):
+            g = ClusterGateway(name, self.settings, self._controller_store(), self.port, self.clock, connect=self.fleet.connect)
+        ops = g.tickers["operations"]
+        ops.worker = Worker(f"simulate {name}: operations")
+        self.workers.append(ops.worker)
+        ops.next_after = lambda loop, g=g: _next_operation(g, loop.clock.monotonic())
+        g.tickers["watch"].next_after = lambda loop, g=g: self._watch_next(g, loop)
+        return g
+
+    def _watch_next(self, g: ClusterGateway, loop: ScheduledLoop) -> float | None:
+        now = loop.clock.monotonic()
+        if g.gke is None or g.watcher is None:
+            return now + g.watch_delay  # not connected: the connect back-off
+        w = g.watcher
+        if w.on_events is None:
+            w.on_events = loop.wake
+        if w.pending:
+            return now
+        due = w.resync_due_at()
+        return None if due is None else due + 1e-3
+
+    def queue(self, cluster: str, topology: str) -> tuple[QueueReconciler, ScheduledLoop]:
+        key = (cluster, topology)
+        if key not in self.queues:
+            q = QueueReconciler(cluster, topology, self.settings, self._controller_store(), self.port, self.clock)
+            q.read_every_step = False  # as the QueueActor runs it
+            loop = self._loop(f"queue {cluster}/{topology}", q.step, q.interval)
+            loop.on_step = self._queue_stepped
+            self.queues[key] = (q, loop)
+        return self.queues[key]
+
+    # ---- the port's wake-ups --------------------------------------------------------------------
+
+    def hint(self, cluster: str, topology: str, create: bool) -> None:
+        if (cluster, topology) not in self.queues and not create:
+            return
+        q, loop = self.queue(cluster, topology)
+        if create:
+            q.rows_changed()
+        loop.wake()
+
+    def _queue_stepped(self, loop: ScheduledLoop, applied: object) -> None:
+        if isinstance(applied, int) and applied > 0:
+            self._poke_poller()  # a queue that changed anything may have handed a task back
+
+    # ---- the poller's cadence -------------------------------------------------------------------
+
+    def _poller_next(self, loop: ScheduledLoop) -> float | None:
+        counts = loop._result if isinstance(loop._result, dict) else {}
+        found = counts.get("new", 0) + counts.get("aborting", 0)
+        return loop.clock.monotonic() + self.poller.interval() if found or loop.last_error else None
+
+    def _poke_poller(self) -> None:
+        """Poll at the next tick of the poll interval (the loop is idle until something may have changed)."""
+        loop = self.poller_loop
+        if loop.due is not None or loop._running:
+            return
+        interval = self.poller.interval()
+        now = self.clock.monotonic()
+        last = self.t0 if loop.last_step_at is None else loop.last_step_at - self.clock.time() + now
+        ticks = max(0, -(-(now - last) // interval))
+        loop._schedule(last + ticks * interval)
+
+    # ---- the upper layer --------------------------------------------------------------------------
+
+    def _submit(self, index: int, item: dict[str, Any]) -> None:
+        spec = item["spec"]
+        timeout = spec.get("timeout_seconds") if isinstance(spec, dict) else None
+        tid = self.store.submit_task(
+            item["actor"], spec, name=item.get("name") or "", timeout_seconds=timeout if isinstance(timeout, int) else None
+        )
+        self.ids.append(tid)
+        self.submitted += 1
+        if self.submitted == len(self.plan):
+            self.scheduler.at(self.clock.monotonic() + END_CHECK_S, self._end_check)
+        if item.get("abort_at") is not None:
+            self.scheduler.at(self.t0 + float(item["abort_at"]), self._abort, tid)
+        self._poke_poller()
+
+    def _abort(self, tid: int) -> None:
+        if self.store.request_abort(tid):
+            self._poke_poller()
+
+    # ---- watching the run -------------------------------------------------------------------------
+
+    def _monitor(self) -> None:
+        at = self.clock.monotonic() - self.t0
+        live = self.store.live_tasks()
+        for t in live:
+            seen = self.observed.setdefault(t.id, [])
+            key = (str(t.status), str(t.reason or ""), t.message or "")
+            if not seen or seen[-1][1:] != key:
+                seen.append((at, *key))
+        if self.progress is not None:
+            self.progress(self)
+        self.scheduler.at(self.clock.monotonic() + MONITOR_S, self._monitor)
+
+    def _end_check(self) -> None:
+        if not self.store.live_tasks() and not self.falcon_pools_alive():
+            self._stop()
+            return
+        self.scheduler.at(self.clock.monotonic() + END_CHECK_S, self._end_check)
+
+    def falcon_pools_alive(self) -> int:
+        return sum(
+            1
+            for c in self.fleet.clusters.values()
+            for p in c.pools.pools.values()
+            if p.deleted_at is None and p.name.startswith(POOL_NAME_PREFIX)
+        )
+
+    def _stop(self) -> None:
+        self.done = True
+
+    @property
+    def simulated_s(self) -> float:
+        return self.clock.monotonic() - self.t0
+
+    def run(self) -> None:
+        try:
+            while not self.done and self.scheduler.next_at() is not None:
+                self.scheduler.run_next()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for g in self.gateways.values():
+            g.shutdown()
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+    def dispose(self) -> None:
+        for s in [*self.controller_stores, self.store]:
+            s.dispose()
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
+
+
+def _next_operation(g: ClusterGateway, now: float) -> float | None:
+    """When the operation loop can next do anything: when its first queued operation is due
+    (its retry time), never before the loop's own idle wait; None with nothing queued (a
+    new operation, a connect wake it)."""
+    if g.gke is None:
+        return None
+    with g.lock:
+        due = [op.next_at for op in g.op_fifo if op.state == OpState.QUEUED and g.ops.get(op.name) is op]
+    if not due:
+        return None
+    return max(min(due), now + OP_IDLE_WAIT_S)
+
+
+def _database(db_url: str | None, seed: int) -> tuple[str, sqlite3.Connection | None]:
+    """The run's database: ``db_url``, else SQLite in memory (shared by the run's connections,
+    kept alive by one connection held open for the run)."""
+    if db_url:
+        upgrade(db_url, with_jobs_table=True)
+        return db_url, None
+    name = f"falcon-simulate-{seed}-{uuid.uuid4().hex[:8]}"
+    keeper = sqlite3.connect(f"file:{name}?mode=memory&cache=shared", uri=True, check_same_thread=False)
+    url = f"sqlite:///file:{name}?mode=memory&cache=shared&uri=true"
+    upgrade(url, with_jobs_table=True)
+    return url, keeper
+
+
+def is_terminal(status: str) -> bool:
+    return status in {str(s) for s in TERMINAL}

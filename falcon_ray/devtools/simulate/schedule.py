@@ -1,0 +1,308 @@
+"""Virtual time: one event queue, one clock, the controller's loops as scheduled steps.
+
+Contract
+--------
+``Scheduler`` is a heap of callbacks keyed by (monotonic time, sequence): the fleet model's
+timers (``call_later`` / ``call_soon``, the loop ``falcon_ray.sim.cluster.SimCluster``
+needs) and the controller's steps share it, so two things due at the same instant always
+run in the order they were scheduled. ``run_next()`` moves the clock to the earliest entry
+and runs it; nothing sleeps.
+
+``VirtualClock`` is a ``falcon_ray.clock.Clock`` that only the scheduler moves. A wait on
+the driver's thread (no step is expected to make one) moves it like a ``ManualClock`` and
+is counted in ``driver_waits``. A wait on a ``Worker``'s thread parks that thread and
+hands control back to the driver, which resumes it when the wait is over: the one step
+of the controller that blocks (the ClusterActor's operation loop follows a GKE operation
+to its end, polling it) runs on a worker, so the rest of the fleet keeps moving while it
+waits, as it does in production. Exactly one thread runs at any moment (the driver, or
+the one worker it handed control to), so a run is deterministic.
+
+``ScheduledLoop`` keeps ``actors.ticker.Ticker``'s contract (``step`` at once or after
+``start_after``, again after ``interval()`` or at once on ``wake()``; a raising step is
+logged and kept in ``last_error``; ``halted``; ``stop``; ``status``) on the scheduler
+instead of a thread. ``next_after``, when set, replaces ``now + interval()`` after a step
+with the time the loop can next change anything (None: only a ``wake()``); it is where
+the driver leaves out steps that cannot do anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from falcon_ray.clock import ManualClock
+
+_current = threading.local()  # .worker: the Worker whose thread this is
+
+
+class VirtualClock:
+    """A Clock moved only by the scheduler (see the module's contract)."""
+
+    def __init__(self, start: dt.datetime) -> None:
+        self._manual = ManualClock(start)
+        self.driver_waits = 0
+
+    def now(self) -> dt.datetime:
+        return self._manual.now()
+
+    def __call__(self) -> dt.datetime:  # the Store's clock: the wall time of every row written
+        return self._manual.now()
+
+    def time(self) -> float:
+        return self._manual.time()
+
+    def monotonic(self) -> float:
+        return self._manual.monotonic()
+
+    def advance_to(self, mono: float) -> None:
+        step = mono - self._manual.monotonic()
+        if step > 0:
+            self._manual.advance(step)
+
+    def sleep(self, seconds: float) -> None:
+        self.wait(threading.Event(), seconds)
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        if event.is_set():
+            return True
+        worker = getattr(_current, "worker", None)
+        if worker is None:
+            self.driver_waits += 1
+            if timeout:
+                self._manual.advance(timeout)
+            return event.is_set()
+        worker.park(None if timeout is None else self.monotonic() + max(0.0, timeout))
+        return event.is_set()
+
+    def __repr__(self) -> str:
+        return f"VirtualClock({self.now().isoformat()})"
+
+
+class Scheduler:
+    """The event queue of a run (see the module's contract)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self._heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self.ran = 0
+
+    def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
+        heapq.heappush(self._heap, (max(t, self.clock.monotonic()), next(self._seq), fn, args))
+
+    def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        self.at(self.clock.monotonic() + max(0.0, delay), fn, *args)
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.at(self.clock.monotonic(), fn, *args)
+
+    def next_at(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def run_next(self) -> None:
+        t, _, fn, args = heapq.heappop(self._heap)
+        self.clock.advance_to(t)
+        self.ran += 1
+        fn(*args)
+
+
+class WorkerClosed(Exception):
+    """Raised in a parked worker's wait when the run ends."""
+
+
+class Worker:
+    """A thread that runs a blocking step in turns with the driver (see the module's contract)."""
+
+    def __init__(self, name: str) -> None:
+        self._go = threading.Semaphore(0)
+        self._back = threading.Semaphore(0)
+        self._fn: Callable[[], None] | None = None
+        self._closing = False
+        self.parked = False
+        self.resume_at: float | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        _current.worker = self
+        while True:
+            self._go.acquire()
+            if self._closing:
+                return
+            try:
+                assert self._fn is not None
+                self._fn()
+            finally:
+                self.parked = False
+                self._back.release()
+
+    def start(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the worker until it returns or parks in a wait."""
+        self._fn = fn
+        self._go.release()
+        self._back.acquire()
+
+    def park(self, until: float | None) -> None:
+        """On the worker's thread: give control back until the driver resumes it."""
+        if self._closing:
+            raise WorkerClosed("the run is over")
+        self.parked, self.resume_at = True, until
+        self._back.release()
+        self._go.acquire()
+        self.parked = False
+        if self._closing:
+            raise WorkerClosed("the run is over")
+
+    def resume(self) -> None:
+        self._go.release()
+        self._back.acquire()
+
+    def close(self) -> None:
+        if self.parked:  # let its step unwind (its wait raises)
+            self._closing = True
+            self.resume()
+        self._closing = True
+        self._go.release()
+        self._thread.join(5)
+
+
+class ScheduledLoop:
+    """A ``Ticker`` on the scheduler (see the module's contract)."""
+
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], object],
+        interval: Callable[[], float],
+        log: logging.Logger,
+        start_after: float = 0.0,
+        halted: Callable[[], str] | None = None,
+        clock: Any = None,
+        *,
+        scheduler: Scheduler,
+    ) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.clock = scheduler.clock
+        self._step = step
+        self._interval = interval
+        self._log = log
+        self._halted = halted
+        self.halted_reason = ""
+        self.steps = 0
+        self.last_step_at: float | None = None
+        self.last_step_s = 0.0
+        self.last_error = ""
+        self.next_after: Callable[[ScheduledLoop], float | None] | None = None
+        self.worker: Worker | None = None
+        self.on_step: Callable[[ScheduledLoop, object], None] | None = None  # the driver's hook
+        self.due: float | None = None
+        self._gen = 0
+        self._running = False
+        self._woken = False
+        self._stopped = False
+        self._result: object = None
+        self._schedule(self.clock.monotonic() + max(0.0, start_after))
+
+    # ---- the Ticker's surface -----------------------------------------------------------------
+
+    def wake(self) -> None:
+        if self._stopped:
+            return
+        if self._running:
+            self._woken = True
+            return
+        self._schedule(self.clock.monotonic())
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._gen += 1
+        self.due = None
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        self.stop()
+        return True
+
+    def join(self, timeout: float) -> bool:
+        return True
+
+    def status(self) -> dict[str, object]:
+        return {"steps": self.steps, "last_step_at": self.last_step_at, "last_step_s": self.last_step_s, "last_error": self.last_error, "halted": self.halted_reason}
+
+    # ---- scheduling ---------------------------------------------------------------------------
+
+    def _schedule(self, t: float) -> None:
+        if self._stopped or (self.due is not None and self.due <= t):
+            return
+        self._gen += 1
+        self.due = t
+        self.scheduler.at(t, self._fire, self._gen)
+
+    def _fire(self, gen: int) -> None:
+        if gen != self._gen or self._stopped:
+            return
+        self.due = None
+        self._running, self._woken = True, False
+        if self.worker is None:
+            self._guarded()
+            self._after()
+            return
+        self.worker.start(self._guarded)
+        self._settle()
+
+    def _resume(self) -> None:
+        assert self.worker is not None
+        self.worker.resume()
+        self._settle()
+
+    def _settle(self) -> None:
+        """After the worker gave control back: parked in a wait (resume it when it is over),
+        or its step is done."""
+        w = self.worker
+        assert w is not None
+        if w.parked:
+            if w.resume_at is not None:
+                self.scheduler.at(w.resume_at, self._resume)
+            return
+        self._after()
+
+    def _guarded(self) -> None:
+        t0 = self.clock.monotonic()
+        self._result = None
+        try:
+            self._result = self._step()
+            self.last_error = ""
+        except WorkerClosed:
+            raise
+        except Exception as e:
+            self.last_error = f"{type(e).__name__}: {e}"[:500]
+            self._log.exception("%s: step failed", self.name)
+        self.last_step_s = self.clock.monotonic() - t0
+        self.last_step_at = self.clock.time()
+        self.steps += 1
+
+    def _after(self) -> None:
+        self._running = False
+        if self.on_step is not None:
+            self.on_step(self, self._result)
+        if self._halted is not None and (reason := self._halted()):
+            self.halted_reason = reason
+            self._log.error("%s: loop stopped: %s", self.name, reason)
+            self._stopped = True
+            return
+        now = self.clock.monotonic()
+        if self._woken:
+            self._schedule(now)
+            return
+        t = self.next_after(self) if self.next_after is not None else now + self._interval()
+        if t is not None:
+            self._schedule(max(t, now))

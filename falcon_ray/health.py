@@ -66,57 +66,52 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
             contested=bool(waiting_topologies.get(t.cluster_id, set()) - {topology}),
             capacity_refused=t.id in refused,
         )
-        if wait is None:
-            continue
-        row = limits.limit(wait)
-        timeout = fields[t.id].get("timeout_seconds", t.timeout_seconds or DEFAULT_TIMEOUT_SECONDS)
-        limit = row.seconds(settings, timeout if isinstance(timeout, int) else None)
-        if wait == limits.Wait.PODS:
-            since = t.dispatched_at
-        elif wait == limits.Wait.CAPACITY:
-            since = refused[t.id]
-        elif wait == limits.Wait.ABORT:
-            since = t.aborting_at or entered.get((t.id, t.phase)) or t.updated_at
-        else:
-            since = entered.get((t.id, t.phase)) or t.updated_at
-        if limit is None or since is None:
-            continue
-        age = (now - since).total_seconds()
-        if age > limit + row.grace(settings):
-            out.append(
-                {
-                    "id": t.id,
-                    "status": str(t.status),
-                    "reason": str(t.reason),
-                    "wait": str(wait),
-                    "since": since.isoformat(),
-                    "age_s": round(age, 1),
-                    "limit_s": limit,
-                    "action": str(row.action),
-                    "message": t.message,
-                }
-            )
+        if wait is not None:
+            row = _overdue_row(t, wait, fields[t.id], settings, now, _wait_since(t, wait, entered, refused))
+            if row is not None:
+                out.append(row)
     return out
 
 
+def _wait_since(t, wait: limits.Wait, entered: dict, refused: dict) -> Any:
+    """When a task's wait began: the record the limit of ``wait`` is counted from."""
+    if wait == limits.Wait.PODS:
+        return t.dispatched_at
+    if wait == limits.Wait.CAPACITY:
+        return refused[t.id]
+    if wait == limits.Wait.ABORT:
+        return t.aborting_at or entered.get((t.id, t.phase)) or t.updated_at
+    return entered.get((t.id, t.phase)) or t.updated_at
+
+
+def _overdue_row(t, wait: limits.Wait, fields: dict[str, Any], settings, now, since) -> dict[str, Any] | None:
+    """The report's row for a task past its wait's limit and grace; None when it is not."""
+    row = limits.limit(wait)
+    timeout = fields.get("timeout_seconds", t.timeout_seconds or DEFAULT_TIMEOUT_SECONDS)
+    limit = row.seconds(settings, timeout if isinstance(timeout, int) else None)
+    if limit is None or since is None:
+        return None
+    age = (now - since).total_seconds()
+    if age <= limit + row.grace(settings):
+        return None
+    return {
+        "id": t.id,
+        "status": str(t.status),
+        "reason": str(t.reason),
+        "wait": str(wait),
+        "since": since.isoformat(),
+        "age_s": round(age, 1),
+        "limit_s": limit,
+        "action": str(row.action),
+        "message": t.message,
+    }
+
+
 def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
-    import ray  # Ray and the actors only where a live controller is probed
-
-    from actors import names
-
+    """The health report of the controller ``sup`` supervises (see the module's contract)."""
     clock = getattr(sup, "clock", SYSTEM)  # the supervisor's: a health check in virtual time reads virtual time
     report: dict[str, Any] = {"holder": sup.holder, "checked_at": clock.time()}
-    try:
-        sup.store.ping()
-        report["database"] = {"ok": True}
-    except Exception as e:
-        report["database"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
-    lease = None
-    if report["database"]["ok"]:
-        try:
-            lease = sup.store.leader()
-        except Exception:
-            lease = None
+    report["database"], lease = _database_and_lease(sup.store)
     report["leader"] = {
         "held": bool(sup.leader),
         "holder": lease["holder"] if lease else None,
@@ -124,6 +119,37 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
         "renewed_at": sup.lease_renewed_at,
         "epoch": lease.get("epoch") if lease else None,
     }
+    actors, degraded = _probe_actors(sup, clock, probe_timeout)
+    report["actors"] = actors
+    report["degraded_clusters"] = degraded
+    try:
+        report["overdue_tasks"] = overdue_tasks(sup.store, sup.s, clock=clock) if report["database"]["ok"] else []
+    except Exception as e:
+        report["overdue_tasks"] = []
+        report["overdue_error"] = str(e)[:300]
+    actors_ok = all(a.get("ok") for a in actors.values()) if actors else False
+    report["healthy"] = report["database"]["ok"] and (actors_ok or not sup.leader)
+    report["ready"] = report["healthy"] and sup.leader and actors_ok
+    return report
+
+
+def _database_and_lease(store) -> tuple[dict[str, Any], dict | None]:
+    """The database's entry of the report and the leader lease it holds (None: unreadable)."""
+    try:
+        store.ping()
+    except Exception as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}, None
+    try:
+        return {"ok": True}, store.leader()
+    except Exception:
+        return {"ok": True}, None
+def _probe_actors(sup, clock: Clock, probe_timeout: float) -> tuple[dict[str, Any], list[str]]:
+    """Every actor's entry (its snapshot's answer within ``probe_timeout`` in all) and the
+    ClusterActors that cannot reach their edge cluster."""
+    import ray  # Ray and the actors only where a live controller is probed
+
+    from actors import names
+
     actors: dict[str, Any] = {}
     degraded: list[str] = []
     refs = {}
@@ -139,21 +165,7 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
             snap = ray.get(ref, timeout=max(0.1, deadline - clock.monotonic()))
             entry: dict[str, Any] = {"ok": True}
             if name.startswith("cluster/"):
-                now = clock.time()
-                last = snap.get("last_ok", {})
-                watch = snap.get("watch", {})
-                entry.update(
-                    connected=snap.get("connected"),
-                    connect_error=snap.get("connect_error"),
-                    connect_stage=snap.get("connect_stage"),
-                    connect_stage_since=snap.get("connect_stage_since"),
-                    connect_timings=snap.get("connect_timings"),
-                    last_gke_ok_age_s=round(now - last["gke"], 1) if last.get("gke") else None,
-                    last_kubernetes_ok_age_s=round(now - last["kubernetes"], 1) if last.get("kubernetes") else None,
-                    watch_age_s=round(now - watch["last_ok_at"], 1) if watch.get("last_ok_at") else None,
-                    watch_reconnects=watch.get("reconnects"),
-                    watch_relists=watch.get("relists"),
-                )
+                entry.update(_cluster_entry(snap, clock.time()))
                 if not snap.get("connected"):
                     # an unreachable edge cluster degrades that cluster only; restarting the
                     # controller would not fix it and would interrupt every other queue
@@ -166,17 +178,25 @@ def check(sup, probe_timeout: float = 5.0) -> dict[str, Any]:
             actors[name] = entry
         except Exception as e:
             actors[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
-    report["actors"] = actors
-    report["degraded_clusters"] = degraded
-    try:
-        report["overdue_tasks"] = overdue_tasks(sup.store, sup.s, clock=clock) if report["database"]["ok"] else []
-    except Exception as e:
-        report["overdue_tasks"] = []
-        report["overdue_error"] = str(e)[:300]
-    actors_ok = all(a.get("ok") for a in actors.values()) if actors else False
-    report["healthy"] = report["database"]["ok"] and (actors_ok or not sup.leader)
-    report["ready"] = report["healthy"] and sup.leader and actors_ok
-    return report
+    return actors, degraded
+
+
+def _cluster_entry(snap: dict[str, Any], now: float) -> dict[str, Any]:
+    """A ClusterActor's connection, last successful calls and watch, from its snapshot."""
+    last = snap.get("last_ok", {})
+    watch = snap.get("watch", {})
+    return dict(
+        connected=snap.get("connected"),
+        connect_error=snap.get("connect_error"),
+        connect_stage=snap.get("connect_stage"),
+        connect_stage_since=snap.get("connect_stage_since"),
+        connect_timings=snap.get("connect_timings"),
+        last_gke_ok_age_s=round(now - last["gke"], 1) if last.get("gke") else None,
+        last_kubernetes_ok_age_s=round(now - last["kubernetes"], 1) if last.get("kubernetes") else None,
+        watch_age_s=round(now - watch["last_ok_at"], 1) if watch.get("last_ok_at") else None,
+        watch_reconnects=watch.get("reconnects"),
+        watch_relists=watch.get("relists"),
+    )
 
 
 def serve(sup, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:

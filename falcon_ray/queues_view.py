@@ -74,55 +74,61 @@ def render(
     for q in snaps:
         if lines:
             lines.append("")
-        name = q.get("queue") or q.get("actor") or "?"
-        if "error" in q:
-            lines.append(f"{name}: NOT ANSWERING: {q['error']}")
-            continue
-        leases = q.get("leases") or []
-        counts = {"waiting": len(q.get("waiting") or []), "slot": len(q.get("acquiring") or []),
-                  "running": len(q.get("running") or []), "aborting": len(q.get("aborting") or []),
-                  "recovering": len(q.get("recovering") or [])}  # fmt: skip
-        head = f"{name}  waiting {counts['waiting']}, slot {counts['slot']}, running {counts['running']}"
-        if counts["recovering"]:
-            head += f", recovering {counts['recovering']}"
-        if counts["aborting"]:
-            head += f", aborting {counts['aborting']}"
-        head += f", pools {len(leases)}  (last granted: {q.get('last_granted') or '-'})"
-        if q.get("last_error"):
-            head += f"  last tick error: {_clip(q['last_error'], 80)}"
-        lines.append(head)
-        rows: list[list[str]] = []
-
-        for t in q.get("acquiring") or []:
-            rows.append(_task_row("SLOT", "", t, in_phase, None, message_width))
-        for t in q.get("waiting") or []:
-            rows.append(_task_row("WAIT", str(t.get("position", "")), t, in_phase, t.get("waiting_s"), message_width))
-        for t in q.get("recovering") or []:
-            rows.append(_task_row("RECOVER", "", t, in_phase, None, message_width))
-        for t in q.get("running") or []:
-            rows.append(_task_row("RUN", "", t, in_phase, None, message_width))
-        for t in q.get("aborting") or []:
-            rows.append(_task_row("ABORT", "", t, in_phase, None, message_width))
-        if rows:
-            lines += _table(rows, ["", "POS", "TASK", "ACTOR", "NAME", "PHASE", "IN PHASE", "POOL", "MESSAGE"])
-        else:
-            lines.append("  no live tasks")
-        if leases:
-            prow = [
-                [
-                    "POOL",
-                    _clip(l.get("name"), 32),
-                    _clip(l.get("state"), 10),
-                    f"#{l['task_id']}" if l.get("task_id") else "-",
-                    _clip(l.get("supply_mode"), 12),
-                    _clip(l.get("pool_status"), 14),
-                    str(l.get("nodes_ready", 0)),
-                    _clip(l.get("idle_since"), 24) if l.get("state") == "Idle" else "-",
-                ]
-                for l in leases
-            ]
-            lines += _table(prow, ["", "NAME", "STATE", "TASK", "SUPPLY", "GKE", "NODES", "IDLE SINCE"])
+        lines += _queue_lines(q, in_phase, message_width)
     return "\n".join(lines)
+
+
+# the task lists of a queue's snapshot, in the order they are shown, with each row's kind
+_TASK_LISTS = (("acquiring", "SLOT"), ("waiting", "WAIT"), ("recovering", "RECOVER"), ("running", "RUN"), ("aborting", "ABORT"))
+
+
+def _queue_lines(q: dict[str, Any], in_phase: dict, message_width: int) -> list[str]:
+    """One queue: its heading, its live tasks and its node pools."""
+    name = q.get("queue") or q.get("actor") or "?"
+    if "error" in q:
+        return [f"{name}: NOT ANSWERING: {q['error']}"]
+    leases = q.get("leases") or []
+    lines = [_queue_heading(q, name, len(leases))]
+    rows: list[list[str]] = []
+    for key, kind in _TASK_LISTS:
+        for t in q.get(key) or []:
+            pos, fallback = (str(t.get("position", "")), t.get("waiting_s")) if key == "waiting" else ("", None)
+            rows.append(_task_row(kind, pos, t, in_phase, fallback, message_width))
+    if rows:
+        lines += _table(rows, ["", "POS", "TASK", "ACTOR", "NAME", "PHASE", "IN PHASE", "POOL", "MESSAGE"])
+    else:
+        lines.append("  no live tasks")
+    if leases:
+        lines += _table([_pool_row(l) for l in leases], ["", "NAME", "STATE", "TASK", "SUPPLY", "GKE", "NODES", "IDLE SINCE"])
+    return lines
+
+
+def _queue_heading(q: dict[str, Any], name: str, pools: int) -> str:
+    counts = {"waiting": len(q.get("waiting") or []), "slot": len(q.get("acquiring") or []),
+              "running": len(q.get("running") or []), "aborting": len(q.get("aborting") or []),
+              "recovering": len(q.get("recovering") or [])}  # fmt: skip
+    head = f"{name}  waiting {counts['waiting']}, slot {counts['slot']}, running {counts['running']}"
+    if counts["recovering"]:
+        head += f", recovering {counts['recovering']}"
+    if counts["aborting"]:
+        head += f", aborting {counts['aborting']}"
+    head += f", pools {pools}  (last granted: {q.get('last_granted') or '-'})"
+    if q.get("last_error"):
+        head += f"  last tick error: {_clip(q['last_error'], 80)}"
+    return head
+
+
+def _pool_row(l: dict[str, Any]) -> list[str]:
+    return [
+        "POOL",
+        _clip(l.get("name"), 32),
+        _clip(l.get("state"), 10),
+        f"#{l['task_id']}" if l.get("task_id") else "-",
+        _clip(l.get("supply_mode"), 12),
+        _clip(l.get("pool_status"), 14),
+        str(l.get("nodes_ready", 0)),
+        _clip(l.get("idle_since"), 24) if l.get("state") == "Idle" else "-",
+    ]
 
 
 def frame(

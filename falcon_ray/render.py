@@ -330,7 +330,21 @@ def node_pool_request(
     monitoring ones, and they cannot pull private Artifact Registry images."""
     shape = spec.shape
     mode = SupplyMode(supply_mode)
-    idle = int(idle_seconds)
+    config = _node_config(shape, task_id, installation, int(idle_seconds), oauth_scopes, service_account)
+    reservation_zone = _supply_config(config, cluster, mode)
+    zone = zone or reservation_zone
+    pool = _autoscaled_pool(name, config, shape, mode)
+    pool["locations"] = [pool_zone(cluster, zone, node_zones)]
+    placement = _placement_policy(shape, workload_policy)
+    if placement:
+        pool["placementPolicy"] = placement
+    return pool
+
+
+def _node_config(
+    shape: SliceShape, task_id: int, installation: str, idle: int, oauth_scopes: Sequence[str], service_account: str
+) -> dict[str, Any]:
+    """The pool's NodeConfig before the supply mode's fields: machine, labels, identity, scopes."""
     config: dict[str, Any] = {
         "machineType": shape.machine_type,
         "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE},
@@ -349,7 +363,13 @@ def node_pool_request(
     }
     if service_account:
         config["serviceAccount"] = service_account
-    flex = mode == SupplyMode.FLEX_START
+    return config
+
+
+def _supply_config(config: dict[str, Any], cluster: Cluster, mode: SupplyMode) -> str | None:
+    """Adds the supply mode's fields to ``config`` (reservation affinity, flex-start); returns
+    the reservation's zone when the mode is reservation and the reference names one."""
+    reservation_zone = None
     if mode == SupplyMode.RESERVATION:
         if not cluster.default_reservation:
             raise ValueError(f"cluster {cluster.name} has no default_reservation for supply mode reservation")
@@ -359,18 +379,24 @@ def node_pool_request(
             "key": RESERVATION_KEY,
             "values": [ref.affinity_value(cluster.project)],
         }
-        zone = zone or ref.zone
+        reservation_zone = ref.zone
     else:
         # On-demand and flex-start must not quietly eat a reservation's capacity.
         config["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
-    if flex:
+    if mode == SupplyMode.FLEX_START:
         # As xpk creates flex-start pools: --flex-start --num-nodes=0 --enable-autoscaling
         # --location-policy=ANY --reservation-affinity=none --no-enable-autorepair.
         config["flexStart"] = True
         # The pool may be handed over to later tasks, so ask for the longest lifetime
         # rather than this task's timeout.
         config["maxRunDuration"] = f"{FLEX_START_MAX_RUN_SECONDS}s"
-    pool: dict[str, Any] = {
+    return reservation_zone
+
+
+def _autoscaled_pool(name: str, config: dict[str, Any], shape: SliceShape, mode: SupplyMode) -> dict[str, Any]:
+    """The NodePool around ``config``: its size, autoscaling 0..hosts and management."""
+    flex = mode == SupplyMode.FLEX_START
+    return {
         "name": name,
         "config": config,
         # A multi-host slice is atomic: all hosts or none. A flex-start pool starts empty:
@@ -387,11 +413,6 @@ def node_pool_request(
         # Auto-upgrade is GKE's default for new pools and required on release channels.
         "management": {"autoRepair": not flex, "autoUpgrade": True},
     }
-    pool["locations"] = [pool_zone(cluster, zone, node_zones)]
-    placement = _placement_policy(shape, workload_policy)
-    if placement:
-        pool["placementPolicy"] = placement
-    return pool
 
 
 def pool_zone(cluster: Cluster, zone: str | None = None, node_zones: Sequence[str] = ()) -> str:
@@ -562,62 +583,17 @@ def job_manifest(
     """The batch/v1 Job that runs attempt ``attempt`` of task ``task_id`` on node pool ``pool``."""
     shape = spec.shape
     name = job_name(task_id, attempt)
-    namespace = cluster.namespace
     labels = {**job_labels(task_id, queue, installation), LABEL_ATTEMPT: str(attempt)}
     capture = logs_captured(spec, cluster)
-
-    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
-    if capture:
-        container["command"] = ["/bin/sh", "-c", LOG_WRAPPER_SCRIPT, WRAPPER_ARGV0]
-        container["args"] = [*spec.command, *spec.args]
-        container["volumeMounts"] = [{"name": LOG_VOLUME, "mountPath": LOG_MOUNT_PATH}]
-    else:
-        if spec.command:
-            container["command"] = list(spec.command)
-        if spec.args:
-            container["args"] = list(spec.args)
-    if spec.working_dir:
-        container["workingDir"] = spec.working_dir
-    container["env"] = _container_env(task_id, spec, capture, attempt)
-    container["resources"] = _resources(spec)
-    container["securityContext"] = {"privileged": False, "allowPrivilegeEscalation": False}
-
+    pod_spec = _pod_spec(cluster, shape, pool, _container(task_id, spec, capture, attempt))
     pod_annotations: dict[str, str] = {}
     job_annotations: dict[str, str] = {}
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "serviceAccountName": cluster.service_account,
-        # Workload Identity works through the GKE metadata server and the GCS FUSE driver
-        # asks for its own token, so the pod needs no Kubernetes API token.
-        "automountServiceAccountToken": False,
-        "hostNetwork": False,
-        "hostPID": False,
-        "hostIPC": False,
-        "nodeSelector": {**shape.node_selector, NODEPOOL_LABEL: pool},
-        # GKE taints TPU nodes with google.com/tpu; samples tolerate it explicitly.
-        # UNVERIFIED whether GKE would add this toleration by itself.
-        "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [container],
-    }
     if capture:
         pod_annotations[GCSFUSE_ANNOTATION] = "true"
-        pod_spec["volumes"] = [
-            {
-                "name": LOG_VOLUME,
-                "csi": {
-                    "driver": GCSFUSE_DRIVER,
-                    "volumeAttributes": {
-                        "bucketName": bucket_name(cluster),
-                        # Only this task's subtree is mounted (and writable through the mount).
-                        "mountOptions": f"implicit-dirs,only-dir=logs/{task_id}",
-                    },
-                },
-            }
-        ]
+        pod_spec["volumes"] = [_log_volume(cluster, task_id)]
         job_annotations[ANNOTATION_LOG_PATH] = f"gs://{bucket_name(cluster)}/logs/{task_id}/"
     else:
         job_annotations[ANNOTATION_LOG_CAPTURE] = "off"
-
     job_spec: dict[str, Any] = {
         # Kubernetes retries nothing: a pod the task failed fails the task; a pod the fleet
         # took fails the Job too, and the controller re-runs the whole slice as a new attempt.
@@ -638,8 +614,63 @@ def job_manifest(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": job_annotations},
+        "metadata": {"name": name, "namespace": cluster.namespace, "labels": labels, "annotations": job_annotations},
         "spec": job_spec,
+    }
+
+
+def _container(task_id: int, spec: TaskSpec, capture: bool, attempt: int) -> dict[str, Any]:
+    """The task's container: the spec's command (behind the log wrapper when logs are
+    captured), its environment and resources, unprivileged."""
+    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": spec.image}
+    if capture:
+        container["command"] = ["/bin/sh", "-c", LOG_WRAPPER_SCRIPT, WRAPPER_ARGV0]
+        container["args"] = [*spec.command, *spec.args]
+        container["volumeMounts"] = [{"name": LOG_VOLUME, "mountPath": LOG_MOUNT_PATH}]
+    else:
+        if spec.command:
+            container["command"] = list(spec.command)
+        if spec.args:
+            container["args"] = list(spec.args)
+    if spec.working_dir:
+        container["workingDir"] = spec.working_dir
+    container["env"] = _container_env(task_id, spec, capture, attempt)
+    container["resources"] = _resources(spec)
+    container["securityContext"] = {"privileged": False, "allowPrivilegeEscalation": False}
+    return container
+
+
+def _pod_spec(cluster: Cluster, shape: SliceShape, pool: str, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of every host of the slice: on ``pool``'s nodes, no host namespaces, no API token."""
+    return {
+        "restartPolicy": "Never",
+        "serviceAccountName": cluster.service_account,
+        # Workload Identity works through the GKE metadata server and the GCS FUSE driver
+        # asks for its own token, so the pod needs no Kubernetes API token.
+        "automountServiceAccountToken": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "nodeSelector": {**shape.node_selector, NODEPOOL_LABEL: pool},
+        # GKE taints TPU nodes with google.com/tpu; samples tolerate it explicitly.
+        # UNVERIFIED whether GKE would add this toleration by itself.
+        "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+    }
+
+
+def _log_volume(cluster: Cluster, task_id: int) -> dict[str, Any]:
+    """The GCS FUSE volume the log wrapper writes to: this task's subtree of the bucket."""
+    return {
+        "name": LOG_VOLUME,
+        "csi": {
+            "driver": GCSFUSE_DRIVER,
+            "volumeAttributes": {
+                "bucketName": bucket_name(cluster),
+                # Only this task's subtree is mounted (and writable through the mount).
+                "mountOptions": f"implicit-dirs,only-dir=logs/{task_id}",
+            },
+        },
     }
 
 

@@ -22,11 +22,6 @@ ALLOWED: dict[str, int] = {
     "actors/queue.py:__init__": 55,
     "actors/queue.py:apply": 76,
     "actors/queue.py:snapshot": 57,
-    "falcon_ray/health.py:check": 78,
-    "falcon_ray/health.py:overdue_tasks": 57,
-    "falcon_ray/queues_view.py:render": 59,
-    "falcon_ray/render.py:job_manifest": 91,
-    "falcon_ray/render.py:node_pool_request": 90,
     "falcon_ray/store/repository.py:queue_snapshot": 81,
     "falcon_ray/store/repository.py:transition": 61,
 }

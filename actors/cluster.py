@@ -2,19 +2,23 @@
 
 Contract
 --------
-``ClusterGateway`` is a plain object (store, port, settings); the ClusterActor in
-``actors.remote`` is its Ray shell. Hard state: none. Everything here is a cache of the cluster (node pools, nodes,
+``ClusterGateway`` is a plain object (store, port, settings, clock, and optionally the
+function that connects its clients); the ClusterActor in ``actors.remote`` is its Ray
+shell. It observes and acts: the rules it applies (the reservation ledger, orphan pools,
+what a failed operation does next) are the pure functions of ``falcon_ray.nodepools``.
+Hard state: none. Everything here is a cache of the cluster (node pools, nodes,
 Jobs labelled ``managed-by=falcon``, reservation use) or of work in flight (the
 node-pool operation queue). After a restart the caches refill from a full list and
 the QueueActors re-request any create they still need; a create that meets 409
 adopts the existing pool, a delete that meets 404 is done. So every method is
 idempotent and may be retried.
 
-- Clients: credentials from ``google.auth.default()`` only; the Kubernetes client is
-  built from the GKE endpoint and CA with a bearer token that refreshes itself.
+- Clients: ``Adapters``, built by ``connect_to_gke`` (credentials from
+  ``google.auth.default()`` only; the Kubernetes client built from the GKE endpoint and CA
+  with a bearer token that refreshes itself) unless another ``connect`` was given.
 - Node-pool operations on this cluster run strictly one at a time from a FIFO
   (GKE refuses concurrent ones). Incompatible-operation, 429 and transient errors
-  are retried with exponential backoff and jitter; a create refused for quota or
+  are retried with exponential backoff and jitter (``nodepools.operations``); a create refused for quota or
   stockout fails here (a stockout is waited out by its QueueActor, which asks again
   under a new name); a delete is retried until it succeeds, each failure counted so
   the QueueActor can report it.
@@ -24,20 +28,19 @@ idempotent and may be retried.
   connect-then-watch, the operation worker, the orphan scan, the gauges.
 - The capacity ledger: this actor is the one writer of claims on the cluster's
   reservation. ``claim_reservation(pool, hosts)`` grants a claim only when
-  ``count - inUseCount`` less what Falcon's own pools already claim covers it; the
-  claims are derived from the lease rows (reservation pools being created, ready, in
-  use or idle, counted for the hosts GKE does not count yet, i.e. their missing nodes)
-  plus grants whose lease row is not written yet, so the ledger survives a restart and
-  two queues never both take the last free slice. A claim reads the lease rows afresh;
+  ``count - inUseCount`` less what Falcon's own pools already claim covers it
+  (``nodepools.ledger``); the claims are derived from the lease rows plus grants whose
+  lease row is not written yet, so the ledger survives a restart and two queues never
+  both take the last free slice. A claim reads the lease rows afresh;
   the view that ``observe`` hands to decisions reuses a read up to ``LEDGER_READ_TTL_S``
   old (a view a moment stale can only make a claim wait, never grant one).
 - The reservation's machine type (``specificReservation.instanceProperties.machineType``)
   and the ledger's figures are written on the cluster row whenever they change (the
   reservation is read right after connecting), so the poller places a task only where
   the reservation can serve its shape and ``falcon-ray clusters list`` shows the ledger.
-- The orphan scan deletes a pool named ``falcon-...`` with the ``managed-by=falcon``
-  label when no live lease manages it, no non-terminal task holds it, and it is
-  older than the create-visibility grace; it also deletes Jobs whose task is over.
+- The orphan scan deletes the pools ``nodepools.orphans`` finds (this installation's,
+  managed by no live lease, held by no live task, older than the create-visibility
+  grace); it also deletes Jobs whose task is over.
 
 Fencing: the store carries the leader epoch the actor was started under. Before
 every GKE or Kubernetes call that changes something (pool create/delete, Job
@@ -200,20 +203,30 @@ class ClusterGateway:
         clock: Clock = SYSTEM,
         connect: Connect | None = None,
     ) -> None:
-        self.s = settings
+        self.settings = settings
         self.clock = clock
         self.name = cluster_name
         self.store = store
         self.port = port
         self.cluster = self.store.get_cluster(cluster_name)
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # guards the caches and the operation queue
         self.stop = threading.Event()
+        self._init_connection(connect)
+        self._init_cluster_caches()
+        self._init_operations()
+        self._init_ledger()
+        self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
+        self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
+        self.tickers = self._start_loops()
+
+    def _init_connection(self, connect: Connect | None) -> None:
+        """No client until the watch loop's first connect succeeds."""
         self._connect_with: Connect = connect or connect_to_gke
         self.adapters: Adapters | None = None  # the clients of the last connect
         self.gke = None
+        self.kube = None
         self.compute = None  # built by the first reservation read (see _refresh_reservation)
         self.policy_api = None  # built by the first workload-policy check
-        self.kube = None
         self.watcher = None
         self.connect_error = ""
         self.connect_failures = 0
@@ -221,43 +234,53 @@ class ClusterGateway:
         self.connect_stage_at = self.clock.time()
         self.connect_timings: dict[str, float] = {}  # the last connect's seconds per stage
         self.watch_delay = 0.0
+        self.reported_reconnects = 0  # the watch's reconnects already counted in the metrics
+        self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
+
+    def _init_cluster_caches(self) -> None:
+        """What was last read of the cluster: node pools, Falcon's Jobs, the runs' evidence."""
         self.pools: dict[str, PoolView] = {}
         self.pool_labels: dict[str, dict[str, str]] = {}
-        self.pool_first_seen: dict[str, float] = {}
-        self.pools_at = 0.0
+        self.pool_first_seen: dict[str, float] = {}  # monotonic time of each pool's first listing
+        self.pools_listed_at = 0.0  # monotonic; 0: list again at the next observe
         self.pools_synced = False
         self.refresh_lock = threading.Lock()
         self.jobs: dict[int, JobView] = {}
-        self.job_queue: dict[int, str] = {}
+        self.job_queue_label: dict[int, str] = {}  # task id -> the queue label of its Job
         self.jobs_synced = False
         self.failure_detail: dict[str, str] = {}
         # the runs a decision may have to classify (falcon_ray.faults): per Job uid, what was
         # read of its pods and nodes when it failed or its pods stopped being ready, the Jobs
         # that had every pod ready once, and since when one has had fewer
         self.evidence: dict[str, RunEvidence] = {}
-        self.full_ready: set[str] = set()
+        self.once_fully_ready: set[str] = set()
         self.short_since: dict[str, dt.datetime] = {}
+
+    def _init_operations(self) -> None:
+        """The node-pool operations: the newest per pool, and the FIFO the worker runs them from."""
         self.ops: dict[str, PoolOp] = {}
-        self.pool_topology: dict[str, str] = {}  # pool name -> its queue's topology (from observe)
         self.op_fifo: deque[PoolOp] = deque()
+        self.pool_topology: dict[str, str] = {}  # pool name -> its queue's topology (from observe)
+
+    def _init_ledger(self) -> None:
+        """The reservation as last read, and the claims on it (``falcon_ray.nodepools.ledger``)."""
         self.reservation: ReservationView | None = None
         self.reservation_error: ReservationError | None = None
-        self.reservation_at = 0.0
+        self.reservation_read_at = 0.0  # monotonic
         self.reservation_zone = ""  # where the reservation was found
         self.ledger_recorded: tuple[Any, ...] | None = None  # the figures last written on the cluster row
         self.claim_lock = threading.Lock()
         self.ledger_rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows)
         self.grants: dict[str, ledger.Grant] = {}  # pool -> its claim, until a lease row carries it
-        self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
-        self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
-        self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
-        self.reported_reconnects = 0
-        period = self.s.orphan_scan_interval_s
-        self.tickers = {
-            "watch": Ticker(f"cluster {cluster_name}: watch", self._watch_step, lambda: self.watch_delay, log, clock=clock),
-            "operations": Ticker(f"cluster {cluster_name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
-            "orphans": Ticker(f"cluster {cluster_name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
-            "gauges": Ticker(f"cluster {cluster_name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
+
+    def _start_loops(self) -> dict[str, Ticker]:
+        name, clock = f"cluster {self.name}", self.clock
+        period = self.settings.orphan_scan_interval_s
+        return {
+            "watch": Ticker(f"{name}: watch", self._watch_step, lambda: self.watch_delay, log, clock=clock),
+            "operations": Ticker(f"{name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
+            "orphans": Ticker(f"{name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
+            "gauges": Ticker(f"{name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
         }
 
     # ---- fencing ------------------------------------------------------------------
@@ -293,7 +316,7 @@ class ClusterGateway:
         t0 = self.clock.time()
         self.connect_timings = {}
         ua = self._user_agent()
-        adapters = self._connect_with(self.cluster, self.s, ua, self._stage)
+        adapters = self._connect_with(self.cluster, self.settings, ua, self._stage)
         c = self.cluster
         self.zones = adapters.locations or ((c.location,) if render.cluster_zone(c) else ())
         self.last_ok["gke"] = self.clock.time()
@@ -312,11 +335,11 @@ class ClusterGateway:
         """The product token of this controller's requests (which controller calls, in the audit logs)."""
         from falcon_ray.gcp import falcon_user_agent
 
-        return falcon_user_agent(self.s.installation, self.store.epoch)
+        return falcon_user_agent(self.settings.installation, self.store.epoch)
 
     def _watch_step(self) -> None:
         """Connect (with backoff) until connected, then one round of the Job watch."""
-        self._fence(self.s.leader_ttl_s / 3)
+        self._fence(self.settings.leader_ttl_s / 3)
         if self.gke is None:
             try:
                 self._connect()
@@ -331,8 +354,8 @@ class ClusterGateway:
             self.tickers["operations"].wake()
             self.watcher = self.adapters.job_watcher(
                 self.cluster.namespace,
-                label_selector=render.installation_selector(self.s.installation),
-                timeout_seconds=self.s.watch_timeout_s,
+                label_selector=render.installation_selector(self.settings.installation),
+                timeout_seconds=self.settings.watch_timeout_s,
                 clock=self.clock,
             )
             try:  # the poller places by what the reservation holds: read it now, not at the first task
@@ -364,10 +387,10 @@ class ClusterGateway:
             evidence = self._evidence(obs, refresh=False)
         elif obs.phase != JobPhase.DELETED:
             if obs.ready >= obs.expected:
-                self.full_ready.add(obs.uid)
+                self.once_fully_ready.add(obs.uid)
                 self.short_since.pop(obs.uid, None)
                 self.evidence.pop(obs.uid, None)
-            elif obs.uid in self.full_ready:  # it had every pod ready: the run falters
+            elif obs.uid in self.once_fully_ready:  # it had every pod ready: the run falters
                 self.short_since.setdefault(obs.uid, self.clock.now())
                 evidence = self._evidence(obs, refresh=True)
         return JobView(
@@ -413,11 +436,11 @@ class ClusterGateway:
                     self.jobs.pop(jv.task_id, None)
                 for cache in (self.failure_detail, self.evidence, self.short_since):
                     cache.pop(jv.uid, None)
-                self.full_ready.discard(jv.uid)
+                self.once_fully_ready.discard(jv.uid)
             elif before is None or before.attempt <= jv.attempt:
                 self.jobs[jv.task_id] = jv
             if queue:
-                self.job_queue[jv.task_id] = queue
+                self.job_queue_label[jv.task_id] = queue
         if jv != before:  # an event that changes nothing a decision reads wakes nobody
             self._wake_queue(queue)
 
@@ -434,12 +457,12 @@ class ClusterGateway:
         uids = {obs.uid for obs in observations}
         with self.lock:
             self.jobs = views
-            self.job_queue.update(queues)
+            self.job_queue_label.update(queues)
             self.jobs_synced = True
             for cache in (self.failure_detail, self.evidence, self.short_since):  # Jobs gone while the watch was down
                 for uid in [u for u in cache if u not in uids]:
                     cache.pop(uid, None)
-            self.full_ready &= uids
+            self.once_fully_ready &= uids
         self.last_ok["kubernetes"] = self.clock.time()
         metrics.watch_relist(self.name)
         for q in set(queues.values()):
@@ -455,9 +478,9 @@ class ClusterGateway:
     def _refresh_pools(self, force: bool = False) -> None:
         if self.gke is None or self.kube is None:
             return
-        self._fence(self.s.leader_ttl_s / 3)
+        self._fence(self.settings.leader_ttl_s / 3)
         with self.refresh_lock:
-            if not force and self.clock.monotonic() - self.pools_at < self.s.pool_refresh_s:
+            if not force and self.clock.monotonic() - self.pools_listed_at < self.settings.pool_refresh_s:
                 return
             c = self.cluster
             try:
@@ -486,7 +509,7 @@ class ClusterGateway:
             with self.lock:
                 self.pools = pools
                 self.pool_labels = labels
-                self.pools_at = self.clock.monotonic()
+                self.pools_listed_at = self.clock.monotonic()
                 self.pools_synced = True
             metrics.pools_alive(self.name, self._falcon_pools_alive())
             w = self.watcher
@@ -549,11 +572,11 @@ class ClusterGateway:
             return
         if self.compute is None:
             self.compute = self.adapters.compute()
-        if (self.reservation is not None or self.reservation_error) and self.clock.monotonic() - self.reservation_at < self.s.pool_refresh_s:
+        if (self.reservation is not None or self.reservation_error) and self.clock.monotonic() - self.reservation_read_at < self.settings.pool_refresh_s:
             return
         project, name = self._reservation_owner()
         zones = self._reservation_zones()
-        self.reservation_at = self.clock.monotonic()
+        self.reservation_read_at = self.clock.monotonic()
         for zone in zones:
             try:
                 r = self.compute.reservation(project, zone, name)
@@ -612,7 +635,7 @@ class ClusterGateway:
         """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free
         (``nodepools.ledger.decide_claim``). Idempotent: a claim already granted (or carried
         by its lease row) is granted again."""
-        self._fence(self.s.leader_ttl_s / 3)
+        self._fence(self.settings.leader_ttl_s / 3)
         with self.claim_lock:
             self._refresh_reservation()
             r = self.reservation
@@ -672,7 +695,7 @@ class ClusterGateway:
             topology = queue_label[len(self.name) + 1 :]
             for n in pool_names:  # whose pool it is, for the wake-up at the end of its operations
                 self.pool_topology[n] = topology
-            jobs = {tid: jv for tid, jv in self.jobs.items() if self.job_queue.get(tid, queue_label) == queue_label}
+            jobs = {tid: jv for tid, jv in self.jobs.items() if self.job_queue_label.get(tid, queue_label) == queue_label}
             return ClusterView(
                 pools={n: self.pools[n] for n in pool_names if n in self.pools},
                 ops={n: self.ops[n].view() for n in pool_names if n in self.ops},
@@ -745,7 +768,7 @@ class ClusterGateway:
                 self._run_op(op)
                 op.state = OpState.DONE
                 op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
-                self.pools_at = 0.0  # next observe re-lists
+                self.pools_listed_at = 0.0  # next observe re-lists
             except CloudError as e:
                 self._op_failed(op, e)
             except Exception as e:  # never let the worker die
@@ -815,15 +838,15 @@ class ClusterGateway:
                     op.operation = ""  # that operation is over: a retry makes a new call
                     raise info.error
                 return
-            self.clock.wait(self.stop, self.s.operation_poll_s)
+            self.clock.wait(self.stop, self.settings.operation_poll_s)
 
     def _op_failed(self, op: PoolOp, e: CloudError) -> None:
         op.attempts += 1
         op.error_kind = e.kind
         op.error = e.message[:1000]
         log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
-        s = self.s
-        delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, s.pool_op_backoff_initial_s, s.pool_op_backoff_max_s, random.random())
+        backoff = (self.settings.pool_op_backoff_initial_s, self.settings.pool_op_backoff_max_s)
+        delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, *backoff, jitter=random.random())
         if delay is None:
             op.state = OpState.FAILED
             self.counters["ops_failed"] += 1
@@ -872,8 +895,8 @@ class ClusterGateway:
     # ---- orphan scan and gauges -----------------------------------------------------------
 
     def _gauges(self) -> None:
-        """Keep the per-cluster gauges fresh: Ray drops a gauge that is not set again for ~20 s."""
-        self._fence(self.s.leader_ttl_s / 3)
+        """Set the per-cluster gauges again (Ray drops a gauge that is not set again for a while)."""
+        self._fence(self.settings.leader_ttl_s / 3)
         idle = sum(1 for l in self.store.leases(self.cluster.id) if l.state == LeaseState.IDLE)
         metrics.pools_alive(self.name, self._falcon_pools_alive(), idle=idle)
         self._refresh_reservation()
@@ -891,8 +914,8 @@ class ClusterGateway:
         with self.lock:
             listed = [orphans.ListedPool(n, labels, self.pool_first_seen.get(n, now)) for n, labels in self.pool_labels.items()]
             deleting = {n for n, op in self.ops.items() if op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT}
-        grace = self.s.create_visibility_grace_s
-        return orphans.orphan_pools(listed, self.s.installation, live, held, deleting, grace, self.clock.now(), now)
+        grace = self.settings.create_visibility_grace_s
+        return orphans.orphan_pools(listed, self.settings.installation, live, held, deleting, grace, self.clock.now(), now)
 
     def orphan_scan(self) -> dict[str, list[str]]:
         """Delete leaked pools and Jobs; returns what it found and queued for deletion."""

@@ -1,10 +1,11 @@
-"""The ClusterActor's node-pool operation FIFO without Ray or GKE: what happens to a queued
-operation when the step that would run it cannot reach the database first.
+"""The ClusterGateway without Ray or GKE, over a real store: its node-pool operation FIFO,
+and its claims on the reservation ledger.
 
 The fence read before every GKE call that changes something is a database read. When the
-database does not answer, the operation must stay queued: the soak's database outage once
-left a Deleting lease whose delete had been taken out of the FIFO and never run (its queue
-saw it "queued" forever, the pool stayed up)."""
+database does not answer, an operation stays queued (taken out of the FIFO, it would never
+run while its queue sees it queued). The ledger's rule has its own table
+(tests/unit/test_nodepool_ledger.py); here the gateway feeds it the lease rows it reads
+and keeps the grants it makes."""
 
 from __future__ import annotations
 
@@ -14,20 +15,19 @@ import sqlalchemy as sa
 from actors.cluster import ClusterGateway
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
-from falcon_ray.model import OpKind, OpState
+from falcon_ray.model import OpKind, OpState, ReservationView
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from tests.harness.fakes import FakePort
 
 # Every endpoint on a closed loopback port: the watch's connect attempt, started with the
-# gateway, fails at once and never reaches Google (a stray thread once retried
-# container.googleapis.com for 20 s in the middle of later tests).
+# gateway, fails at once and never reaches Google.
 NOWHERE = "127.0.0.1:9"
 
 
 @pytest.fixture
 def gateway(tmp_path, monkeypatch):
-    monkeypatch.setenv("GCE_METADATA_HOST", NOWHERE)  # the gateway sets it; restored after the test
+    monkeypatch.setenv("GCE_METADATA_HOST", NOWHERE)  # its connect sets it; restored after the test
     monkeypatch.setenv("GCE_METADATA_IP", NOWHERE)
     url = f"sqlite:///{tmp_path / 'ops.db'}"
     upgrade(url, with_jobs_table=True)
@@ -110,3 +110,25 @@ def test_an_operation_that_succeeds_on_retry_keeps_no_error(gateway, monkeypatch
     gateway._op_step()
     assert calls == ["falcon-t1-2x2", "falcon-t1-2x2"]
     assert (op.state, op.error_kind, op.error) == (OpState.DONE, None, "")
+
+
+def test_two_claims_on_the_last_free_slice_grant_one(gateway):
+    """4 hosts free, a 2-host pool being created: one more 2-host claim fits, a second does not."""
+    cluster = gateway.cluster
+    gateway.reservation = ReservationView(count=4, in_use=0)
+    gateway.store.create_lease(cluster.id, "2x4", "falcon-t1-2x4", "reservation", None)
+    assert gateway.claim_reservation("falcon-t2-2x4", 2)
+    assert not gateway.claim_reservation("falcon-t3-2x4", 2)
+    assert gateway.claim_reservation("falcon-t2-2x4", 2)  # idempotent: its grant holds
+    assert gateway.reservation_view().claimed == 4
+
+
+def test_a_grant_is_dropped_once_its_lease_row_carries_it(gateway):
+    cluster = gateway.cluster
+    gateway.reservation = ReservationView(count=4, in_use=0)
+    assert gateway.claim_reservation("falcon-t1-2x4", 2)
+    assert set(gateway.grants) == {"falcon-t1-2x4"}
+    gateway.store.create_lease(cluster.id, "2x4", "falcon-t1-2x4", "reservation", None)
+    gateway.ledger_rows = (0.0, None)  # the next view reads the rows again
+    assert gateway.reservation_view().claimed == 2  # counted once, from the row
+    assert gateway.grants == {}

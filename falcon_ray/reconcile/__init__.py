@@ -2,7 +2,9 @@
 
 Contract
 --------
-``decide(queue, view, now, settings) -> list[EffectGroup]``. ``queue`` is what the
+``decide(queue, view, now, settings) -> list[EffectGroup]``; ``plan`` is the same
+decision as a ``Plan`` whose rule 8 is worked out when asked (the QueueActor's rounds
+write rule 8 once, after the last one). ``queue`` is what the
 database says (the queue's live tasks, its node-pool leases, the last granted
 actor); ``view`` is what the edge cluster says (node pools and their nodes, pool
 operations the ClusterActor runs, Jobs, reservation use). Both are frozen values
@@ -72,9 +74,27 @@ from falcon_ray.reconcile.effects import (
 )
 
 
-def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings, messages: bool = True) -> list[EffectGroup]:
-    """The rules 1-8; without ``messages`` rule 8 is left out, for a caller that runs
-    several rounds and writes the positions once, as its last round decides them."""
+class Plan:
+    """One round's decision: the effect groups of rules 1-7 (``groups``, in order) and rule
+    8's Message refresh of the same decision (``messages()``, worked out on first ask from
+    the same observations and the same claims: a caller that runs several rounds writes
+    only its last round's, and pays for rule 8's pass over the waiting list once)."""
+
+    def __init__(self, d: Decision) -> None:
+        self._d = d
+        self.groups: list[EffectGroup] = list(d.groups)
+        self._messages: list[EffectGroup] | None = None
+
+    def messages(self) -> list[EffectGroup]:
+        if self._messages is None:
+            before = len(self._d.groups)
+            positions.positions(self._d)  # 8
+            self._messages = self._d.groups[before:]
+        return self._messages
+
+
+def plan(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings) -> Plan:
+    """The rules 1-8 as one decision; rule 8 is computed when ``Plan.messages`` is asked."""
     d = Decision(q, view, now, settings)
     for t in d.aborting:  # 1
         finish.abort(d, t)
@@ -88,9 +108,13 @@ def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Setting
     pick.pick(d)  # 5
     pools.leases(d)  # 6
     pools.stale_jobs(d)  # 7
-    if messages:
-        positions.positions(d)  # 8
-    return d.groups
+    return Plan(d)
+
+
+def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings) -> list[EffectGroup]:
+    """The rules 1-8: ``plan``'s groups followed by its Messages."""
+    p = plan(q, view, now, settings)
+    return p.groups + p.messages()
 
 
 __all__ = [
@@ -112,5 +136,7 @@ __all__ = [
     "Transition",
     "Unassign",
     "UpdateTask",
+    "Plan",
     "decide",
+    "plan",
 ]

@@ -11,8 +11,9 @@ from falcon_ray.store.repository import (
     Store,
     Task,
     TaskEvent,
+    WriteResult,
     clip_message,
     utcnow,
 )
 
-__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "clip_message", "utcnow"]
+__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "WriteResult", "clip_message", "utcnow"]

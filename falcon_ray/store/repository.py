@@ -4,8 +4,9 @@ Contract
 --------
 - Task moves are compare-and-set: ``transition(id, expect, to, ...)`` runs
   ``UPDATE jobs ... WHERE id = ? AND status IN (...)`` (with the reason for
-  statuses that carry one) and returns whether it won. A lost write means "re-read
-  and decide again", never an error. Only moves in ``lifecycle.TASK_TRANSITIONS``
+  statuses that carry one) and returns a ``WriteResult``: whether it won, the columns
+  it wrote and when (``update_task``, ``move_lease`` and ``touch_lease`` too). A lost
+  write means "re-read and decide again", never an error. Only moves in ``lifecycle.TASK_TRANSITIONS``
   are accepted; asking for another raises ``IllegalTransition`` before any SQL.
 - Because no Falcon move starts from Aborting except Aborting -> Aborted, a
   controller write can never overwrite the upper layer's abort.
@@ -61,6 +62,7 @@ records why in ``fenced`` and raises ``Fenced``; every later write raises at onc
 without SQL. ``check_fence(max_age_s)`` is the same check for callers about to act
 outside the database (GKE, Kubernetes). A Store without an epoch (CLI, upper layer,
 tests) writes unguarded.
+
 """
 
 from __future__ import annotations
@@ -115,6 +117,26 @@ class QueueRead:
     leases: list[Lease] | None
     last_granted: str
     seq: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """What one compare-and-set write did: whether it ``won``, the columns it wrote
+    (``values``, empty when it lost), the time it stamped on the row (``at``), and whether
+    it changed the task's phase (``moved``: its event row says the phase was entered at
+    ``at``). True when it won, so ``if store.transition(...)`` reads as before. A value
+    returned to the one caller that wrote: nothing of it is kept on the Store."""
+
+    won: bool
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    at: dt.datetime | None = None
+    moved: bool = False
+
+    def __bool__(self) -> bool:
+        return self.won
+
+
+LOST = WriteResult(False)
 
 
 class Fenced(RuntimeError):
@@ -239,11 +261,6 @@ class Store:
         self.disconnects = 0  # methods rerun after a disconnect
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
         self.fenced = ""  # why this Store may not write any more, once known
-        self.moved_at: dt.datetime | None = None  # the event time of the last ``transition``, if it moved
-        # the columns the last won ``transition`` / ``update_task`` / ``move_lease`` /
-        # ``touch_lease`` set, for a single-threaded caller (a QueueActor) to apply to the
-        # rows it keeps instead of reading them back; None after a lost write
-        self.written: dict[str, Any] | None = None
         self._fence_checked_at = 0.0
 
         # The benchmark (falcon_ray.devtools.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
@@ -613,7 +630,6 @@ class Store:
         statement either way (a UNION ALL for the delta), plus one for new specs."""
         j, q, m = t.jobs, t.queue_state, t.task_queue
         known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
-        live = [s.value for s in lc.NON_TERMINAL]
         cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
             if clusters is None:
@@ -621,27 +637,7 @@ class Store:
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
                 return QueueRead(clusters, [], [], "", 0)
-            def base(with_spec: bool):  # the spec text only where it is not known yet
-                spec = j.c.spec if with_spec else sa.literal("").label("spec")
-                return (
-                    sa.select(*cols, spec, m.c.seq)
-                    .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
-                    .where(j.c.cluster_id == cluster.id, m.c.cluster_id == cluster.id, m.c.topology == topology, j.c.status.in_(live))
-                )
-
-            if delta is None:
-                stmt = base(not known).order_by(j.c.id)
-            else:
-                # what others change in a queue's rows: the upper layer aborts (Aborting),
-                # the poller and other queues add Waiting tasks (a new seq); every other move
-                # is this queue's own and its ids are in ``ids``
-                after, ids = delta[0], sorted(set(delta[1]))
-                parts = [self._queue_rows_in(cluster.id, topology, cols, [Status.ABORTING.value, Status.RUNNING.value])]
-                parts.append(base(True).where(m.c.seq > after))
-                if ids:
-                    parts.append(base(False).where(j.c.id.in_(ids)))
-                stmt = sa.union_all(*parts)
-            rows = c.execute(stmt).all()
+            rows = c.execute(self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
             newest = 0
             if delta is None:  # the queue's newest assignment, live or not (an index's last entry)
                 newest = c.execute(sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster.id, m.c.topology == topology)).scalar() or 0
@@ -655,20 +651,46 @@ class Store:
                 granted = c.execute(
                     sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
                 ).first()
-        names = [c.name for c in cols]
+        tasks, seq = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
+        leases_read = [_row(Lease, r) for r in leases] if leases is not None else None
+        return QueueRead(clusters, tasks, leases_read, granted[0] if granted else "", seq)
+
+    def _queue_rows(self, cluster_id: str, topology: str, cols, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
+        """``queue_snapshot``'s one statement for the task rows (see there)."""
+        j, m = t.jobs, t.task_queue
+        live = [s.value for s in lc.NON_TERMINAL]
+
+        def base(with_spec: bool):  # the spec text only where it is not known yet
+            spec = j.c.spec if with_spec else sa.literal("").label("spec")
+            return (
+                sa.select(*cols, spec, m.c.seq)
+                .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+                .where(j.c.cluster_id == cluster_id, m.c.cluster_id == cluster_id, m.c.topology == topology, j.c.status.in_(live))
+            )
+
+        if delta is None:
+            return base(not specs_known).order_by(j.c.id)
+        # what others change in a queue's rows: the upper layer aborts (Aborting), the
+        # poller and other queues add Waiting tasks (a new seq); every other move is this
+        # queue's own and its ids are in ``ids``
+        after, ids = delta[0], sorted(set(delta[1]))
+        parts = [self._queue_rows_in(cluster_id, topology, cols, [Status.ABORTING.value, Status.RUNNING.value])]
+        parts.append(base(True).where(m.c.seq > after))
+        if ids:
+            parts.append(base(False).where(j.c.id.in_(ids)))
+        return sa.union_all(*parts)
+
+    @staticmethod
+    def _queue_tasks_of(rows, names: list[str], specs: dict[int, str], newest: int) -> tuple[list[Task], int]:
+        """The tasks of ``_queue_rows``' rows (a row with its spec wins over one without), in
+        id order, and the newest ``seq`` among them and ``newest``."""
         tasks: dict[int, Task] = {}
-        seq = int(newest)
+        seq = newest
         for r in rows:
             if r[0] not in tasks or r[-2]:
                 tasks[r[0]] = Task(spec=r[-2] or specs.get(r[0], ""), **dict(zip(names, r[:-2], strict=True)))
             seq = max(seq, int(r[-1]))
-        return QueueRead(
-            clusters,
-            sorted(tasks.values(), key=lambda x: x.id),
-            [_row(Lease, r) for r in leases] if leases is not None else None,
-            granted[0] if granted else "",
-            seq,
-        )
+        return sorted(tasks.values(), key=lambda x: x.id), seq
 
     @staticmethod
     def _queue_rows_in(cluster_id: str, topology: str, cols, statuses: list[str]):
@@ -800,8 +822,9 @@ class Store:
         message: str,
         topology: str | None = None,
         **fields: Any,
-    ) -> bool:
-        """Move a task from one of ``expect`` to ``to``; True when this write won. A move
+    ) -> WriteResult:
+        """Move a task from one of ``expect`` to ``to``; the result says whether this write
+        won, what it wrote and when (``moved``: out of another phase, with its event row). A move
         that gives the task a cluster (``cluster_id``) records its queue in the same
         transaction (``topology``, read from the spec when not given)."""
         expect = [expect] if isinstance(expect, Phase) else list(expect)
@@ -821,38 +844,25 @@ class Store:
         moving = [p for p in expect if p != to]
         staying = len(moving) < len(expect)
         won = False
-        self.moved_at = self.written = None
         with self._tx() as c:
             if moving:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
                 )
                 won = res.rowcount == 1
-                if won:
-                    self.moved_at = now  # when the won move's event row says it happened
                 if won and to == lc.ABORTED:
                     self._record_abort_request(c, task_id, now, self.epoch)
                 if won:
-                    c.execute(
-                        t.task_events.insert().values(
-                            task_id=task_id,
-                            at=now,
-                            status=to.status.value,
-                            reason=to.reason.value,
-                            message=_clip(message),
-                            epoch=self.epoch,
-                        )
-                    )
+                    self._event(c, task_id, now, to, message)
                     if fields.get("cluster_id") is not None:
                         self._enqueue(c, [(task_id, fields["cluster_id"], topology)])
+            moved = won
             if not won and staying:
                 res = self._write(
                     c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
                 )
                 won = res.rowcount == 1
-        if won:
-            self.written = values
-        return won
+        return WriteResult(True, values, now, moved) if won else LOST
 
     def transition_many(
         self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]], topologies: Sequence[str | None] = ()
@@ -939,6 +949,14 @@ class Store:
         }
         return [i for i, m in enumerate(chunk) if m[0] in moved]
 
+    def _event(self, c, task_id: int, at: dt.datetime, to: Phase, message: str) -> None:
+        """The event row of a won move, in the move's transaction, with this Store's epoch."""
+        c.execute(
+            t.task_events.insert().values(
+                task_id=task_id, at=at, status=to.status.value, reason=to.reason.value, message=_clip(message), epoch=self.epoch
+            )
+        )
+
     @staticmethod
     def _record_abort_request(c, task_id: int, now, epoch: int | None) -> None:
         """The upper layer may set Aborting with its own SQL, writing no event; the audit
@@ -951,18 +969,16 @@ class Store:
             at = c.execute(sa.select(t.jobs.c.aborting_at).where(t.jobs.c.id == task_id)).scalar() or now
             c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message="", epoch=epoch))
 
-    def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> bool:
+    def update_task(self, task_id: int, expect: Phase | Sequence[Phase], message: str | None = None, **fields: Any) -> WriteResult:
         """Change message and/or bookkeeping columns without changing the phase (CAS on phase)."""
         expect = [expect] if isinstance(expect, Phase) else list(expect)
-        values: dict[str, Any] = dict(fields, updated_at=self.clock())
+        now = self.clock()
+        values: dict[str, Any] = dict(fields, updated_at=now)
         if message is not None:
             values["message"] = _clip(message)
-        self.written = None
         with self.engine.begin() as c:
             res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values))
-        if res.rowcount == 1:
-            self.written = values
-        return res.rowcount == 1
+        return WriteResult(True, values, now) if res.rowcount == 1 else LOST
 
     def refresh_messages(self, updates: Sequence[tuple[int, Phase, str]]) -> int:
         """Batched message refresh: one transaction, one UPDATE per phase and 500 rows, each
@@ -1002,7 +1018,7 @@ class Store:
 
     MESSAGE_CHUNK = 500  # rows per UPDATE: the CASE is evaluated per row, so it stays short
 
-    def unassign(self, task_id: int, message: str, expect: Phase = lc.WAITING) -> bool:
+    def unassign(self, task_id: int, message: str, expect: Phase = lc.WAITING) -> WriteResult:
         """Back to Pending with no cluster (the cluster left service, or its reservation
         cannot serve the task's shape): the poller ranks it again."""
         return self.transition(task_id, expect, lc.NEW, message, cluster_id=None)
@@ -1029,16 +1045,7 @@ class Store:
         with self._tx() as c:
             won = self._write(c, stmt).rowcount == 1
             if won:
-                c.execute(
-                    t.task_events.insert().values(
-                        task_id=task_id,
-                        at=now,
-                        status=lc.WAITING.status.value,
-                        reason=lc.WAITING.reason.value,
-                        message=_clip(message),
-                        epoch=self.epoch,
-                    )
-                )
+                self._event(c, task_id, now, lc.WAITING, message)
                 self._enqueue(c, [(task_id, to_cluster_id, topology)])
         return won
 
@@ -1271,7 +1278,8 @@ class Store:
 
     def move_lease(
         self, lease_id: int, expect: LeaseState | Sequence[LeaseState], to: LeaseState, **fields: Any
-    ) -> bool:
+    ) -> WriteResult:
+        """Compare-and-set a lease from one of ``expect`` to ``to``; the result says what it wrote."""
         expect = [expect] if isinstance(expect, LeaseState) else list(expect)
         for src in expect:
             if not lc.lease_allowed(src, to):
@@ -1285,25 +1293,20 @@ class Store:
             values.setdefault("task_id", None)
         values.update(fields)
         L = t.node_pool_leases
-        self.written = None
         with self.engine.begin() as c:
             res = self._write(
                 c, L.update().where(L.c.id == lease_id, L.c.state.in_([s.value for s in expect])).values(**values)
             )
-        if res.rowcount == 1:
-            self.written = values
-        return res.rowcount == 1
+        return WriteResult(True, values, now) if res.rowcount == 1 else LOST
 
-    def touch_lease(self, lease_id: int, **fields: Any) -> bool:
-        """Set bookkeeping columns of a lease whatever its state; False when no row has ``lease_id``."""
+    def touch_lease(self, lease_id: int, **fields: Any) -> WriteResult:
+        """Set bookkeeping columns of a lease whatever its state; lost when no row has ``lease_id``."""
         L = t.node_pool_leases
-        values = dict(updated_at=self.clock(), **fields)
-        self.written = None
+        now = self.clock()
+        values = dict(updated_at=now, **fields)
         with self.engine.begin() as c:
             res = self._write(c, L.update().where(L.c.id == lease_id).values(**values))
-        if res.rowcount == 1:
-            self.written = values
-        return res.rowcount == 1
+        return WriteResult(True, values, now) if res.rowcount == 1 else LOST
 
     # --- queue fairness ----------------------------------------------------------------
 
@@ -1427,5 +1430,5 @@ for _name, _fn in list(vars(Store).items()):
 del _name, _fn
 
 __all__ = [
-    "Store", "QueueRead", "DbTimeouts", "clip_message", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason",
+    "Store", "QueueRead", "WriteResult", "DbTimeouts", "clip_message", "Fenced", "Task", "Cluster", "Lease", "TaskEvent", "IllegalTransition", "DEFAULT_DB_URL", "Reason",
 ]

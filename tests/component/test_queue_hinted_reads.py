@@ -76,7 +76,7 @@ def test_a_lost_write_makes_the_next_step_read(tmp_path):
     bench = hinted_bench(tmp_path)
     bench.submit("alice")
     bench.step()
-    bench.queue.must_read = True  # what a lost compare-and-set or a failed effect sets
+    bench.queue.mirror.must_read = True  # what a lost compare-and-set or a failed effect sets
     reads = Reads(bench)
     bench.step(advance=0.5)
     assert reads.n == 1

@@ -78,8 +78,8 @@ def test_no_controller_write_overwrites_abort(store, src, dst):
     assert store.request_abort(tid)
     statements = store.statements
 
-    assert store.transition(tid, src, dst, "controller write") is False
-    assert store.update_task(tid, src, message="controller message") is False
+    assert store.transition(tid, src, dst, "controller write").won is False
+    assert store.update_task(tid, src, message="controller message").won is False
     assert store.refresh_messages([(tid, src, "refreshed")]) == 0
 
     task = store.get_task(tid)
@@ -96,14 +96,14 @@ def test_no_controller_write_overwrites_abort(store, src, dst):
 def test_lost_compare_and_set_returns_false_and_changes_nothing(store):
     tid = new_task(store)
     drive(store, tid, lc.WAITING)
-    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "creating") is True
+    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "creating").won is True
     before = store.get_task(tid)
-    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "again") is False
-    assert store.transition(tid, lc.WAITING, lc.DISPATCHING, "reuse") is False
+    assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "again").won is False
+    assert store.transition(tid, lc.WAITING, lc.DISPATCHING, "reuse").won is False
     after = store.get_task(tid)
     assert after == before
     assert event_phases(store, tid).count("Pending/Provisioning") == 1
-    assert store.transition(999_999, lc.WAITING, lc.PROVISIONING, "no such task") is False
+    assert store.transition(999_999, lc.WAITING, lc.PROVISIONING, "no such task").won is False
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ def test_race_abort_against_controller_writes(store):
         assert phases.count("Aborting") == 1
         # every controller win is in the log, before the abort
         assert len(phases) - 3 == wins[tid], (phases, wins[tid])  # Pending, Waiting, ..., Aborting
-        assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "late") is False
+        assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "late").won is False
         assert store.transition(tid, lc.ABORTING, lc.ABORTED, "aborted")
         assert store.get_task(tid).status == "Aborted"
 

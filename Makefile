@@ -20,10 +20,9 @@ install: $(STAMP)
 # (tests/harness/ray_session.py); a file's tests stay on one worker (module fixtures start
 # one controller per file), the longest files first in the order of tests/conftest.py
 # (--no-loadscope-reorder: without it xdist sends the files with the most tests first and
-# the soak started last). The run is bound by CPU: ~55% of it is actor processes starting
-# (a bare Ray actor costs ~0.36 CPU-s, a ClusterActor ~1.6 with its clients), and with
-# three workers the 2 cores were ~80% busy (tests wait on the simulated fleet's timings);
-# four keep them ~99% busy. Figures and same-session comparisons: README, Figures.
+# the soak started last). The run is bound by CPU, most of it actor processes starting, and
+# the tests wait on the simulated fleet's timings: four workers keep both cores busy where
+# three leave them partly idle. The figures: docs/bench/history.md.
 TEST_WORKERS ?= 4
 # Byte-compiled first: every actor is a new Python process (hundreds in a run), and with
 # PYTHONDONTWRITEBYTECODE set each would compile the package's sources again (~0.1 CPU-s).

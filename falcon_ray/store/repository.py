@@ -63,6 +63,15 @@ without SQL. ``check_fence(max_age_s)`` is the same check for callers about to a
 outside the database (GKE, Kubernetes). A Store without an epoch (CLI, upper layer,
 tests) writes unguarded.
 
+A lease read that shows this Store's epoch held (a holder, ``expires_at``) answers
+``check_fence`` without SQL until ``expires_at`` less ``FENCE_MARGIN_S`` on this Store's
+clock. That is sound because no other controller can hold the lease before it expires:
+``acquire_leader`` takes it from another holder only once ``expires_at`` has passed on
+the taker's clock, and the only other way, ``release_leader``, is called by a controller
+after it has stopped its own actors (``Supervisor.shutdown``). The margin covers the two
+hosts' clocks and a call already under way; a lease past its expiry is read at every
+check until it is renewed. Every write keeps its guard in the statement whatever
+``check_fence`` answered.
 """
 
 from __future__ import annotations
@@ -262,6 +271,7 @@ class Store:
         self.epoch = epoch  # the leader epoch this Store writes under; None: unfenced
         self.fenced = ""  # why this Store may not write any more, once known
         self._fence_checked_at = 0.0
+        self._fence_holds_until: dt.datetime | None = None  # the last lease read holds until then (wall time)
 
         # The benchmark (falcon_ray.devtools.bench) sets FALCON_STATEMENT_COUNTS to a directory: each
         # Store then keeps its running count in a file there, so the count of an actor that
@@ -382,19 +392,29 @@ class Store:
 
     def _verify_epoch(self, c) -> None:
         ll = t.leader_lease
-        row = c.execute(sa.select(ll.c.epoch, ll.c.holder).where(ll.c.name == LEADER)).first()
+        row = c.execute(sa.select(ll.c.epoch, ll.c.holder, ll.c.expires_at).where(ll.c.name == LEADER)).first()
         self._fence_checked_at = self._monotonic()
+        self._fence_holds_until = None
         if row is None or int(row.epoch) != self.epoch:
             now_held = f"epoch {row.epoch} ({row.holder or 'released'})" if row else "no lease row"
             self.fenced = f"fenced: started under leader epoch {self.epoch}, the lease is now at {now_held}"
             raise Fenced(self.fenced)
+        if row.holder and row.expires_at is not None:
+            self._fence_holds_until = row.expires_at - dt.timedelta(seconds=self.FENCE_MARGIN_S)
+
+    FENCE_MARGIN_S = 2.0  # a lease read is trusted until its expiry less this (clocks of two hosts, a call under way)
 
     def check_fence(self, max_age_s: float = 0.0) -> None:
-        """Raise ``Fenced`` when a newer controller holds the lease. Reads the lease row
-        unless it was read less than ``max_age_s`` ago; no-op for an unfenced Store."""
+        """Raise ``Fenced`` when a newer controller holds the lease; no-op for an unfenced
+        Store. Reads the lease row unless it was read less than ``max_age_s`` ago or the
+        last read still holds: it showed this epoch held until ``expires_at``, and that
+        time less ``FENCE_MARGIN_S`` has not come (see Fencing in the module docstring)."""
         if self.fenced:
             raise Fenced(self.fenced)
         if self.epoch is None or self._monotonic() - self._fence_checked_at < max_age_s:
+            return
+        until = self._fence_holds_until
+        if until is not None and self.clock() < until:
             return
         with self.engine.connect() as c:
             self._verify_epoch(c)

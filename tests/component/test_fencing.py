@@ -205,3 +205,55 @@ def test_the_lease_is_renewed_while_the_first_start_is_still_creating_actors(tmp
     finally:
         rival.dispose()
         sup.store.dispose()
+
+
+def test_a_lease_read_answers_fence_checks_until_its_expiry_less_the_margin(store):
+    """check_fence reads the lease once, then trusts it until expires_at - FENCE_MARGIN_S
+    (nobody else can take it before it expires); past that it reads at every check, and a
+    newer holder fences it at the first read after the takeover."""
+    clock = FakeClock()
+    s = Store(store.url, clock=clock)
+    assert s.acquire_leader("first", ttl_s=30)
+    actor = Store(store.url, clock=clock, epoch=s.leader_epoch("first"))
+    try:
+        def reads() -> int:
+            return actor.breakdown.get("check_fence SELECT", 0)
+
+        actor.check_fence()
+        assert reads() == 1
+        clock.advance(30 - Store.FENCE_MARGIN_S - 0.5)
+        actor.check_fence()
+        actor.check_fence()
+        assert reads() == 1  # the read holds: no SQL
+        clock.advance(1)  # within the margin of the expiry: read again (still ours: nobody took it)
+        actor.check_fence()
+        actor.check_fence()
+        assert reads() == 3  # an expiring lease is read at every check
+        assert s.acquire_leader("first", ttl_s=30)  # renewed
+        actor.check_fence()
+        actor.check_fence()
+        assert reads() == 4  # the renewed expiry holds again
+        clock.advance(31)
+        assert s.acquire_leader("second", ttl_s=30)  # the first's lease expired: taken
+        with pytest.raises(Fenced, match="epoch 2"):
+            actor.check_fence()
+    finally:
+        actor.dispose()
+        s.dispose()
+
+
+def test_a_released_lease_is_not_trusted_past_the_read(store):
+    """A read that finds the lease released (no holder) holds for nothing: the next check reads."""
+    clock = FakeClock()
+    s = Store(store.url, clock=clock)
+    assert s.acquire_leader("first", ttl_s=30)
+    actor = Store(store.url, clock=clock, epoch=s.leader_epoch("first"))
+    try:
+        s.release_leader("first")
+        actor.check_fence()  # the epoch is unchanged: not fenced yet
+        assert s.acquire_leader("second", ttl_s=30)
+        with pytest.raises(Fenced):
+            actor.check_fence()
+    finally:
+        actor.dispose()
+        s.dispose()

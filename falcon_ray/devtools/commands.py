@@ -1,11 +1,12 @@
-"""The development tools' commands: ``demo``, ``chaos``, ``bench`` and ``sim``.
+"""The development tools' commands: ``demo``, ``chaos``, ``bench``, ``sim`` and ``simulate``.
 
 ``register(group)`` attaches them to the main `falcon-ray` group; ``falcon_ray.cli`` calls it
 when this package is installed (an image built without it answers these names with one line
 saying so). ``demo`` runs the embedded default (simulated fleet, SQLite, local Ray) and
 exits 0 when every task is terminal and no Falcon pool is left; ``chaos`` soaks the
 controller under faults and exits 1 when an invariant breaks; ``bench`` measures the
-controller's costs; ``sim`` serves the simulated fleet alone.
+controller's costs; ``sim`` serves the simulated fleet alone; ``simulate`` runs the controller
+in virtual time against the fleet model (``falcon_ray.devtools.simulate``).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from falcon_ray.clock import SYSTEM  # a command's console: the machine's clock
 
 def register(group: click.Group) -> None:
     """Attach the tools' commands to the main CLI group."""
+    from falcon_ray.devtools.simulate.cli import simulate
     from falcon_ray.sim.cli import sim
 
-    for command in (demo_cmd, chaos_cmd, bench_cmd, sim):
+    for command in (demo_cmd, chaos_cmd, bench_cmd, sim, simulate):
         group.add_command(command)
 
 

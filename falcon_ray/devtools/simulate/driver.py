@@ -54,6 +54,8 @@ import actors.cluster
 from actors.cluster import OP_IDLE_WAIT_S, ClusterGateway
 from actors.poller import IntakePoller
 from actors.queue import QueueReconciler
+from falcon_ray import lifecycle as lc
+from falcon_ray import reconcile
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import TERMINAL
 from falcon_ray.model import OpState
@@ -67,6 +69,8 @@ from .schedule import ScheduledLoop, Scheduler, VirtualClock, Worker
 
 log = logging.getLogger("falcon.simulate")
 START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
+GAUGES_EVERY_S = 600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
+QUIET_MAX_S = 600.0  # a quiet queue steps at least this often (virtual seconds)
 MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages
 END_CHECK_S = 10.0  # once every task is submitted: virtual seconds between two checks for the end
 
@@ -109,6 +113,7 @@ class Simulation:
         db_url: str | None = None,
         until_s: float | None = None,
         progress: Callable[[Simulation], None] | None = None,
+        exact: bool = False,
     ) -> None:
         random.seed(seed)
         self.seed = seed
@@ -116,11 +121,13 @@ class Simulation:
         self.plan = sorted(enumerate(tasks), key=lambda it: (float(it[1].get("submit_at") or 0.0), it[0]))
         self.until_s = until_s
         self.progress = progress
+        self.exact = exact
+        self.probes = 0
         self.clock = VirtualClock(START)
         self.t0 = self.clock.monotonic()
         self.scheduler = Scheduler(self.clock)
         self.fleet_config = fleet.model_copy(update={"seed": seed})
-        self.fleet = VirtualFleet(self.fleet_config, self.scheduler)
+        self.fleet = VirtualFleet(self.fleet_config, self.scheduler, on_change=self._fleet_changed)
         self.db_url, self._keeper = _database(db_url, seed)
         self.store = self._store()  # the upper layer's (submits, aborts) and the report's
         self._register_clusters()
@@ -195,7 +202,26 @@ class Simulation:
         self.workers.append(ops.worker)
         ops.next_after = lambda loop, g=g: _next_operation(g, loop.clock.monotonic())
         g.tickers["watch"].next_after = lambda loop, g=g: self._watch_next(g, loop)
+        if not self.exact:
+            g.tickers["gauges"].next_after = lambda loop: loop.clock.monotonic() + GAUGES_EVERY_S
+            g.tickers["orphans"].next_after = lambda loop, name=name: self._orphans_next(name, loop)
         return g
+
+    def _orphans_next(self, cluster: str, loop: ScheduledLoop) -> float | None:
+        """The scan's period; a period in which the cluster holds no Falcon pool and no Job is
+        skipped (the scan would find nothing to delete)."""
+        period = self.settings.orphan_scan_interval_s
+        t = loop.clock.monotonic() + period
+        c = self.fleet.clusters[cluster]
+        if any(n.startswith(POOL_NAME_PREFIX) for n in c.pools.pools) or c.store.count("jobs"):
+            return t
+        self.scheduler.at(t, self._orphans_check, cluster, loop)
+        return None
+
+    def _orphans_check(self, cluster: str, loop: ScheduledLoop) -> None:
+        t = self._orphans_next(cluster, loop)
+        if t is not None:
+            loop.wake()
 
     def _watch_next(self, g: ClusterGateway, loop: ScheduledLoop) -> float | None:
         now = loop.clock.monotonic()
@@ -216,6 +242,8 @@ class Simulation:
             q.read_every_step = False  # as the QueueActor runs it
             loop = self._loop(f"queue {cluster}/{topology}", q.step, q.interval)
             loop.on_step = self._queue_stepped
+            if not self.exact:
+                loop.next_after = lambda loop, q=q: self._queue_next(q, loop)
             self.queues[key] = (q, loop)
         return self.queues[key]
 
@@ -230,26 +258,74 @@ class Simulation:
         loop.wake()
 
     def _queue_stepped(self, loop: ScheduledLoop, applied: object) -> None:
-        if isinstance(applied, int) and applied > 0:
-            self._poke_poller()  # a queue that changed anything may have handed a task back
+        if isinstance(applied, int) and applied == 0:
+            return
+        self._poke_poller()  # a queue that changed anything may have handed a task back
+        if self.exact:
+            return
+        cluster = loop.name.split(" ", 1)[1].split("/", 1)[0]
+        for (c, _topology), (q, other) in self.queues.items():
+            # the same cluster's queues share its reservation ledger and its capacity; a queue
+            # with a ClusterBusy task may move it to a cluster that now has room
+            if other is not loop and (c == cluster or _holds_busy(q)):
+                other.wake_on_tick()
+
+    def _fleet_changed(self, cluster: str) -> None:
+        """The fleet changed what the cluster's ClusterActor observes: its queues step at their
+        next tick, and again once the actor's cached view is due for a refresh."""
+        if self.exact:
+            return
+        later = self.clock.monotonic() + self.settings.pool_refresh_s + 1e-3
+        for (c, _topology), (_q, loop) in self.queues.items():
+            if c == cluster:
+                loop.wake_on_tick()
+                self.scheduler.at(later, loop.wake_on_tick)
+
+    def _queue_next(self, q: QueueReconciler, loop: ScheduledLoop) -> float | None:
+        """A quiet queue's next step: the first tick at which ``decide`` acts on what it last
+        observed (probed, not stepped), at most ``QUIET_MAX_S`` away; a queue that acted,
+        failed or has not observed yet steps at its next tick."""
+        now = self.clock.monotonic()
+        tick = q.interval()
+        state, view = q.last_state, q.last_view
+        if loop.result != 0 or state is None or view is None:
+            return now + tick
+        return now + self._first_active_tick(state, view, tick) * tick
+
+    def _first_active_tick(self, state, view, tick: float) -> int:
+        """The smallest k >= 1 (at most QUIET_MAX_S / tick) whose tick ``decide`` acts at,
+        found by doubling then bisection (a wait that has run out stays run out)."""
+        wall = self.clock.now()
+        k_max = max(1, int(QUIET_MAX_S // tick))
+
+        def acts(k: int) -> bool:
+            self.probes += 1
+            return bool(reconcile.decide(state, view, wall + dt.timedelta(seconds=k * tick), self.settings))
+
+        lo, hi = 0, 1  # decide does not act at lo
+        while not acts(hi):
+            if hi == k_max:
+                return k_max
+            lo, hi = hi, min(2 * hi, k_max)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if acts(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     # ---- the poller's cadence -------------------------------------------------------------------
 
     def _poller_next(self, loop: ScheduledLoop) -> float | None:
-        counts = loop._result if isinstance(loop._result, dict) else {}
+        counts = loop.result if isinstance(loop.result, dict) else {}
         found = counts.get("new", 0) + counts.get("aborting", 0)
         return loop.clock.monotonic() + self.poller.interval() if found or loop.last_error else None
 
     def _poke_poller(self) -> None:
         """Poll at the next tick of the poll interval (the loop is idle until something may have changed)."""
-        loop = self.poller_loop
-        if loop.due is not None or loop._running:
-            return
-        interval = self.poller.interval()
-        now = self.clock.monotonic()
-        last = self.t0 if loop.last_step_at is None else loop.last_step_at - self.clock.time() + now
-        ticks = max(0, -(-(now - last) // interval))
-        loop._schedule(last + ticks * interval)
+        if not self.poller_loop.running:
+            self.poller_loop.wake_on_tick()
 
     # ---- the upper layer --------------------------------------------------------------------------
 
@@ -326,6 +402,11 @@ class Simulation:
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None
+
+
+def _holds_busy(q: QueueReconciler) -> bool:
+    state = q.last_state
+    return state is not None and any(t.phase == lc.CLUSTER_BUSY for t in state.held)
 
 
 def _next_operation(g: ClusterGateway, now: float) -> float | None:

@@ -72,13 +72,51 @@ def _kube(e: KubeError) -> CloudError:
     return classify(exc)
 
 
+class ClusterTimers:
+    """One cluster's loop on the run's scheduler: after each of its timers, ``on_change(name)``
+    when what a ClusterActor can observe of the cluster changed (its pools' statuses, its
+    nodes, what its reservation has in use)."""
+
+    def __init__(self, name: str, scheduler: Scheduler, on_change: Callable[[str], None]) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.on_change = on_change
+        self.cluster: SimCluster | None = None
+        self.nodes_changed = False
+
+    def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        self.scheduler.call_later(delay, self._fire, fn, args)
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        self.scheduler.call_soon(self._fire, fn, args)
+
+    def _state(self) -> tuple[Any, ...]:
+        c = self.cluster
+        assert c is not None
+        return tuple((n, p.status, p.status_message) for n, p in sorted(c.pools.pools.items()))
+
+    def _fire(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        before = self._state()
+        self.nodes_changed = False
+        fn(*args)
+        if self.nodes_changed or self._state() != before:
+            self.on_change(self.name)
+
+    def on_store_event(self, ev: WatchEvent) -> None:
+        if ev.plural == "nodes":
+            self.nodes_changed = True
+
+
 class VirtualFleet:
-    def __init__(self, config: FleetConfig, scheduler: Scheduler) -> None:
+    def __init__(self, config: FleetConfig, scheduler: Scheduler, on_change: Callable[[str], None] = lambda name: None) -> None:
         self.config = config
         self.scheduler = scheduler
         self.clusters: dict[str, SimCluster] = {}
         for index, cfg in enumerate(config.clusters):
-            c = SimCluster(cfg, index, config.seed, scheduler, scheduler.clock)
+            timers = ClusterTimers(cfg.name, scheduler, on_change)
+            c = SimCluster(cfg, index, config.seed, timers, scheduler.clock)
+            timers.cluster = c
+            c.store.add_listener(timers.on_store_event)
             c.kube_url = f"http://kubernetes.{cfg.name}.sim"
             c.disruptions.tick_s = DISRUPTION_TICK_S
             self.clusters[cfg.name] = c

@@ -111,10 +111,6 @@ class Scheduler:
         fn(*args)
 
 
-class WorkerClosed(Exception):
-    """Raised in a parked worker's wait when the run ends."""
-
-
 class Worker:
     """A thread that runs a blocking step in turns with the driver (see the module's contract)."""
 
@@ -149,24 +145,22 @@ class Worker:
 
     def park(self, until: float | None) -> None:
         """On the worker's thread: give control back until the driver resumes it."""
-        if self._closing:
-            raise WorkerClosed("the run is over")
+        if self._closing:  # the run is over: its waits return at once (the caller was stopped)
+            return
         self.parked, self.resume_at = True, until
         self._back.release()
         self._go.acquire()
         self.parked = False
-        if self._closing:
-            raise WorkerClosed("the run is over")
 
     def resume(self) -> None:
         self._go.release()
         self._back.acquire()
 
     def close(self) -> None:
-        if self.parked:  # let its step unwind (its wait raises)
-            self._closing = True
-            self.resume()
+        """End the thread; a step parked in a wait finishes first (its waits return at once)."""
         self._closing = True
+        if self.parked:
+            self.resume()
         self._go.release()
         self._thread.join(5)
 
@@ -196,6 +190,7 @@ class ScheduledLoop:
         self.halted_reason = ""
         self.steps = 0
         self.last_step_at: float | None = None
+        self.last_step_mono: float | None = None  # when the last step ended, on the monotonic clock
         self.last_step_s = 0.0
         self.last_error = ""
         self.next_after: Callable[[ScheduledLoop], float | None] | None = None
@@ -240,6 +235,27 @@ class ScheduledLoop:
 
     # ---- scheduling ---------------------------------------------------------------------------
 
+    def wake_on_tick(self, at: float | None = None) -> None:
+        """Step at the first tick of ``interval()`` (counted from the last step) at or after
+        ``at`` (default now): where a Ticker that was not skipped would next step."""
+        now = self.clock.monotonic()
+        at = now if at is None else max(now, at)
+        last = self.last_step_mono
+        if last is None:
+            self._schedule(at)
+            return
+        tick = self._interval()
+        self._schedule(last + max(0.0, -(-(at - last - 1e-9) // tick)) * tick)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def result(self) -> object:
+        """What the last step returned (None when it raised)."""
+        return self._result
+
     def _schedule(self, t: float) -> None:
         if self._stopped or (self.due is not None and self.due <= t):
             return
@@ -281,13 +297,12 @@ class ScheduledLoop:
         try:
             self._result = self._step()
             self.last_error = ""
-        except WorkerClosed:
-            raise
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"[:500]
             self._log.exception("%s: step failed", self.name)
         self.last_step_s = self.clock.monotonic() - t0
         self.last_step_at = self.clock.time()
+        self.last_step_mono = self.clock.monotonic()
         self.steps += 1
 
     def _after(self) -> None:

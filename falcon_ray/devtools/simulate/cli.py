@@ -1,0 +1,130 @@
+"""``falcon-ray simulate``: run the controller in virtual time and print the report.
+
+Exit codes: 0 when every invariant is 0, 1 when one is not (the command that replays the
+run goes to stderr), 2 for invalid input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+
+import click
+
+from falcon_ray.cli_shared import InvalidInput
+
+
+def _replay_command(fleet, tasks, config, seed, until_s, db_url) -> str:
+    parts = ["falcon-ray", "simulate", "--fleet", fleet or "(built-in)", "--tasks", tasks, "--seed", str(seed)]
+    if config:
+        parts += ["--config", config]
+    if until_s is not None:
+        parts += ["--until-s", f"{until_s:g}"]
+    if db_url:
+        parts += ["--db", "<a fresh database>"]
+    return shlex.join(parts)
+
+
+def _progress(stream):
+    """A progress line in simulated time, at most about once a wall second."""
+    shown = [0.0]
+    tty = stream.isatty()
+
+    def show(sim) -> None:
+        now = time.perf_counter()
+        if now - shown[0] < (1.0 if tty else 10.0):
+            return
+        shown[0] = now
+        s = sim.simulated_s
+        day, rest = divmod(int(s), 86400)
+        line = (
+            f"simulate: day {day} {rest // 3600:02d}:{rest % 3600 // 60:02d} virtual · "
+            f"{sim.submitted}/{len(sim.plan)} tasks submitted · {sim.falcon_pools_alive()} pools"
+        )
+        stream.write(("\r" + line + "   ") if tty else line + "\n")
+        stream.flush()
+
+    return show
+
+
+@click.command("simulate")
+@click.option("--fleet", type=click.Path(exists=True, dir_okay=False), default=None, help="Fleet YAML in the sim's format, timings in seconds (default: the built-in fleet).")
+@click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), default=None, help="Tasks JSONL in the demo's format (with --generate: the file to write).")
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None, help="Settings YAML (default: production defaults for every setting).")
+@click.option("--seed", default=1, show_default=True, type=int, help="Seed of the fleet's draws, the controller's jitter and --generate.")
+@click.option("--until-s", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop after this many simulated seconds (default: when every task is over and no pool is left).")
+@click.option("--db", "db_url", default=None, help="Database URL (default: SQLite in memory). It must be fresh: the run adds its clusters and tasks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Also write the JSON report to this file.")
+@click.option("--generate", is_flag=True, help="Write a realistic tasks file to --tasks for --fleet instead of running (docs/simulate.md).")
+@click.option("--count", default=5000, show_default=True, type=click.IntRange(min=1), help="With --generate: tasks on average.")
+@click.option("--days", default=7.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="With --generate: days of arrivals.")
+@click.option("--quiet", is_flag=True, help="No progress line on stderr.")
+def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet):
+    """Run the controller's poller, queues and cluster gateways in virtual time against a
+    modelled fleet, play a tasks file, and report what users waited and what the fleet
+    held idle. The same inputs and seed give the same report (wall_s aside)."""
+    from falcon_ray.cli_shared import settings_or_exit
+    from falcon_ray.devtools.demo import load_tasks
+    from falcon_ray.sim.fleet import FleetConfigError, load_fleet
+
+    from .driver import Simulation
+    from .generate import generate_tasks, write_tasks
+    from .report import build_report
+
+    try:
+        fleet_config = load_fleet(fleet)
+    except (FleetConfigError, OSError) as e:
+        raise InvalidInput(f"fleet: {e}") from None
+    if not tasks_path:
+        raise InvalidInput("--tasks is required (the tasks to play, or with --generate the file to write)")
+    if generate:
+        items = generate_tasks(fleet_config, count, days, seed)
+        write_tasks(items, tasks_path)
+        click.echo(f"wrote {len(items)} tasks over {days:g} days to {tasks_path}", err=True)
+        return
+    try:
+        tasks = load_tasks(tasks_path)
+    except (ValueError, OSError) as e:
+        raise InvalidInput(f"tasks: {e}") from None
+    settings = settings_or_exit(config)
+    replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url)
+    t0 = time.perf_counter()
+    sim = Simulation(fleet_config, tasks, settings, seed, db_url=db_url, until_s=until_s, progress=None if quiet else _progress(sys.stderr))
+    try:
+        sim.run()
+        report = build_report(sim, time.perf_counter() - t0)
+    except Exception:
+        click.echo(f"\nsimulate: the run failed; replay it with: {replay}", err=True)
+        raise
+    finally:
+        sim.dispose()
+    if not quiet:
+        click.echo("", err=True)
+    text = json.dumps(report, indent=2)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    if as_json:
+        click.echo(text)
+    else:
+        click.echo(summary(report))
+    if any(report["invariants"].values()):
+        broken = ", ".join(f"{k}={v}" for k, v in report["invariants"].items() if v)
+        click.echo(f"simulate: invariants broken ({broken}); replay with: {replay}", err=True)
+        sys.exit(1)
+
+
+def summary(report: dict) -> str:
+    ttr = report["time_to_running_s"]["all"]
+    lines = [
+        f"seed {report['seed']}: {report['tasks']} tasks, {report['simulated_s'] / 3600:.1f} h simulated in {report['wall_s']:.1f} s",
+        "outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()),
+        f"time to Running: p50 {ttr['p50']} s, p90 {ttr['p90']} s, p99 {ttr['p99']} s, mean {ttr['mean']} s (n={ttr['n']})",
+        f"chip-hours: used {report['used_chip_hours']}, idle {report['idle_chip_hours']}; statements per task {report['statements_per_task']}",
+        "invariants: " + ", ".join(f"{k} {v}" for k, v in report["invariants"].items()),
+        f"digest {report['digest']}",
+    ]
+    return "\n".join(lines)

@@ -8,7 +8,8 @@ actor, and the decisions' value of each row. It does no I/O and reads no clock: 
 changed only by what the database answered, in two ways.
 
 - A read (``merge``): the rows a ``Store.queue_snapshot`` returned, all of them (a full
-  read) or the incremental part, and the leases when they were read with it.
+  read) or the incremental part, the leases when they were read with it, and for the
+  rows new to it when each entered its phase and whether the fleet disrupted it.
 - A write result (``wrote_task``, ``left``, ``wrote_lease``, ``created_lease``,
   ``messages_written``): the columns of the queue's own won writes, applied to the kept
   rows so that the next round decides on them without reading them back. This queue is
@@ -104,12 +105,25 @@ class QueueMirror:
             self.drop(tid)
         self.changed |= gone | got.keys()
         self.rows.update(got)
+        self._entries_read(read, got)
         if full:
             self.last_granted, self.full_read_at, self.seq = read.last_granted, at, read.seq
         else:
             self.seq = max(self.seq, read.seq)
         self.wrote.clear()
         self.not_waiting = {tid for tid in self.not_waiting | got.keys() if tid in self.rows and self.rows[tid].phase != lc.WAITING}
+
+    def _entries_read(self, read: QueueRead, got: dict[int, Task]) -> None:
+        """Keep the phase entries and the "never disrupted" the read brought for its new rows:
+        ``task_values`` then reads the event log only for the others."""
+        for tid, (entered, disrupted) in read.entries.items():
+            row = got.get(tid)
+            if row is None:
+                continue
+            if entered is not None:
+                self.phase_since[tid] = (row.phase, entered)
+            if not disrupted:
+                self.disrupted[tid] = ()
 
     def _refused_may_change(self, gone: Collection[int], got: dict[int, Task]) -> bool:
         """Whether another writer's change to the rows read may change which Deleted

@@ -7,7 +7,8 @@ Dispatching. ``acquire(d, t)`` moves it one step:
 
 - an idle pool of its topology appears: it switches to it (abandoning its own create
   to keep-or-delete) -- ``switch_to_idle``;
-- no lease yet: the cluster must be reachable; an idle pool whose create an aborted
+- no lease yet (or just picked: ``create_at_pick``, in the pick's group when the create
+  needs no other step first): the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
   made; before all that, a task that GKE refused for capacity waits out its backoff
   (``capacity.backing_off``); otherwise the supply decision is made (reservation
@@ -18,7 +19,8 @@ Dispatching. ``acquire(d, t)`` moves it one step:
 - Requested / Creating: a create refused for capacity, or a pool in ERROR for it, is a
   wait (ClusterBusy, ``capacity.refused``); any other refused create or pool in ERROR
   fails it (NodePoolFailed); the control plane RUNNING with every node Ready makes it
-  Dispatching; nodes still registering keep it WaitingForNode (kept unless another
+  Dispatching, its Job submitted in the same group when nothing stands in the way
+  (``pool_came_up``); nodes still registering keep it WaitingForNode (kept unless another
   topology waits on the cluster and the node-pool timeout passed); a control plane
   not RUNNING in time fails it (NodePoolTimeout) -- ``creating``;
 - Ready / InUse: Dispatching -- ``pool_ready``; a flex-start pool waiting for its nodes
@@ -246,7 +248,18 @@ def fresh_pool_name(d: Decision, t: QueueTask) -> str:
     return name
 
 
-def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
+def create_at_pick(d: Decision, t: QueueTask, mode: SupplyMode, *first: Effect) -> bool:
+    """The pick of a task whose next step is a plain create (no reservation to check, no
+    capacity refusal to wait out, the cluster reachable, no abandoned create to wait for):
+    its Waiting -> Provisioning move names the pool, in the pick's group (``first``), as
+    the next round's ``no_pool_yet`` would. False (nothing added) otherwise."""
+    if mode == SupplyMode.RESERVATION or capacity.wait_of(d, t) is not None or d.v.error or d.finishing_idle() is not None:
+        return False
+    create_pool(d, t, mode, *first)
+    return True
+
+
+def create_pool(d: Decision, t: QueueTask, mode: SupplyMode, *first: Effect) -> None:
     name = fresh_pool_name(d, t)
     text = provisioning_text(d, t, name, mode)
     move: Effect
@@ -257,7 +270,7 @@ def create_pool(d: Decision, t: QueueTask, mode: SupplyMode) -> None:
     # reservation capacity is taken only through the ledger: a refused claim stops the group
     claim: list[Effect] = [ClaimReservation(name, t.spec.shape.hosts)] if mode == SupplyMode.RESERVATION else []
     create = EnsurePool(name, pool_request(d, t, mode, name))
-    d.add(f"task {t.id}: create pool {name}", *claim, CreateLease(t.id, name, mode), move, create)
+    d.add(f"task {t.id}: create pool {name}", *first, *claim, CreateLease(t.id, name, mode), move, create)
 
 
 # ---- Requested / Creating ---------------------------------------------------------------------
@@ -326,8 +339,7 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     """The control plane is RUNNING: Dispatching once every node is Ready, else WaitingForNode."""
     hosts = t.spec.shape.hosts
     if pool.registered >= hosts and pool.ready >= hosts:
-        effects += [MoveLease(lease.id, lease.name, (st,), LeaseState.READY, {"ready_at": d.now}), to_dispatching(d, t, lease.name)]
-        d.add(f"task {t.id}: nodes ready", *effects)
+        d.add(f"task {t.id}: nodes ready", *effects, *pool_came_up(d, t, lease, st))
         return
     if render.scales_from_zero(lease.supply_mode):
         dispatch.start_on_empty_pool(d, t, lease, st, pool, effects)
@@ -348,6 +360,21 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     else:
         effects += d.say_effect(t, text)
     d.add(f"task {t.id}: waiting for nodes", *effects)
+
+
+def pool_came_up(d: Decision, t: QueueTask, lease: Lease, st: LeaseState) -> list[Effect]:
+    """Every node Ready: Dispatching. When nothing stands between the task and its Job (no
+    Job of it in the cluster, no refused submit to wait out) the Job is submitted in the
+    same group (Creating -> InUse), as the next round's ``dispatch.dispatching`` would;
+    otherwise the pool is Ready and that round decides."""
+    ready = {"ready_at": d.now}
+    if d.job_of(t) is None and t.id not in d.q.submit_errors:
+        return [
+            MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE, ready),
+            to_dispatching(d, t, lease.name),
+            dispatch.submit_effect(d, t, lease.name),
+        ]
+    return [MoveLease(lease.id, lease.name, (st,), LeaseState.READY, ready), to_dispatching(d, t, lease.name)]
 
 
 def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> list[Effect]:

@@ -10,14 +10,15 @@ cluster) so the poller ranks it again; they leave the queue's waiting list.
 (``scheduling.pick_next`` on the heads of the highest priority: no pass over the
 waiting list) chooses; the last granted actor is written with it; an
 idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
-becomes Provisioning. The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
+becomes Provisioning, with its pool's lease and create in the same group when the create
+needs no other step first (``acquire.create_at_pick``). The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
 """
 
 from __future__ import annotations
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import scheduling
-from falcon_ray.reconcile.acquire import claim_idle
+from falcon_ray.reconcile.acquire import claim_idle, create_at_pick
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import SetLastGranted, Transition, Unassign
 
@@ -41,7 +42,8 @@ def pick(d: Decision) -> None:
         d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", SetLastGranted(nxt.actor), *claim_idle(d, nxt, idle))
     else:
         mode = scheduling.supply_mode_for(nxt.spec, d.q.cluster.default_reservation)
-        text = d.msg("picked", supply=mode.value)
-        d.add(f"task {nxt.id}: picked", SetLastGranted(nxt.actor), Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
+        if not create_at_pick(d, nxt, mode, SetLastGranted(nxt.actor)):
+            text = d.msg("picked", supply=mode.value)
+            d.add(f"task {nxt.id}: picked", SetLastGranted(nxt.actor), Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
     d.holders = [nxt]
     d.leave(nxt)

@@ -119,13 +119,16 @@ LEADER = "controller"
 class QueueRead:
     """One ``queue_snapshot``: the registry, the queue's task rows (all of them, or the
     incremental part), its leases, its last granted actor, and the newest ``seq`` of
-    ``falcon_task_queue`` among the rows read."""
+    ``falcon_task_queue`` among the rows read. ``entries``: for the rows read with their
+    spec (new to the reader), when each entered its current phase as the event log says
+    (None when the log has no such entry) and whether the fleet disrupted any of its runs."""
 
     clusters: list[Cluster]
     tasks: list[Task]
     leases: list[Lease] | None
     last_granted: str
     seq: int
+    entries: dict[int, tuple[dt.datetime | None, bool]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +153,12 @@ LOST = WriteResult(False)
 
 class Fenced(RuntimeError):
     """A newer controller holds the leader lease: this Store's epoch may not write any more."""
+
+
+def _no_entry():
+    """The (entered, disrupted) columns of a row read without them: NULLs typed as the
+    filled ones, so a UNION ALL reads a datetime in either (SQLite returns text otherwise)."""
+    return sa.type_coerce(sa.null(), t.task_events.c.at.type), sa.type_coerce(sa.null(), sa.Integer())
 
 
 def _row(cls, row) -> Any:
@@ -671,19 +680,28 @@ class Store:
                 granted = c.execute(
                     sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
                 ).first()
-        tasks, seq = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
+        tasks, seq, entries = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
         leases_read = [_row(Lease, r) for r in leases] if leases is not None else None
-        return QueueRead(clusters, tasks, leases_read, granted[0] if granted else "", seq)
+        return QueueRead(clusters, tasks, leases_read, granted[0] if granted else "", seq, entries)
 
     def _queue_rows(self, cluster_id: str, topology: str, cols, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
         """``queue_snapshot``'s one statement for the task rows (see there)."""
-        j, m = t.jobs, t.task_queue
+        j, m, e, dis = t.jobs, t.task_queue, t.task_events, t.task_disruptions
         live = [s.value for s in lc.NON_TERMINAL]
 
-        def base(with_spec: bool):  # the spec text only where it is not known yet
+        def base(with_spec: bool):  # the spec text, phase entry and disruptions only where not known yet
             spec = j.c.spec if with_spec else sa.literal("").label("spec")
+            entered, disrupted = _no_entry()
+            if with_spec:  # from ix_events_task and the disruptions' (task, attempt) key, per new row
+                entered = sa.type_coerce(
+                    sa.select(sa.func.max(e.c.at))
+                    .where(e.c.task_id == j.c.id, e.c.status == j.c.status, e.c.reason == j.c.reason)
+                    .scalar_subquery(),
+                    e.c.at.type,
+                )
+                disrupted = sa.case((sa.exists().where(dis.c.task_id == j.c.id), 1), else_=0)
             return (
-                sa.select(*cols, spec, m.c.seq)
+                sa.select(*cols, spec, m.c.seq, entered.label("entered"), disrupted.label("disrupted"))
                 .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
                 .where(j.c.cluster_id == cluster_id, m.c.cluster_id == cluster_id, m.c.topology == topology, j.c.status.in_(live))
             )
@@ -701,16 +719,21 @@ class Store:
         return sa.union_all(*parts)
 
     @staticmethod
-    def _queue_tasks_of(rows, names: list[str], specs: dict[int, str], newest: int) -> tuple[list[Task], int]:
+    def _queue_tasks_of(rows, names: list[str], specs: dict[int, str], newest: int):
         """The tasks of ``_queue_rows``' rows (a row with its spec wins over one without), in
-        id order, and the newest ``seq`` among them and ``newest``."""
+        id order, the newest ``seq`` among them and ``newest``, and the ``QueueRead.entries``
+        of the rows read with their spec."""
         tasks: dict[int, Task] = {}
-        seq = newest
+        entries: dict[int, tuple[dt.datetime | None, bool]] = {}
+        seq, n = newest, len(names)
         for r in rows:
-            if r[0] not in tasks or r[-2]:
-                tasks[r[0]] = Task(spec=r[-2] or specs.get(r[0], ""), **dict(zip(names, r[:-2], strict=True)))
-            seq = max(seq, int(r[-1]))
-        return sorted(tasks.values(), key=lambda x: x.id), seq
+            spec, row_seq, entered, disrupted = r[n:]
+            if r[0] not in tasks or spec:
+                tasks[r[0]] = Task(spec=spec or specs.get(r[0], ""), **dict(zip(names, r[:n], strict=True)))
+            if disrupted is not None:
+                entries[r[0]] = (entered, bool(disrupted))
+            seq = max(seq, int(row_seq))
+        return sorted(tasks.values(), key=lambda x: x.id), seq, entries
 
     @staticmethod
     def _queue_rows_in(cluster_id: str, topology: str, cols, statuses: list[str]):
@@ -723,7 +746,8 @@ class Store:
             .where(m.c.task_id == j.c.id, m.c.cluster_id == cluster_id, m.c.topology == topology)
             .scalar_subquery()
         )
-        return sa.select(*cols, sa.literal("").label("spec"), seq.label("seq")).where(
+        entered, disrupted = _no_entry()
+        return sa.select(*cols, sa.literal("").label("spec"), seq.label("seq"), entered.label("entered"), disrupted.label("disrupted")).where(
             j.c.cluster_id == cluster_id, j.c.status.in_(statuses), seq.is_not(None)
         )
 

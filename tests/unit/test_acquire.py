@@ -58,8 +58,12 @@ ROWS = [
         expect_lease=LeaseState.CREATING, absent=(RecordOperation,), recorded=None),
     Row("create started, GKE has not answered: still Requested (the call may yet be refused)", lc.PROVISIONING,
         LeaseState.REQUESTED, op=OpView("create", "running"), recorded=None, absent=(MoveLease, RecordOperation)),
-    Row("all nodes Ready: Dispatching", lc.PROVISIONING, LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK,
-        expect_to=lc.DISPATCHING, expect_lease=LeaseState.READY, message=f"Node pool {POOL} ready"),
+    Row("all nodes Ready: Dispatching, its Job submitted in the same group (Creating -> InUse)", lc.PROVISIONING,
+        LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK, expect_to=lc.DISPATCHING, expect_lease=LeaseState.IN_USE,
+        expect=(SubmitJob,), message=f"Node pool {POOL} ready"),
+    Row("all nodes Ready and its Job already there: Dispatching on a Ready pool, no second submit", lc.PROVISIONING,
+        LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK, job=("Pending", 0), expect_to=lc.DISPATCHING,
+        expect_lease=LeaseState.READY, absent=(SubmitJob,), message=f"Node pool {POOL} ready"),
     Row("control plane RUNNING, nodes registering: WaitingForNode", lc.PROVISIONING, LeaseState.CREATING,
         pool=("RUNNING", 0, 0), op=RUNNING_OK, expect_to=lc.WAITING_FOR_NODE, message="0/1 expected node(s) registered"),
     Row("nodes late, nobody else waits: keep waiting past the timeout", lc.WAITING_FOR_NODE, LeaseState.CREATING,
@@ -158,7 +162,10 @@ def test_acquisition_rule(row: Row):
         texts = [e.message for e in out if isinstance(e, (Transition, UpdateTask)) and e.message]
         assert any(row.message in m for m in texts), texts
     for sub in (e for e in out if isinstance(e, SubmitJob)):
-        assert sub.phase == lc.WAITING_FOR_NODE and not sub.first, "the timeout clock starts when the nodes came"
+        if row.expect_to == lc.DISPATCHING:  # every node there: the timeout clock starts with the Job
+            assert sub.phase == lc.DISPATCHING and sub.first
+        else:
+            assert sub.phase == lc.WAITING_FOR_NODE and not sub.first, "the timeout clock starts when the nodes came"
     if row.expect_to == lc.RUNNING:
         assert "dispatched_at" in moves[0].fields
     for g in decide(state, view, CLOCK(), S):  # a live task never loses its Job before its terminal write

@@ -136,3 +136,19 @@ def test_a_refused_lease_of_a_task_another_writer_moved_makes_the_leases_stale()
     assert m.refused_leases_kept()
     m.merge(read(task(1, lc.ABORTING)), full=False, at=11.0, asked=m.asked())
     assert m.leases_stale
+
+
+def test_a_read_that_brings_the_phase_entry_spares_the_event_log_read():
+    asked = []
+
+    def entries(unknown, disrupted):
+        asked.append((sorted(unknown), sorted(disrupted)))
+        return {}, {}
+
+    m = QueueMirror("2x2")
+    entered = T0 + dt.timedelta(seconds=5)
+    snap = QueueRead([], [task(1), task(2), task(3)], [], "", 1, {1: (entered, False), 2: (None, False), 3: (entered, True)})
+    m.merge(snap, full=True, at=1.0, asked=set())
+    values = {t.id: t for t in m.task_values(entries).waiting}
+    assert values[1].phase_since == entered and values[1].disruptions == ()
+    assert asked == [([2], [3])]  # only what the read did not bring: 2's entry, 3's runs

@@ -7,6 +7,7 @@ run goes to stderr), 2 for invalid input (one line on stderr).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -15,9 +16,23 @@ import click
 
 from falcon_ray.cli_shared import InvalidInput
 
+HASH_SEED = "0"
 
-def _replay_command(fleet, tasks, config, seed, until_s, db_url) -> str:
-    parts = ["falcon-ray", "simulate", "--fleet", fleet or "(built-in)", "--tasks", tasks, "--seed", str(seed)]
+
+def pin_hash_seed() -> None:
+    """Run under a fixed PYTHONHASHSEED (re-executing the command once if needed): the
+    product iterates a few sets of strings, and their order (hence the order of two wake-ups
+    at the same instant) would otherwise differ from one process to the next."""
+    if os.environ.get("PYTHONHASHSEED") == HASH_SEED or os.environ.get("FALCON_SIMULATE_IN_PROCESS"):
+        return
+    os.environ["PYTHONHASHSEED"] = HASH_SEED
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def _replay_command(fleet, tasks, config, seed, until_s, db_url, exact) -> str:
+    parts = ["falcon-ray", "simulate", *(["--fleet", fleet] if fleet else []), "--tasks", tasks, "--seed", str(seed)]
+    if exact:
+        parts.append("--exact")
     if config:
         parts += ["--config", config]
     if until_s is not None:
@@ -62,7 +77,8 @@ def _progress(stream):
 @click.option("--count", default=5000, show_default=True, type=click.IntRange(min=1), help="With --generate: tasks on average.")
 @click.option("--days", default=7.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="With --generate: days of arrivals.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr.")
-def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet):
+@click.option("--exact", is_flag=True, help="Step every queue at every tick, as the Tickers would (slow; to check the left-out rounds).")
+def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet, exact):
     """Run the controller's poller, queues and cluster gateways in virtual time against a
     modelled fleet, play a tasks file, and report what users waited and what the fleet
     held idle. The same inputs and seed give the same report (wall_s aside)."""
@@ -90,9 +106,12 @@ def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, gen
     except (ValueError, OSError) as e:
         raise InvalidInput(f"tasks: {e}") from None
     settings = settings_or_exit(config)
-    replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url)
+    pin_hash_seed()
+    replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url, exact)
     t0 = time.perf_counter()
-    sim = Simulation(fleet_config, tasks, settings, seed, db_url=db_url, until_s=until_s, progress=None if quiet else _progress(sys.stderr))
+    sim = Simulation(
+        fleet_config, tasks, settings, seed, db_url=db_url, until_s=until_s, progress=None if quiet else _progress(sys.stderr), exact=exact
+    )
     try:
         sim.run()
         report = build_report(sim, time.perf_counter() - t0)

@@ -16,7 +16,9 @@ calls the other object directly instead of through Ray).
 ``run()`` plays the tasks (each submitted at ``submit_at`` seconds and aborted at
 ``abort_at`` as the upper layer does: ``Store.submit_task``, ``Store.request_abort``) and
 runs the schedule until every task is terminal and no Falcon pool is left in the fleet,
-or ``until_s`` has passed. What runs when:
+or ``until_s`` has passed (default: ``DEFAULT_TAIL_S`` after the last submission, longer
+than flex-start's seven days: a task that waits for capacity that never comes ends the run
+there, live). What runs when:
 
 - every loop a Ticker would run, at the times the Ticker would run it: the queues'
   ``step`` every ``interval()`` and at once on a hint; the gateway's orphan scan and
@@ -44,6 +46,7 @@ import logging
 import random
 import sqlite3
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -70,6 +73,7 @@ from .schedule import ScheduledLoop, Scheduler, VirtualClock, Worker
 log = logging.getLogger("falcon.simulate")
 START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
 GAUGES_EVERY_S = 600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
+DEFAULT_TAIL_S = 8 * 86400.0  # without until_s: the run ends at the latest this long after the last submission
 QUIET_MAX_S = 600.0  # a quiet queue steps at least this often (virtual seconds)
 MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages
 END_CHECK_S = 10.0  # once every task is submitted: virtual seconds between two checks for the end
@@ -119,7 +123,6 @@ class Simulation:
         self.seed = seed
         self.settings = settings
         self.plan = sorted(enumerate(tasks), key=lambda it: (float(it[1].get("submit_at") or 0.0), it[0]))
-        self.until_s = until_s
         self.progress = progress
         self.exact = exact
         self.probes = 0
@@ -138,6 +141,7 @@ class Simulation:
         self.submitted = 0
         self.observed: dict[int, list[tuple[float, str, str, str]]] = {}
         self.done = False
+        self._changed_since_check = True
         self.poller = IntakePoller(settings, self._controller_store(), self.port, self.clock)
         self.poller_loop = self._loop("poller", self.poller.poll_once, self.poller.interval)
         self.poller_loop.next_after = self._poller_next
@@ -149,8 +153,9 @@ class Simulation:
         for index, item in self.plan:
             self.scheduler.at(self.t0 + float(item.get("submit_at") or 0.0), self._submit, index, item)
         self.scheduler.at(self.t0 + MONITOR_S, self._monitor)
-        if until_s is not None:
-            self.scheduler.at(self.t0 + until_s, self._stop)
+        last = max((float(item.get("submit_at") or 0.0) for _, item in self.plan), default=0.0)
+        self.until_s = until_s if until_s is not None else last + DEFAULT_TAIL_S
+        self.scheduler.at(self.t0 + self.until_s, self._stop)
 
     # ---- building ---------------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class Simulation:
     def _queue_stepped(self, loop: ScheduledLoop, applied: object) -> None:
         if isinstance(applied, int) and applied == 0:
             return
+        self._changed_since_check = True
         self._poke_poller()  # a queue that changed anything may have handed a task back
         if self.exact:
             return
@@ -273,6 +279,7 @@ class Simulation:
     def _fleet_changed(self, cluster: str) -> None:
         """The fleet changed what the cluster's ClusterActor observes: its queues step at their
         next tick, and again once the actor's cached view is due for a refresh."""
+        self._changed_since_check = True
         if self.exact:
             return
         later = self.clock.monotonic() + self.settings.pool_refresh_s + 1e-3
@@ -362,9 +369,13 @@ class Simulation:
         self.scheduler.at(self.clock.monotonic() + MONITOR_S, self._monitor)
 
     def _end_check(self) -> None:
-        if not self.store.live_tasks() and not self.falcon_pools_alive():
-            self._stop()
-            return
+        """The end: every task over and no Falcon pool left (looked at only after a queue
+        acted or the fleet changed since the last look)."""
+        if self._changed_since_check:
+            self._changed_since_check = False
+            if not self.falcon_pools_alive() and not self.store.live_tasks():
+                self._stop()
+                return
         self.scheduler.at(self.clock.monotonic() + END_CHECK_S, self._end_check)
 
     def falcon_pools_alive(self) -> int:
@@ -428,6 +439,9 @@ def _database(db_url: str | None, seed: int) -> tuple[str, sqlite3.Connection | 
     if db_url:
         upgrade(db_url, with_jobs_table=True)
         return db_url, None
+    # SQLAlchemy warns that it picks SingletonThreadPool for a mode=memory URL: one connection
+    # per thread and engine is what the run wants (the shared cache makes them one database)
+    warnings.filterwarnings("ignore", message="Selection of the SingletonThreadPool", category=sa.exc.SADeprecationWarning)
     name = f"falcon-simulate-{seed}-{uuid.uuid4().hex[:8]}"
     keeper = sqlite3.connect(f"file:{name}?mode=memory&cache=shared", uri=True, check_same_thread=False)
     url = f"sqlite:///file:{name}?mode=memory&cache=shared&uri=true"

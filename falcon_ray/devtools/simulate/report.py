@@ -29,7 +29,8 @@ aside), rounded, so the same run gives the same bytes:
   ``failed_for_capacity``, ``illegal_transitions`` (and the soak's others), with
   production limits: a phase is stuck past ``node_pool_timeout_s``, ``waiting_limit_s``
   or the task's own timeout, plus ``STUCK_MARGIN_S`` (the run looks at the live tasks'
-  Messages every ``driver.MONITOR_S``).
+  Messages every ``driver.MONITOR_S``); ``broken``, only when one is not 0: up to three
+  cases of each.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "used_chip_hours": round(used_chip_s / 3600.0, 2),
         "statements_per_task": round(statements / len(tasks), 1) if tasks else None,
         "eta_error_s": _eta_error(sim.messages, started_at),
-        "invariants": _invariants(sim, tasks, events, fleet, end),
+        **_invariants(sim, tasks, events, fleet, end),
     }
 
 
@@ -172,13 +173,14 @@ def _eta_error(messages: list[tuple[float, int, str]], started_at: dict[int, flo
     return out
 
 
-def _invariants(sim: Simulation, tasks, events, fleet, end: float) -> dict[str, int]:
+def _invariants(sim: Simulation, tasks, events, fleet, end: float) -> dict[str, Any]:
     observed: dict[int, chaos.Observed] = {}
     for t in tasks:
         obs = observed[t.id] = chaos.Observed()
-        timeline = [(_offset(e.at), e.status, e.reason or "", e.message or "") for e in events.get(t.id, [])]
-        timeline += sim.observed.get(t.id, [])
-        for at, status, reason, message in sorted(timeline, key=lambda x: x[0]):
+        # a look at the live tasks saw the row as it was before the moves of the same instant
+        timeline = [(at, 0, status, reason, message) for at, status, reason, message in sim.observed.get(t.id, [])]
+        timeline += [(_offset(e.at), 1, e.status, e.reason or "", e.message or "") for e in events.get(t.id, [])]
+        for at, _order, status, reason, message in sorted(timeline, key=lambda x: (x[0], x[1])):
             obs.see(at, status, reason, message)
     s = sim.settings
     limits = chaos.Limits(
@@ -188,4 +190,7 @@ def _invariants(sim: Simulation, tasks, events, fleet, end: float) -> dict[str, 
         recovery_wait=s.recovery_pool_wait_s,
     )
     result = chaos.check(tasks, events, observed, end, fleet, limits, disruptions=sim.store.disruptions([t.id for t in tasks]))
-    return dict(result["invariants"])
+    out: dict[str, Any] = {"invariants": dict(result["invariants"])}
+    if result["details"]:  # what broke, a few of each (the replay shows the rest)
+        out["broken"] = {k: v[:3] for k, v in sorted(result["details"].items())}
+    return out

@@ -1,0 +1,221 @@
+"""``falcon-ray simulate``: the product's poller, queues and cluster gateways in virtual time
+against the fleet model (falcon_ray.devtools.simulate), at production settings.
+
+Each run is seconds of wall time for hours or days of fleet time; the fleets are written
+here so each test shows the timings it checks against."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from falcon_ray.config import Settings
+from falcon_ray.devtools.simulate.cli import simulate
+from falcon_ray.devtools.simulate.driver import START, Simulation
+from falcon_ray.devtools.simulate.generate import generate_tasks
+from falcon_ray.devtools.simulate.report import build_report, estimate_s
+from falcon_ray.sim.fleet import parse_fleet
+
+CREATE_S, REGISTER_S, POD_START_S, DELETE_S = 420.0, 90.0, 20.0, 180.0
+TIMINGS = {
+    "node_pool_create": CREATE_S,
+    "node_register": REGISTER_S,
+    "pod_start": POD_START_S,
+    "node_pool_delete": DELETE_S,
+    "flex_visibility_lag": 60.0,
+    "autoscaler_scale_up": 30.0,
+    "flex_capacity_wait": 120.0,
+    "autoscaler_scale_down": 600.0,
+    "maintenance_notice": 600.0,
+    "maintenance_duration": 300.0,
+    "repair_detect": 300.0,
+    "pod_termination": 30.0,
+}
+
+
+def _cluster(name: str, **kw) -> dict:
+    return {"name": name, "project": f"p-{name}", "location": "us-east5-b", "tpu_type": "v6e", "timings": dict(TIMINGS), **kw}
+
+
+def _task(i: int, submit_at: float, run_s: float, topology: str = "2x2", abort_at: float | None = None, **spec) -> dict:
+    return {
+        "name": f"t{i}",
+        "actor": ("alice", "bob", "carol")[i % 3],
+        "submit_at": submit_at,
+        "abort_at": abort_at,
+        "spec": {
+            "tpu_type": "v6e",
+            "topology": topology,
+            "image": "us-docker.pkg.dev/p/r/train:1",
+            "command": ["python", "train.py"],
+            "env": {"FALCON_SIM_RUN_SECONDS": str(int(run_s))},
+            "timeout_seconds": int(run_s) + 3600,
+            **spec,
+        },
+    }
+
+
+def _run(fleet: dict, tasks: list[dict], seed: int = 1, **kw) -> tuple[dict, Simulation]:
+    sim = Simulation(parse_fleet(fleet), tasks, Settings(), seed, **kw)
+    try:
+        sim.run()
+        return build_report(sim, 0.0), sim
+    finally:
+        sim.dispose()
+
+
+MIXED = {
+    "clusters": [
+        _cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=16,
+                 faults={"api_error_rate": 0.02, "incompatible_op_rate": 0.02, "disruption_rate_per_node_hour": 0.02}),
+        _cluster("flex-b", location="us-central1-b", chips=24,
+                 faults={"too_many_requests_rate": 0.02, "disruption_rate_per_node_hour": 0.02}),
+    ]
+}
+
+
+def _mixed_tasks() -> list[dict]:
+    shapes = ["2x2", "2x4", "2x2", "4x4", "2x2", "2x4"]
+    tasks = [_task(i, 300.0 * i + 40.0 * (i % 4), 600.0 + 900.0 * (i % 5), shapes[i % len(shapes)]) for i in range(18)]
+    tasks[4]["abort_at"] = tasks[4]["submit_at"] + 200.0  # aborted while its pool is created
+    tasks[9]["abort_at"] = tasks[9]["submit_at"] + 1500.0  # aborted while it runs
+    tasks[7]["spec"]["env"]["FALCON_SIM_EXIT_CODE"] = "1"
+    tasks[11]["spec"]["supply_mode"] = "flex-start"
+    return tasks
+
+
+def _without_wall(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "wall_s"}
+
+
+def test_the_same_seed_gives_the_same_report_and_another_seed_another_digest():
+    tasks = _mixed_tasks()[:8]
+    first, _ = _run(MIXED, tasks, seed=3)
+    again, _ = _run(MIXED, tasks, seed=3)
+    other, _ = _run(MIXED, tasks, seed=4)
+    assert json.dumps(_without_wall(first), sort_keys=True) == json.dumps(_without_wall(again), sort_keys=True)
+    assert other["digest"] != first["digest"]
+    assert first["tasks"] == 8 and sum(first["outcomes"].values()) == 8
+
+
+def test_a_task_on_an_idle_reservation_cluster_runs_at_the_fleets_create_register_and_pod_start_times():
+    fleet = {"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=0)]}
+    report, sim = _run(fleet, [_task(0, 0.0, 60.0)])
+    s = sim.settings
+    fleet_s = CREATE_S + REGISTER_S + POD_START_S
+    # the controller's own steps on the way: the poll that takes the task, the queue's tick,
+    # the operation poll that sees the create DONE, the pool view's refresh, the queue's tick
+    # that submits the Job; each is at most its period
+    controller_s = s.poll_interval_s + s.queue_tick_s + s.operation_poll_s + s.pool_refresh_s + s.queue_tick_s
+    ttr = report["time_to_running_s"]["all"]
+    assert ttr["n"] == 1
+    assert fleet_s <= ttr["p50"] <= fleet_s + controller_s, (ttr, fleet_s, controller_s)
+    assert report["outcomes"] == {"Succeeded": 1}
+    assert report["time_to_running_s"]["supply"] == {"reservation": {"n": 1, "p50": ttr["p50"], "p90": ttr["p90"], "p99": ttr["p99"], "mean": ttr["mean"]}}
+    assert not any(report["invariants"].values())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_simulated_day_of_a_mixed_fleet_under_faults_keeps_every_invariant(seed):
+    report, sim = _run(MIXED, _mixed_tasks(), seed=seed)
+    assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report.get("broken")
+    assert report["outcomes"].get("Aborted", 0) >= 1 and report["outcomes"].get("Failed/JobFailed", 0) >= 1
+    assert "live" not in report["outcomes"]
+    assert sim.clock.driver_waits == 0  # every wait was a worker's, handed back to the schedule
+    assert report["simulated_s"] >= 86400 * 0.05
+
+
+def test_a_pool_that_never_comes_up_fails_at_the_production_node_pool_timeout():
+    s = Settings()
+    slow = dict(TIMINGS, node_pool_create=3 * s.node_pool_timeout_s)
+    fleet = {"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=0, timings=slow)]}
+    report, sim = _run(fleet, [_task(0, 0.0, 60.0)])
+    assert report["outcomes"] == {"Failed/NodePoolTimeout": 1}
+    provisioning = report["pending_s_by_reason"]["Provisioning"]
+    assert s.node_pool_timeout_s <= provisioning <= s.node_pool_timeout_s + 2 * s.queue_tick_s
+    assert report["invariants"]["pools_alive"] == 0  # the timed-out pool was deleted once its create ended
+
+
+def test_a_stockout_is_waited_out_for_the_production_capacity_budget_then_fails():
+    s = Settings()
+    fleet = {"clusters": [_cluster("flex-b", chips=0)]}  # never a chip to give
+    report, _ = _run(fleet, [_task(0, 0.0, 60.0, supply_mode="on-demand")])
+    assert report["outcomes"] == {"Failed/NodePoolFailed": 1}
+    # each retry is a new create that GKE ends with the stockout after its create time; the
+    # budget counts from the first refusal, and the last wait before it may be a whole retry
+    pending = sum(report["pending_s_by_reason"].values())
+    assert report["pending_s_by_reason"]["ClusterBusy"] > 0
+    assert s.capacity_budget_s <= pending <= s.capacity_budget_s + s.capacity_retry_max_s + 2 * CREATE_S
+
+
+def test_generated_tasks_follow_the_trace_figures_and_a_seed():
+    fleet = parse_fleet(MIXED)
+    items = generate_tasks(fleet, 2000, 7.0, seed=5)
+    assert items == generate_tasks(fleet, 2000, 7.0, seed=5)
+    assert 1800 <= len(items) <= 2200
+    runs = sorted(float(t["spec"]["env"]["FALCON_SIM_RUN_SECONDS"]) for t in items if "FALCON_SIM_EXIT_CODE" not in t["spec"]["env"])
+    assert 120 <= runs[len(runs) // 2] <= 350  # Helios: median 206 s
+    cancelled = sum(1 for t in items if t["abort_at"] is not None) / len(items)
+    failed = sum(1 for t in items if "FALCON_SIM_EXIT_CODE" in t["spec"]["env"]) / len(items)
+    assert 0.13 <= cancelled <= 0.23 and 0.12 <= failed <= 0.20
+    weekday = sum(1 for t in items if t["submit_at"] < 5 * 86400) / 5
+    weekend = sum(1 for t in items if t["submit_at"] >= 5 * 86400) / 2
+    assert weekend < weekday / 1.5
+
+
+def test_a_waiting_message_start_estimate_is_read_in_seconds():
+    assert estimate_s("Waiting: 3rd in queue, expected to start in ~12m") == 720
+    assert estimate_s("... expected to start in ~1h05m") == 3900
+    assert estimate_s("... expected to start in <1m") == 30
+    assert estimate_s("Waiting: 1st in queue") is None
+
+
+IN_PROCESS = {"FALCON_SIMULATE_IN_PROCESS": "1"}  # CliRunner: no re-exec to pin the hash seed
+
+
+def test_the_command_writes_the_report_and_replays_a_failure(tmp_path):
+    fleet_file = tmp_path / "fleet.json"  # YAML is a superset of JSON
+    fleet_file.write_text(json.dumps({"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=0)]}))
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text(json.dumps(_task(0, 0.0, 60.0)) + "\n")
+    out = tmp_path / "report.json"
+    res = CliRunner(env=IN_PROCESS).invoke(simulate, ["--fleet", str(fleet_file), "--tasks", str(tasks_file), "--json", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["outcomes"] == {"Succeeded": 1} and report["seed"] == 1
+    # cut short: the task is still live, an invariant breaks, the replay command is printed
+    res = CliRunner(env=IN_PROCESS).invoke(simulate, ["--fleet", str(fleet_file), "--tasks", str(tasks_file), "--until-s", "100", "--quiet"])
+    assert res.exit_code == 1
+    assert f"falcon-ray simulate --fleet {fleet_file} --tasks {tasks_file} --seed 1 --until-s 100" in res.output
+    gen = tmp_path / "gen.jsonl"
+    res = CliRunner(env=IN_PROCESS).invoke(simulate, ["--fleet", str(fleet_file), "--tasks", str(gen), "--generate", "--count", "50", "--days", "1"])
+    assert res.exit_code == 0 and len(gen.read_text().splitlines()) > 30
+
+
+def test_the_run_starts_on_a_monday():
+    assert START.weekday() == 0 and START.hour == 0
+
+
+def test_two_processes_with_different_hash_seeds_give_the_same_report(tmp_path):
+    """The command pins PYTHONHASHSEED (the product iterates sets of strings), so the
+    report is the same from one invocation to the next, not only within one process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fleet_file, tasks_file = tmp_path / "fleet.json", tmp_path / "tasks.jsonl"
+    fleet_file.write_text(json.dumps(MIXED))
+    tasks_file.write_text("".join(json.dumps(t) + "\n" for t in _mixed_tasks()[:6]))
+    reports = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"r{hash_seed}.json"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        env.pop("FALCON_SIMULATE_IN_PROCESS", None)
+        cmd = [str(Path(sys.executable).parent / "falcon-ray"), "simulate", "--fleet", str(fleet_file), "--tasks", str(tasks_file), "--out", str(out), "--quiet"]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        reports.append(_without_wall(json.loads(out.read_text())))
+    assert reports[0] == reports[1]

@@ -4,8 +4,10 @@ Contract
 --------
 ``ClusterGateway`` is a plain object (store, port, settings, clock, and optionally the
 function that connects its clients); the ClusterActor in ``actors.remote`` is its Ray
-shell. It observes and acts: the rules it applies (the reservation ledger, orphan pools,
-what a failed operation does next) are the pure functions of ``falcon_ray.nodepools``.
+shell. It observes and acts: the rules it applies (the reservation ledger, orphan pools, the
+operation queue and what a failed operation does next, the connect backoff, the Job
+cache) are the pure functions of ``falcon_ray.nodepools``, and a run's readiness is
+``falcon_ray.faults.track_run``.
 Hard state: none. Everything here is a cache of the cluster (node pools, nodes,
 Jobs labelled ``managed-by=falcon``, reservation use) or of work in flight (the
 node-pool operation queue). After a restart the caches refill from a full list and
@@ -54,7 +56,6 @@ threaded actor), never on an event loop.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import random
@@ -71,6 +72,7 @@ from falcon_ray import metrics, render
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, capacity_kind
+from falcon_ray.faults import EvidenceRead, RunReadiness, track_run
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import (
     OP_IN_FLIGHT,
@@ -87,7 +89,7 @@ from falcon_ray.model import (
     ReservationView,
     RunEvidence,
 )
-from falcon_ray.nodepools import ledger, operations, orphans
+from falcon_ray.nodepools import connection, jobs, ledger, operations, orphans
 from falcon_ray.store import Fenced, Store
 from falcon_ray.tpu import NODEPOOL_LABEL
 
@@ -96,7 +98,6 @@ log = logging.getLogger("falcon.cluster")
 GAUGE_PERIOD_S = 10.0
 LEDGER_READ_TTL_S = 1.0  # the lease rows behind the ledger's view are read at most this often
 OP_IDLE_WAIT_S = 0.2
-CONNECT_BACKOFF_MAX_S = 60.0
 SLOW_CONNECT_S = 10.0  # a connect slower than this is logged as a warning, with its stages
 
 
@@ -250,11 +251,10 @@ class ClusterGateway:
         self.jobs_synced = False
         self.failure_detail: dict[str, str] = {}
         # the runs a decision may have to classify (falcon_ray.faults): per Job uid, what was
-        # read of its pods and nodes when it failed or its pods stopped being ready, the Jobs
-        # that had every pod ready once, and since when one has had fewer
+        # read of its pods and nodes when it failed or its pods stopped being ready, and its
+        # readiness (every pod ready once; since when it has had fewer)
         self.evidence: dict[str, RunEvidence] = {}
-        self.once_fully_ready: set[str] = set()
-        self.short_since: dict[str, dt.datetime] = {}
+        self.runs: dict[str, RunReadiness] = {}
 
     def _init_operations(self) -> None:
         """The node-pool operations: the newest per pool, and the FIFO the worker runs them from."""
@@ -348,7 +348,7 @@ class ClusterGateway:
                 self.connect_failures += 1
                 self._stage(f"waiting to connect again (attempt {self.connect_failures} failed)")
                 log.warning("cluster %s: connect failed: %s %s", self.name, self.connect_error, self.connect_timings)
-                self.watch_delay = min(2.0 ** (self.connect_failures - 1), CONNECT_BACKOFF_MAX_S) + random.random()
+                self.watch_delay = connection.connect_retry_delay_s(self.connect_failures, random.random())
                 return
             self.connect_error = ""
             self.tickers["operations"].wake()
@@ -371,28 +371,13 @@ class ClusterGateway:
     def _job_view(self, obs) -> JobView | None:
         if obs.task_id is None:
             return None
-        message = obs.message
-        evidence = None
-        if obs.phase == JobPhase.FAILED:
-            detail = self.failure_detail.get(obs.uid)
-            if detail is None:
-                try:
-                    detail = self.kube.job_failure_message(obs.namespace, obs.name)
-                except Exception as e:
-                    detail = ""
-                    log.warning("cluster %s: failure detail of %s: %s", self.name, obs.name, e)
-                if detail:
-                    self.failure_detail[obs.uid] = detail
-            message = detail or message
-            evidence = self._evidence(obs, refresh=False)
-        elif obs.phase != JobPhase.DELETED:
-            if obs.ready >= obs.expected:
-                self.once_fully_ready.add(obs.uid)
-                self.short_since.pop(obs.uid, None)
-                self.evidence.pop(obs.uid, None)
-            elif obs.uid in self.once_fully_ready:  # it had every pod ready: the run falters
-                self.short_since.setdefault(obs.uid, self.clock.now())
-                evidence = self._evidence(obs, refresh=True)
+        message = (self._failure_detail(obs) or obs.message) if obs.phase == JobPhase.FAILED else obs.message
+        step = track_run(obs.phase, obs.ready, obs.expected, self.runs.get(obs.uid, RunReadiness()), self.clock.now())
+        if step.readiness != RunReadiness():
+            self.runs[obs.uid] = step.readiness
+        if step.forget_evidence:
+            self.evidence.pop(obs.uid, None)
+        evidence = None if step.evidence == EvidenceRead.NONE else self._evidence(obs, refresh=step.evidence == EvidenceRead.FRESH)
         return JobView(
             task_id=int(obs.task_id),
             name=obs.name,
@@ -406,9 +391,22 @@ class ClusterGateway:
             node_pool=obs.node_pool,
             attempt=obs.attempt,
             evidence=evidence,
-            short_since=self.short_since.get(obs.uid),
+            short_since=step.readiness.short_since,
             deleting=obs.deleting,
         )
+
+    def _failure_detail(self, obs) -> str:
+        """The failed Job's detail (its pods' own words), read once per Job; "" if none."""
+        detail = self.failure_detail.get(obs.uid)
+        if detail is None:
+            try:
+                detail = self.kube.job_failure_message(obs.namespace, obs.name)
+            except Exception as e:
+                detail = ""
+                log.warning("cluster %s: failure detail of %s: %s", self.name, obs.name, e)
+            if detail:
+                self.failure_detail[obs.uid] = detail
+        return detail
 
     def _evidence(self, obs, refresh: bool) -> RunEvidence | None:
         """The pods and pool nodes of a Job's run (read once when it failed; at each event
@@ -431,14 +429,14 @@ class ClusterGateway:
         queue = (obs.labels or {}).get(render.LABEL_QUEUE, "")
         with self.lock:
             before = self.jobs.get(jv.task_id)
+            kept = jobs.kept_after_event(before, jv)
+            if kept is None:
+                self.jobs.pop(jv.task_id, None)
+            else:
+                self.jobs[jv.task_id] = kept
             if jv.phase == JobPhase.DELETED:
-                if before is None or before.name == jv.name:  # not a newer attempt's Job
-                    self.jobs.pop(jv.task_id, None)
-                for cache in (self.failure_detail, self.evidence, self.short_since):
+                for cache in (self.failure_detail, self.evidence, self.runs):
                     cache.pop(jv.uid, None)
-                self.once_fully_ready.discard(jv.uid)
-            elif before is None or before.attempt <= jv.attempt:
-                self.jobs[jv.task_id] = jv
             if queue:
                 self.job_queue_label[jv.task_id] = queue
         if jv != before:  # an event that changes nothing a decision reads wakes nobody
@@ -449,7 +447,7 @@ class ClusterGateway:
         queues = {}
         for obs in observations:
             jv = self._job_view(obs)
-            if jv is not None and (jv.task_id not in views or views[jv.task_id].attempt <= jv.attempt):
+            if jv is not None and jobs.replaces(views.get(jv.task_id), jv):
                 views[jv.task_id] = jv
                 q = (obs.labels or {}).get(render.LABEL_QUEUE, "")
                 if q:
@@ -459,10 +457,9 @@ class ClusterGateway:
             self.jobs = views
             self.job_queue_label.update(queues)
             self.jobs_synced = True
-            for cache in (self.failure_detail, self.evidence, self.short_since):  # Jobs gone while the watch was down
+            for cache in (self.failure_detail, self.evidence, self.runs):  # Jobs gone while the watch was down
                 for uid in [u for u in cache if u not in uids]:
                     cache.pop(uid, None)
-            self.once_fully_ready &= uids
         self.last_ok["kubernetes"] = self.clock.time()
         metrics.watch_relist(self.name)
         for q in set(queues.values()):
@@ -525,13 +522,7 @@ class ClusterGateway:
         """Where to look for the reservation: the zone it names, else the cluster's zone(s),
         the zone it was last found in first."""
         zone, _ = render.reservation_parts(self.cluster.default_reservation)
-        if zone:
-            return [zone]
-        zones = list(self.zones)
-        if self.reservation_zone in zones:
-            zones.remove(self.reservation_zone)
-            zones.insert(0, self.reservation_zone)
-        return zones
+        return ledger.search_zones(zone, self.zones, self.reservation_zone)
 
     def _reservation_owner(self) -> tuple[str, str]:
         """(project, name) of the default reservation: the project that owns it (P of
@@ -714,9 +705,9 @@ class ClusterGateway:
         """Queue a create for ``name`` unless one is queued, running or done. ``operation``:
         GKE already accepted this create (the lease recorded it): follow that operation."""
         with self.lock:
-            op = self.ops.get(name)
-            if op is not None and op.kind == OpKind.CREATE and op.state in (*OP_IN_FLIGHT, OpState.DONE):
-                return op.state
+            serving = operations.create_answer(self._newest_op(name))
+            if serving is not None:
+                return serving
             op = PoolOp(name, OpKind.CREATE, request, operation=operation or "", queued_at=self.clock.monotonic())
             self.ops[name] = op
             self.op_fifo.append(op)
@@ -726,30 +717,29 @@ class ClusterGateway:
     def delete_pool(self, name: str) -> str:
         """Queue a delete for ``name`` (cancelling a create that has not started)."""
         with self.lock:
-            op = self.ops.get(name)
-            if op is not None and op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT:
-                return op.state
-            if op is not None and op.kind == OpKind.CREATE and op.state == OpState.QUEUED:
-                op.state = OpState.CANCELLED
+            answer = operations.delete_answer(self._newest_op(name))
+            if answer.serving is not None:
+                return answer.serving
+            if answer.cancel_create:
+                self.ops[name].state = OpState.CANCELLED
             op = PoolOp(name, OpKind.DELETE, queued_at=self.clock.monotonic())
             self.ops[name] = op
             self.op_fifo.append(op)
         self.tickers["operations"].wake()
         return OpState.QUEUED
 
+    def _newest_op(self, name: str) -> operations.Newest:
+        op = self.ops.get(name)
+        return None if op is None else (op.kind, op.state)
+
     def _next_op(self) -> PoolOp | None:
+        """Take the operation to run now out of the FIFO (``nodepools.operations.next_operation``)."""
         with self.lock:
-            now = self.clock.monotonic()
-            for _ in range(len(self.op_fifo)):
-                op = self.op_fifo[0]
-                if op.state == OpState.CANCELLED or self.ops.get(op.name) is not op:
-                    self.op_fifo.popleft()
-                    continue
-                if op.next_at <= now:
-                    self.op_fifo.popleft()
-                    return op
-                self.op_fifo.rotate(-1)
-        return None
+            queued = list(self.op_fifo)
+            seen = [operations.Queued(op.state != OpState.CANCELLED and self.ops.get(op.name) is op, op.next_at) for op in queued]
+            chosen = operations.next_operation(seen, self.clock.monotonic())
+            self.op_fifo = deque(queued[i] for i in chosen.queue)
+        return None if chosen.run is None else queued[chosen.run]
 
     def _op_step(self) -> None:
         """Run every operation that is due, one at a time (GKE refuses concurrent ones)."""

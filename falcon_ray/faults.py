@@ -26,14 +26,24 @@ for GPUs and TPUs"):
 
 ``degraded(job, pool, hosts)`` is the same question for a run that has not ended: a Job
 short of ready pods while nodes of its pool are NotReady or gone.
+
+``track_run(phase, ready, expected, before, now)`` keeps what the gateway remembers of a
+run between two of its Job's events (``RunReadiness``): whether every pod was ready once,
+and since when it has had fewer. A run that never had every pod ready has not faltered
+(its pods are still starting); one that had, and is short again, has, from the first event
+that showed it short until every pod is ready again. It also says what to read of the run
+for ``classify`` / ``degraded``: the pods and nodes once when the Job failed, afresh at
+each event while it is short, nothing otherwise (and what was read is forgotten once every
+pod is ready again).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from enum import StrEnum
 
-from falcon_ray.model import JobView, NodeState, PodEnd, PoolStatus, PoolView, RunEvidence
+from falcon_ray.model import JobPhase, JobView, NodeState, PodEnd, PoolStatus, PoolView, RunEvidence
 
 
 class Fault(StrEnum):
@@ -174,3 +184,38 @@ def degraded(job: JobView, pool: PoolView | None, hosts: int, *, flex: bool = Fa
             kind = DisruptionKind.POOL_LOST
         return Verdict(Fault.FLEET, kind, "", f"node pool {pool.name}: {pool.ready}/{hosts} node(s) Ready, {pool.registered} registered")
     return TASK
+
+
+@dataclass(frozen=True)
+class RunReadiness:
+    """What is remembered of a run between its Job's events."""
+
+    once_fully_ready: bool = False  # every pod was ready at some event
+    short_since: dt.datetime | None = None  # since when it has had fewer ready pods than that
+
+
+class EvidenceRead(StrEnum):
+    NONE = "none"  # nothing to read: the run has not failed nor faltered
+    ONCE = "once"  # the run failed: read its pods and nodes once, reuse that reading
+    FRESH = "fresh"  # the run falters: read them again at this event
+
+
+@dataclass(frozen=True)
+class RunStep:
+    readiness: RunReadiness
+    evidence: EvidenceRead
+    forget_evidence: bool = False  # every pod is ready again: drop what was read
+
+
+def track_run(phase: JobPhase, ready: int, expected: int, before: RunReadiness, now: dt.datetime) -> RunStep:
+    """What one Job event changes in the run's readiness, and what to read of the run (the
+    module's contract)."""
+    if phase == JobPhase.FAILED:
+        return RunStep(before, EvidenceRead.ONCE)
+    if phase == JobPhase.DELETED:
+        return RunStep(before, EvidenceRead.NONE)
+    if ready >= expected:
+        return RunStep(RunReadiness(once_fully_ready=True), EvidenceRead.NONE, forget_evidence=True)
+    if before.once_fully_ready:
+        return RunStep(RunReadiness(True, before.short_since or now), EvidenceRead.FRESH)
+    return RunStep(before, EvidenceRead.NONE)

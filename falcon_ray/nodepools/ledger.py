@@ -14,12 +14,16 @@ The inputs are the cluster's live lease rows, the registered nodes per pool, and
 grants made so far (pool -> hosts and the monotonic time it was granted). A grant whose
 lease row now carries it, or that is older than ``GRANT_TTL_S`` (its lease row was never
 written), is no longer counted: ``outstanding_grants`` drops both.
+
+Where the reservation is read (``search_zones``): reservations are zonal. A reference that
+names its zone is read there only; otherwise in each of the cluster's node zones, the zone
+it was last found in first.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from falcon_ray import tpu
@@ -53,6 +57,17 @@ class ClaimDecision:
     @property
     def granted(self) -> bool:
         return self.outcome in (ClaimOutcome.GRANTED, ClaimOutcome.HELD)
+
+
+def search_zones(named_zone: str, cluster_zones: Sequence[str], last_found: str) -> list[str]:
+    """The zones to read the reservation in, in order (the module's contract)."""
+    if named_zone:
+        return [named_zone]
+    zones = list(cluster_zones)
+    if last_found in zones:
+        zones.remove(last_found)
+        zones.insert(0, last_found)
+    return zones
 
 
 def holds_reservation(lease: Lease) -> bool:

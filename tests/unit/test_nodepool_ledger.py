@@ -16,6 +16,7 @@ from falcon_ray.nodepools.ledger import (
     claimed_hosts,
     decide_claim,
     outstanding_grants,
+    search_zones,
 )
 from falcon_ray.spec import SupplyMode
 
@@ -92,3 +93,18 @@ def test_decide_claim(situation, free, leases, registered, grants, hosts, outcom
     assert decision.outcome == outcome
     assert decision.free == free_seen
     assert decision.granted is (outcome in (ClaimOutcome.GRANTED, ClaimOutcome.HELD))
+
+
+ZONES = [
+    # (situation, zone the reference names, the cluster's node zones, zone last found in, zones read in order)
+    ("the reference names its zone", "us-east5-a", ["us-east5-b", "us-east5-c"], "us-east5-b", ["us-east5-a"]),
+    ("no zone named: the cluster's zones", "", ["us-east5-b", "us-east5-c"], "", ["us-east5-b", "us-east5-c"]),
+    ("where it was last found first", "", ["us-east5-b", "us-east5-c"], "us-east5-c", ["us-east5-c", "us-east5-b"]),
+    ("last found in a zone the cluster left", "", ["us-east5-b"], "us-east5-a", ["us-east5-b"]),
+    ("no zone known", "", [], "", []),
+]
+
+
+@pytest.mark.parametrize(("situation", "named", "zones", "last", "order"), ZONES, ids=[z[0] for z in ZONES])
+def test_where_the_reservation_is_read(situation, named, zones, last, order):
+    assert search_zones(named, zones, last) == order

@@ -1,13 +1,24 @@
-"""A failed node-pool operation's next step, table-driven: the operation, GKE's error and
-the attempts so far in, adopt / retry after a delay / fail out."""
+"""The node-pool operation rules, table-driven: a create or delete asked for, given the
+pool's newest operation; which queued operation runs next; and a failed operation's next
+step (the operation, GKE's error and the attempts so far in, adopt / retry after a delay /
+fail out)."""
 
 from __future__ import annotations
 
 import pytest
 
 from falcon_ray.model import ErrorKind as E
-from falcon_ray.model import OpKind
-from falcon_ray.nodepools.operations import goal_holds, retry_delay_s
+from falcon_ray.model import OpKind, OpState
+from falcon_ray.nodepools.operations import (
+    DeleteAnswer,
+    NextOperation,
+    Queued,
+    create_answer,
+    delete_answer,
+    goal_holds,
+    next_operation,
+    retry_delay_s,
+)
 
 C, D = OpKind.CREATE, OpKind.DELETE
 
@@ -47,3 +58,50 @@ RETRY = [
 @pytest.mark.parametrize(("situation", "kind", "error", "attempts", "jitter", "delay"), RETRY, ids=[r[0] for r in RETRY])
 def test_retry_delay(situation, kind, error, attempts, jitter, delay):
     assert retry_delay_s(kind, error, attempts, INITIAL, MAX, jitter) == delay
+
+
+Q, R, DONE, FAILED, CANCELLED = OpState.QUEUED, OpState.RUNNING, OpState.DONE, OpState.FAILED, OpState.CANCELLED
+ASKED = [
+    # (situation, the pool's newest operation, a create's answer, a delete's answer, the delete cancels a create)
+    ("no operation yet", None, None, None, False),
+    ("a create queued", (C, Q), Q, None, True),
+    ("a create running", (C, R), R, None, False),
+    ("a create done", (C, DONE), DONE, None, False),
+    ("a create failed: asked again, a new one", (C, FAILED), None, None, False),
+    ("a create cancelled", (C, CANCELLED), None, None, False),
+    ("a delete queued", (D, Q), None, Q, False),
+    ("a delete running", (D, R), None, R, False),
+    ("a delete done: the pool was recreated since, delete again", (D, DONE), None, None, False),
+    ("a delete failed", (D, FAILED), None, None, False),
+]
+
+
+@pytest.mark.parametrize(("situation", "newest", "create", "delete", "cancels"), ASKED, ids=[a[0] for a in ASKED])
+def test_what_a_create_or_delete_request_finds(situation, newest, create, delete, cancels):
+    assert create_answer(newest) == create
+    assert delete_answer(newest) == DeleteAnswer(delete, cancel_create=cancels)
+
+
+def live(due_at=0.0):
+    return Queued(True, due_at)
+
+
+STALE = Queued(False, 0.0)
+NOW = 100.0
+NEXT = [
+    # (situation, the queue, operation run, the queue left in its new order)
+    ("empty", [], None, ()),
+    ("the first is due", [live(), live()], 0, (1,)),
+    ("a stale entry is dropped on the way", [STALE, live()], 1, ()),
+    ("a stale entry after the one run stays until reached", [live(), STALE, live()], 0, (1, 2)),
+    ("due exactly now", [live(NOW)], 0, ()),
+    ("a retry not due goes behind the rest", [live(NOW + 5), live(), live()], 1, (2, 0)),
+    ("nothing due: all kept, in order", [live(NOW + 5), STALE, live(NOW + 1)], None, (0, 2)),
+    ("only stale entries: the queue empties", [STALE, STALE], None, ()),
+    ("two passed over keep their order", [live(NOW + 1), live(NOW + 2), live(), live()], 2, (3, 0, 1)),
+]
+
+
+@pytest.mark.parametrize(("situation", "queue", "run", "left"), NEXT, ids=[n[0] for n in NEXT])
+def test_which_operation_runs_next(situation, queue, run, left):
+    assert next_operation(queue, NOW) == NextOperation(run, left)

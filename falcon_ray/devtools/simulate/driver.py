@@ -276,17 +276,21 @@ class Simulation:
             if other is not loop and (c == cluster or _holds_busy(q)):
                 other.wake_on_tick()
 
-    def _fleet_changed(self, cluster: str) -> None:
-        """The fleet changed what the cluster's ClusterActor observes: its queues step at their
-        next tick, and again once the actor's cached view is due for a refresh."""
+    def _fleet_changed(self, cluster: str, pools: set[str], capacity: bool) -> None:
+        """The fleet changed what the cluster's ClusterActor observes: the queues of the pools
+        that changed (all of the cluster's when the reservation's use changed or a pool's queue
+        is not known) step at their first tick at which the actor's cached view is due for a
+        refresh, so that they see the change."""
         self._changed_since_check = True
         if self.exact:
             return
-        later = self.clock.monotonic() + self.settings.pool_refresh_s + 1e-3
-        for (c, _topology), (_q, loop) in self.queues.items():
-            if c == cluster:
-                loop.wake_on_tick()
-                self.scheduler.at(later, loop.wake_on_tick)
+        g = self.gateways[cluster]
+        owners = {g.pool_topology.get(p) for p in pools}
+        every = capacity or None in owners
+        due = _view_listed_at(g) + self.settings.pool_refresh_s
+        for (c, topology), (_q, loop) in self.queues.items():
+            if c == cluster and (every or topology in owners):
+                loop.wake_on_tick(due)
 
     def _queue_next(self, q: QueueReconciler, loop: ScheduledLoop) -> float | None:
         """A quiet queue's next step: the first tick at which ``decide`` acts on what it last
@@ -413,6 +417,11 @@ class Simulation:
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None
+
+
+def _view_listed_at(g: ClusterGateway) -> float:
+    """When the gateway last listed its pools and read its reservation (the later of the two)."""
+    return max(getattr(g, "pools_listed_at", 0.0), getattr(g, "reservation_read_at", 0.0))
 
 
 def _holds_busy(q: QueueReconciler) -> bool:

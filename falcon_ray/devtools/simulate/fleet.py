@@ -53,6 +53,7 @@ from falcon_ray.sim.cluster import SimCluster
 from falcon_ray.sim.errors import GoogleError, KubeError
 from falcon_ray.sim.fleet import FleetConfig
 from falcon_ray.sim.kube_store import RESOURCES, WatchEvent, clone
+from falcon_ray.sim.node_pools import NODEPOOL_LABEL
 from falcon_ray.sim.selectors import parse_label_selector
 
 from .schedule import Scheduler
@@ -73,16 +74,17 @@ def _kube(e: KubeError) -> CloudError:
 
 
 class ClusterTimers:
-    """One cluster's loop on the run's scheduler: after each of its timers, ``on_change(name)``
-    when what a ClusterActor can observe of the cluster changed (its pools' statuses, its
-    nodes, what its reservation has in use)."""
+    """One cluster's loop on the run's scheduler: after each of its timers, ``on_change(name,
+    pools, capacity)`` when what a ClusterActor can observe of the cluster changed: ``pools``
+    the pools whose status or nodes changed, ``capacity`` whether what the reservation has in
+    use changed."""
 
-    def __init__(self, name: str, scheduler: Scheduler, on_change: Callable[[str], None]) -> None:
+    def __init__(self, name: str, scheduler: Scheduler, on_change: Callable[[str, set[str], bool], None]) -> None:
         self.name = name
         self.scheduler = scheduler
         self.on_change = on_change
         self.cluster: SimCluster | None = None
-        self.nodes_changed = False
+        self.node_pools: set[str] = set()  # pools of the nodes changed by the timer running now
 
     def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         self.scheduler.call_later(delay, self._fire, fn, args)
@@ -90,25 +92,30 @@ class ClusterTimers:
     def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
         self.scheduler.call_soon(self._fire, fn, args)
 
-    def _state(self) -> tuple[Any, ...]:
+    def _state(self) -> tuple[dict[str, tuple[str, str]], int]:
         c = self.cluster
         assert c is not None
-        return tuple((n, p.status, p.status_message) for n, p in sorted(c.pools.pools.items()))
+        return {n: (p.status, p.status_message) for n, p in c.pools.pools.items()}, c.pools.reservation_in_use()
 
     def _fire(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        before = self._state()
-        self.nodes_changed = False
+        (pools, in_use) = self._state()
+        self.node_pools = set()
         fn(*args)
-        if self.nodes_changed or self._state() != before:
-            self.on_change(self.name)
+        (after, in_use_after) = self._state()
+        changed = {n for n in pools.keys() | after.keys() if pools.get(n) != after.get(n)} | self.node_pools
+        if changed or in_use != in_use_after:
+            self.on_change(self.name, changed, in_use != in_use_after)
 
     def on_store_event(self, ev: WatchEvent) -> None:
         if ev.plural == "nodes":
-            self.nodes_changed = True
+            labels = (ev.obj.get("metadata") or {}).get("labels") or {}
+            self.node_pools.add(labels.get(NODEPOOL_LABEL, ""))
 
 
 class VirtualFleet:
-    def __init__(self, config: FleetConfig, scheduler: Scheduler, on_change: Callable[[str], None] = lambda name: None) -> None:
+    def __init__(
+        self, config: FleetConfig, scheduler: Scheduler, on_change: Callable[[str, set[str], bool], None] = lambda *_: None
+    ) -> None:
         self.config = config
         self.scheduler = scheduler
         self.clusters: dict[str, SimCluster] = {}

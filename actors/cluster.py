@@ -3,8 +3,8 @@
 Contract
 --------
 ``ClusterGateway`` is a plain object (store, port, settings, clock, and optionally the
-function that connects its clients); the ClusterActor in ``actors.remote`` is its Ray
-shell. It observes and acts: the rules it applies (the reservation ledger, orphan pools, the
+function that connects its clients, the random generator of its jitter and the factory of
+its loops); the ClusterActor in ``actors.remote`` is its Ray shell. It observes and acts: the rules it applies (the reservation ledger, orphan pools, the
 operation queue and what a failed operation does next, the connect backoff, the Job
 cache) are the pure functions of ``falcon_ray.nodepools``, and a run's readiness is
 ``falcon_ray.faults.track_run``.
@@ -26,7 +26,8 @@ idempotent and may be retried.
   the QueueActor can report it.
 - One Job watch (list, then watch from the list's resourceVersion, re-list on 410)
   keeps the Job cache and wakes the QueueActor of the Job's queue through the port.
-- Four loops, each a ``Ticker`` (guarded, timed, shown in ``snapshot()["loops"]``):
+- Four loops, each a ``Ticker`` unless another ``loops`` factory was given (guarded,
+  timed, shown in ``snapshot()["loops"]``):
   connect-then-watch, the operation worker, the orphan scan, the gauges.
 - The capacity ledger: this actor is the one writer of claims on the cluster's
   reservation. ``claim_reservation(pool, hosts)`` grants a claim only when
@@ -67,7 +68,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from actors.port import Port
-from actors.ticker import Ticker
+from actors.ticker import Loop, LoopFactory, Ticker
 from falcon_ray import metrics, render
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
@@ -193,6 +194,26 @@ class ClusterGateway:
     (the attempt failed; the loop tries again with backoff). ``stage(text)`` names what the
     call is doing, for ``not_connected()`` and the connect timings. Without it the gateway
     connects to GKE (``connect_to_gke``).
+
+    ``rng`` draws every jitter the gateway adds (the connect backoff, an operation's retry
+    delay); without it, a new ``random.Random`` seeded from the ``random`` module's
+    generator (so a process that seeds ``random`` replays the gateway's jitter too).
+
+    ``loops``, when given, starts the gateway's four periodic loops instead of ``Ticker``
+    (a simulator runs them from its own scheduler). It is called four times, in the
+    constructor, as ``Ticker`` is: ``loops(name, step, interval, log, start_after=,
+    clock=)``; each call returns a started ``actors.ticker.Loop`` that calls ``step()`` at
+    once (or after ``start_after`` seconds of ``clock``), then again after ``interval()``
+    seconds (read after each step: it changes) or at once on ``wake()``, never two steps
+    of one loop at a time, and a step that raises is logged and the loop goes on; ``stop()``
+    ends it after the step in progress, ``join(timeout)`` says whether it has ended,
+    ``status()`` is shown in ``snapshot()["loops"]``. The loops are kept in ``tickers`` by
+    their role: ``watch`` (connect with backoff, then the Job watch; its interval is the
+    delay the last step asked for), ``operations`` (runs every due node-pool operation;
+    woken by a new operation and by a connect), ``orphans`` (the orphan scan, every
+    ``orphan_scan_interval_s``, first after one period) and ``gauges`` (every
+    ``GAUGE_PERIOD_S``, first after one period). Their steps block on GKE and Kubernetes
+    calls: a scheduler without threads must let them.
     """
 
     def __init__(
@@ -203,9 +224,12 @@ class ClusterGateway:
         port: Port,
         clock: Clock = SYSTEM,
         connect: Connect | None = None,
+        rng: random.Random | None = None,
+        loops: LoopFactory | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self.rng = rng if rng is not None else random.Random(random.getrandbits(64))
         self.name = cluster_name
         self.store = store
         self.port = port
@@ -218,7 +242,7 @@ class ClusterGateway:
         self._init_ledger()
         self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
-        self.tickers = self._start_loops()
+        self.tickers = self._start_loops(loops or Ticker)
 
     def _init_connection(self, connect: Connect | None) -> None:
         """No client until the watch loop's first connect succeeds."""
@@ -273,14 +297,15 @@ class ClusterGateway:
         self.ledger_rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows)
         self.grants: dict[str, ledger.Grant] = {}  # pool -> its claim, until a lease row carries it
 
-    def _start_loops(self) -> dict[str, Ticker]:
+    def _start_loops(self, loop: LoopFactory) -> dict[str, Loop]:
+        """Start the four loops (the class's contract for ``loops``)."""
         name, clock = f"cluster {self.name}", self.clock
         period = self.settings.orphan_scan_interval_s
         return {
-            "watch": Ticker(f"{name}: watch", self._watch_step, lambda: self.watch_delay, log, clock=clock),
-            "operations": Ticker(f"{name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
-            "orphans": Ticker(f"{name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
-            "gauges": Ticker(f"{name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
+            "watch": loop(f"{name}: watch", self._watch_step, lambda: self.watch_delay, log, clock=clock),
+            "operations": loop(f"{name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
+            "orphans": loop(f"{name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
+            "gauges": loop(f"{name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
         }
 
     # ---- fencing ------------------------------------------------------------------
@@ -348,7 +373,7 @@ class ClusterGateway:
                 self.connect_failures += 1
                 self._stage(f"waiting to connect again (attempt {self.connect_failures} failed)")
                 log.warning("cluster %s: connect failed: %s %s", self.name, self.connect_error, self.connect_timings)
-                self.watch_delay = connection.connect_retry_delay_s(self.connect_failures, random.random())
+                self.watch_delay = connection.connect_retry_delay_s(self.connect_failures, self.rng.random())
                 return
             self.connect_error = ""
             self.tickers["operations"].wake()
@@ -836,7 +861,7 @@ class ClusterGateway:
         op.error = e.message[:1000]
         log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
         backoff = (self.settings.pool_op_backoff_initial_s, self.settings.pool_op_backoff_max_s)
-        delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, *backoff, jitter=random.random())
+        delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, *backoff, jitter=self.rng.random())
         if delay is None:
             op.state = OpState.FAILED
             self.counters["ops_failed"] += 1

@@ -10,6 +10,11 @@ progress; ``drain(timeout)`` stops and waits for that step to finish. With ``hal
 step once it returns a reason, kept in ``halted_reason`` (a fenced actor's loops). Its
 waits and its step times go through ``clock`` (``falcon_ray.clock``), the real one unless
 given.
+
+``Loop`` is what an owner of loops relies on (``wake``, ``stop``, ``join``, ``status``), and
+``LoopFactory`` the constructor call that starts one, with ``Ticker``'s parameters: an
+object that builds its loops through a ``LoopFactory`` can have them run by another
+scheduler (a virtual-time simulator) instead of threads.
 """
 
 from __future__ import annotations
@@ -17,8 +22,36 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from falcon_ray.clock import SYSTEM, Clock
+
+
+class Loop(Protocol):
+    """A started loop, as its owner uses it (``Ticker`` is one)."""
+
+    def wake(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float) -> bool: ...
+
+    def status(self) -> dict[str, object]: ...
+
+
+class LoopFactory(Protocol):
+    """Starts a loop: called as ``Ticker`` is (see the module's contract)."""
+
+    def __call__(
+        self,
+        name: str,
+        step: Callable[[], object],
+        interval: Callable[[], float],
+        log: logging.Logger,
+        start_after: float = 0.0,
+        halted: Callable[[], str] | None = None,
+        clock: Clock = SYSTEM,
+    ) -> Loop: ...
 
 
 class Ticker:

@@ -1,5 +1,6 @@
 """The ClusterGateway without Ray or GKE, over a real store: its node-pool operation FIFO,
-and its claims on the reservation ledger.
+its claims on the reservation ledger, and its seams (the loops it is given run its steps;
+its jitter comes from the rng it is given).
 
 The fence read before every GKE call that changes something is a database read. When the
 database does not answer, an operation stays queued (taken out of the FIFO, it would never
@@ -8,6 +9,8 @@ run while its queue sees it queued). The ledger's rule has its own table
 and keeps the grants it makes."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import sqlalchemy as sa
@@ -36,16 +39,32 @@ def gateway(tmp_path, monkeypatch):
     settings = Settings(
         gke_endpoint=f"http://{NOWHERE}", compute_endpoint=f"http://{NOWHERE}", metadata_host=NOWHERE, api_retry_timeout_s=0.5
     )
-    gw = ClusterGateway("edge-a", settings, store, FakePort())
-    # the test runs the operation step itself, nothing else: every loop ends first (the watch's
-    # connect attempt, if one is under way, fails in a few seconds: no credentials)
-    for t in gw.tickers.values():
-        t.stop()
-    assert all(t.join(30) for t in gw.tickers.values()), "a loop of the gateway did not end"
-    gw.connect_error = ""
+    # the test runs the steps itself: no loop runs on its own
+    gw = ClusterGateway("edge-a", settings, store, FakePort(), loops=ManualLoop)
     yield gw
     gw.shutdown()
     store.dispose()
+
+
+class ManualLoop:
+    """A loop that never steps by itself (``actors.ticker.Loop``): the test calls ``step``."""
+
+    def __init__(self, name, step, interval, log, start_after=0.0, halted=None, clock=None):
+        self.name, self.step, self.interval, self.start_after = name, step, interval, start_after
+        self.wakes = 0
+        self.stopped = False
+
+    def wake(self):
+        self.wakes += 1
+
+    def stop(self):
+        self.stopped = True
+
+    def join(self, timeout):
+        return True
+
+    def status(self):
+        return {"steps": 0, "wakes": self.wakes}
 
 
 def _db_down(*_a, **_k):
@@ -132,3 +151,39 @@ def test_a_grant_is_dropped_once_its_lease_row_carries_it(gateway):
     gateway.ledger_rows = (0.0, None)  # the next view reads the rows again
     assert gateway.reservation_view().claimed == 2  # counted once, from the row
     assert gateway.grants == {}
+
+
+def test_the_gateway_runs_its_four_loops_from_the_factory_it_is_given(gateway):
+    loops = gateway.tickers
+    assert set(loops) == {"watch", "operations", "orphans", "gauges"}
+    assert all(isinstance(loop, ManualLoop) for loop in loops.values())
+    assert loops["orphans"].start_after == gateway.settings.orphan_scan_interval_s
+    assert loops["watch"].start_after == 0.0 and loops["operations"].start_after == 0.0
+    gateway.delete_pool("falcon-t1-2x2")  # a new operation wakes the operation loop
+    assert loops["operations"].wakes == 1
+    assert gateway.snapshot()["loops"]["operations"] == {"steps": 0, "wakes": 1}
+    gateway.shutdown()
+    assert all(loop.stopped for loop in loops.values())
+
+
+def test_the_connect_backoff_draws_its_jitter_from_the_given_rng(tmp_path):
+    url = f"sqlite:///{tmp_path / 'rng.db'}"
+    upgrade(url, with_jobs_table=True)
+    store = Store(url, epoch=None)
+    store.add_cluster("edge-a", "proj-a", "us-east5-b", "v6e", "logs-a", "")
+
+    def unreachable(cluster, settings, user_agent, stage):
+        stage("reading the cluster from the GKE API")
+        raise CloudError(ErrorKind.TRANSIENT, "connection refused")
+
+    delays = []
+    for failures in (1, 2):
+        gw = ClusterGateway("edge-a", Settings(), store, FakePort(), connect=unreachable, rng=random.Random(7), loops=ManualLoop)
+        for _ in range(failures):
+            gw.tickers["watch"].step()
+        delays.append(gw.watch_delay)
+        assert gw.gke is None and "connection refused" in gw.not_connected()
+    drawn = random.Random(7)
+    first, second = drawn.random(), drawn.random()
+    assert delays == [1.0 + first, 2.0 + second]
+    store.dispose()

@@ -31,8 +31,18 @@ there, live). What runs when:
   periodic re-list is due (the in-process watch delivers events as they happen); the
   poller polls at its interval only after something could have put a row in its intake
   (a task submitted or aborted, a queue that changed anything: it may have handed a task
-  back) and until a poll finds nothing. A poll that would come sooner than its interval
-  allows is moved to the next tick of that interval, so intake keeps production's cadence.
+  back) and until a poll finds nothing, on the tick grid of its interval; the gauges
+  (metrics, the ledger's figures on the cluster row: no decision reads them) run every
+  ``GAUGES_EVERY_S``; an orphan scan is skipped while the cluster holds no Falcon pool and
+  no Job;
+- a queue whose step acted on nothing steps next at the first tick at which
+  ``reconcile.decide``, on what it last observed, acts (``_first_active_tick``: doubling
+  then bisection, on the assumption that a wait once run out stays run out), at most
+  ``QUIET_MAX_S`` away; and at once on a hint, at its next tick when another queue of its
+  cluster acted or (holding a ClusterBusy task) any queue acted, and when the fleet
+  changed one of its pools or its reservation's use, at the first tick at which the
+  ClusterActor's cached view is due for a refresh. ``exact=True`` steps every queue at
+  every tick instead (docs/simulate.md compares the two).
 
 Determinism: one thread runs at a time (``schedule``), the fleet draws from the seed,
 the controller's jitter from Python's ``random`` seeded here, and the clusters' ids are

@@ -111,7 +111,7 @@ def test_a_killed_controllers_actors_are_fenced_and_the_second_controller_finish
             store = Store(db_url)
             c = sim.config.clusters[0]
             store.add_cluster(c.name, c.project, c.location, c.tpu_type, gcs_bucket=c.gcs_bucket, default_reservation="res-a")
-            settings = yaml.safe_load((ROOT / "falcon_ray" / "demo" / "settings.yaml").read_text())
+            settings = yaml.safe_load((ROOT / "falcon_ray" / "devtools" / "demo" / "settings.yaml").read_text())
             settings.update(
                 namespace=NAMESPACE,
                 gke_endpoint=ep["gke"],

@@ -38,7 +38,7 @@ def test_run_command_leads_runs_a_task_and_stops_cleanly_on_sigterm(ray_session,
     store.add_cluster(c.name, c.project, c.location, c.tpu_type, gcs_bucket=c.gcs_bucket, default_reservation="res-a")
     namespace = f"falcon-run-{os.getpid()}"
     config = tmp_path / "config.yaml"
-    settings = yaml.safe_load((ROOT / "falcon_ray" / "demo" / "settings.yaml").read_text())
+    settings = yaml.safe_load((ROOT / "falcon_ray" / "devtools" / "demo" / "settings.yaml").read_text())
     settings.update(
         namespace=namespace,
         gke_endpoint=ep["gke"],

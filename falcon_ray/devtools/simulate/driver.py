@@ -33,8 +33,8 @@ there, live). What runs when:
   (a task submitted or aborted, a queue that changed anything: it may have handed a task
   back) and until a poll finds nothing, on the tick grid of its interval; the gauges
   (metrics, the ledger's figures on the cluster row: no decision reads them) run every
-  ``GAUGES_EVERY_S``; an orphan scan is skipped while the cluster holds no Falcon pool and
-  no Job;
+  ``GAUGES_EVERY_S``; an orphan scan is skipped while it would find what the last one
+  found, nothing (``_orphans_idle``);
 - a queue whose step acted on nothing steps next at the first tick at which
   ``reconcile.decide``, on what it last observed, acts (``_first_active_tick``: doubling
   then bisection, on the assumption that a wait once run out stays run out), at most
@@ -152,6 +152,8 @@ class Simulation:
         self.observed: dict[int, list[tuple[float, str, str, str]]] = {}
         self.done = False
         self._changed_since_check = True
+        self._scanned: dict[str, tuple[str, ...]] = {}  # cluster -> its Falcon pools at a scan that found nothing
+        self._acted: set[str] = set()  # clusters one of whose queues acted since their last orphan scan
         self.poller = IntakePoller(settings, self._controller_store(), self.port, self.clock)
         self.poller_loop = self._loop("poller", self.poller.poll_once, self.poller.interval)
         self.poller_loop.next_after = self._poller_next
@@ -223,19 +225,40 @@ class Simulation:
         return g
 
     def _orphans_next(self, cluster: str, loop: ScheduledLoop) -> float | None:
-        """The scan's period; a period in which the cluster holds no Falcon pool and no Job is
-        skipped (the scan would find nothing to delete)."""
-        period = self.settings.orphan_scan_interval_s
-        t = loop.clock.monotonic() + period
-        c = self.fleet.clusters[cluster]
-        if any(n.startswith(POOL_NAME_PREFIX) for n in c.pools.pools) or c.store.count("jobs"):
+        """The scan's period, skipping the periods in which it would find what it found last
+        time, nothing (``_orphans_idle``)."""
+        if not isinstance(loop.result, dict) or any(loop.result.values()):
+            self._scanned.pop(cluster, None)  # it found something (or failed): scan at the period
+        else:
+            self._scanned[cluster] = self._orphan_inputs(cluster)
+        self._acted.discard(cluster)
+        t = loop.clock.monotonic() + self.settings.orphan_scan_interval_s
+        if not self._orphans_idle(cluster):
             return t
         self.scheduler.at(t, self._orphans_check, cluster, loop)
         return None
 
+    def _orphan_inputs(self, cluster: str) -> tuple[str, ...]:
+        return tuple(sorted(n for n in self.fleet.clusters[cluster].pools.pools if n.startswith(POOL_NAME_PREFIX)))
+
+    def _orphans_idle(self, cluster: str) -> bool:
+        """A scan would find nothing: the cluster holds no Falcon pool and no Job; or the last
+        scan found nothing, no queue of the cluster acted since (no lease or task left a live
+        state, no task ended), the cluster's Falcon pools are the same and all older than the
+        create-visibility grace (a younger one could become an orphan by age alone)."""
+        c = self.fleet.clusters[cluster]
+        pools = self._orphan_inputs(cluster)
+        if not pools and not c.store.count("jobs"):
+            return True
+        if self._scanned.get(cluster) != pools or cluster in self._acted:
+            return False
+        now = c.wall()
+        return all(now - c.pools.pools[n].created_at >= self.settings.create_visibility_grace_s for n in pools)
+
     def _orphans_check(self, cluster: str, loop: ScheduledLoop) -> None:
-        t = self._orphans_next(cluster, loop)
-        if t is not None:
+        if self._orphans_idle(cluster):
+            self.scheduler.at(self.clock.monotonic() + self.settings.orphan_scan_interval_s, self._orphans_check, cluster, loop)
+        else:
             loop.wake()
 
     def _watch_next(self, g: ClusterGateway, loop: ScheduledLoop) -> float | None:
@@ -277,9 +300,10 @@ class Simulation:
             return
         self._changed_since_check = True
         self._poke_poller()  # a queue that changed anything may have handed a task back
+        cluster = loop.name.split(" ", 1)[1].split("/", 1)[0]
+        self._acted.add(cluster)
         if self.exact:
             return
-        cluster = loop.name.split(" ", 1)[1].split("/", 1)[0]
         for (c, _topology), (q, other) in self.queues.items():
             # the same cluster's queues share its reservation ledger and its capacity; a queue
             # with a ClusterBusy task may move it to a cluster that now has room

@@ -115,8 +115,12 @@ class Worker:
     """A thread that runs a blocking step in turns with the driver (see the module's contract)."""
 
     def __init__(self, name: str) -> None:
-        self._go = threading.Semaphore(0)
-        self._back = threading.Semaphore(0)
+        # two locks used as binary semaphores (released by the other thread): the turns
+        # strictly alternate, and a Lock hands over faster than a Semaphore's Condition
+        self._go = threading.Lock()
+        self._back = threading.Lock()
+        self._go.acquire()
+        self._back.acquire()
         self._fn: Callable[[], None] | None = None
         self._closing = False
         self.parked = False

@@ -8,9 +8,11 @@ Contract
 - ``lifecycle`` (part ``e2e``): statements per task, end to end (``DemoRun``: the real actors on a
   local Ray against ``falcon_ray.sim``): a run of n1 and then a run of n2 one-host tasks
   on one reservation, each run from submit until every task is Succeeded and no Falcon
-  pool is left; the figure is the marginal (S(n2) - S(n1)) / (n2 - n1). S is counted at
-  the driver by every actor's Store (statements + COMMIT + ROLLBACK sent to the server,
-  which is what MariaDB's ``Questions`` counts; pings are not statements); on MySQL the
+  pool is left; the figure is the marginal (S(n2) - S(n1)) / (n2 - n1). S is what every
+  Store of the controller sent (statements + COMMIT + ROLLBACK, which is what MariaDB's
+  ``Questions`` counts; pings are not statements), counted by ``StatementFiles``, an
+  observer (``falcon_ray.store.observe_statements``) that the bench installs in the driver
+  and, through Ray's worker setup hook, in every actor process; on MySQL the
   server's global ``Questions`` over the same windows is given too, net of the bench's
   own reads (a shared server adds other clients' statements to it).
 - ``lifecycle_mixed`` (``--part lifecycle-mixed``): statements per task on a mixed
@@ -21,8 +23,8 @@ Contract
   its polls), every fifth aborted once it holds its queue's slot or runs; the marginal
   between a run of n1 and one of n2 tasks. Beside it, where the statements go: per
   statement kind, per role (the actor that sent it: queue, cluster, poller; supervisor
-  is the driver's Store) and per ``Store`` method (``Store.breakdown``, kept in files
-  beside the counts), and the Falcon node pools the fleet created per task.
+  is the driver's Store) and per ``Store`` method (the method named with each counted
+  statement), and the Falcon node pools the fleet created per task.
 - ``idle``: the same controller with nothing to do: statements/s of the poller, of each
   queue (with 1 queue and with every one-host topology's queue created) and the rest.
 - ``actors_rss_mb``: every actor's resident memory at the end of the end-to-end run.
@@ -47,6 +49,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,10 +70,10 @@ from falcon_ray.model import (
     ReservationView,
 )
 from falcon_ray.render import LABEL_TASK_ID
-from falcon_ray.store import Store
+from falcon_ray.store import Store, observe_statements
 from falcon_ray.store import tables as t
+from falcon_ray.store.core import tls_connect_args
 from falcon_ray.store.migrate import upgrade
-from falcon_ray.store.repository import tls_connect_args
 
 ONE_HOST = "2x2"
 TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
@@ -471,29 +474,109 @@ def _fleet():
     return FleetConfig(seed=1, clusters=[edge])
 
 
-def _counts(exclude: set[str] = frozenset()) -> dict[int, int]:
-    """Statements per process, from the Stores' count files (killed actors included)."""
+# ---- statement counts across the controller's processes ---------------------------------------
+
+COUNTS_ENV = "FALCON_BENCH_COUNTS"  # the counts directory, given to Ray's workers in the runtime_env
+COUNTS_WRITE_S = 0.5  # the per-method file is rewritten this often
+_counts_dir = ""  # the directory of the part running now
+
+
+class StatementFiles:
+    """This process's Store statements, in files of ``directory`` the bench adds up:
+    ``<pid>.cnt``, the running total, rewritten at each statement (an actor that is
+    killed, a retired queue, keeps its count), and ``<pid>.json``, the counts by
+    ``"method KIND"``, rewritten every ``COUNTS_WRITE_S`` by a thread. Stores whose id
+    is in ``skip`` (the bench's own, the upper layer's) are not counted."""
+
+    def __init__(self, directory: str) -> None:
+        base = os.path.join(directory, str(os.getpid()))
+        self.fd = os.open(base + ".cnt", os.O_WRONLY | os.O_CREAT, 0o644)
+        self.json_path = base + ".json"
+        self.skip: set[int] = set()
+        self.total = 0
+        self.by: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._flush_loop, name="bench-counts", daemon=True).start()
+
+    def __call__(self, store, method: str, kind: str) -> None:
+        if id(store) in self.skip:
+            return
+        with self.lock:
+            self.total += 1
+            key = f"{method} {kind}"
+            self.by[key] = self.by.get(key, 0) + 1
+            os.pwrite(self.fd, b"%20d\n" % self.total, 0)
+
+    def flush(self) -> None:
+        with self.lock:
+            counts = dict(self.by)
+        tmp = f"{self.json_path}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(counts, f)
+            os.replace(tmp, self.json_path)
+        except OSError:  # the bench that reads these files has ended and removed their directory
+            self.stopped.set()
+
+    def _flush_loop(self) -> None:
+        while not self.stopped.wait(COUNTS_WRITE_S):
+            self.flush()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.flush()
+        os.close(self.fd)
+
+
+def count_in_worker() -> None:
+    """Ray's worker setup hook of the bench's runs: count this worker's Store statements
+    into the directory the runtime_env names."""
+    directory = os.environ.get(COUNTS_ENV, "")
+    if directory:
+        observe_statements(StatementFiles(directory))
+
+
+@contextlib.contextmanager
+def _counting() -> Iterator[StatementFiles]:
+    """Start Ray (as ``DemoRun`` would) with every worker counting its Store statements,
+    and count the driver's too, into a fresh directory, for one part of the bench."""
+    import ray
+
+    global _counts_dir
+    directory = tempfile.mkdtemp(prefix="falcon-bench-counts-")
+    here = StatementFiles(directory)
+    stop = observe_statements(here)
+    hook = "falcon_ray.devtools.bench.count_in_worker"
+    env = {"env_vars": {COUNTS_ENV: directory}, "worker_process_setup_hook": hook}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=env)
+    _counts_dir = directory
+    try:
+        yield here
+    finally:
+        stop()
+        here.close()
+        _counts_dir = ""
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _counts() -> dict[int, int]:
+    """Statements per process, from the count files (killed actors included)."""
     out: dict[int, int] = {}
-    d = os.environ.get("FALCON_STATEMENT_COUNTS", "")
-    for f in os.listdir(d) if d else ():
-        if f in exclude or not f.endswith(".cnt"):
+    for f in os.listdir(_counts_dir) if _counts_dir else ():
+        if not f.endswith(".cnt"):
             continue
         try:
-            with open(os.path.join(d, f)) as fh:
-                n = int(fh.read().strip() or 0)
+            with open(os.path.join(_counts_dir, f)) as fh:
+                out[int(f[: -len(".cnt")])] = int(fh.read().strip() or 0)
         except (OSError, ValueError):
             continue
-        pid = int(f.split("-")[0])
-        out[pid] = out.get(pid, 0) + n
     return out
 
 
-def _bench_file(run) -> set[str]:
-    return {f"{os.getpid()}-{id(run.store)}.cnt"}
-
-
 def _driver_statements(run) -> int:
-    return sum(_counts(_bench_file(run)).values())
+    return sum(_counts().values())
 
 
 def _actor_pids(run) -> dict[int, str]:
@@ -574,21 +657,17 @@ def _mixed_spec(i: int) -> dict[str, Any]:
     return s
 
 
-def _breakdowns(exclude: set[str] = frozenset()) -> dict[int, dict[str, int]]:
-    """Per process: statements by ``"Store.method KIND"``, from the Stores' breakdown files."""
+def _breakdowns() -> dict[int, dict[str, int]]:
+    """Per process: statements by ``"Store.method KIND"``, from the breakdown files."""
     out: dict[int, dict[str, int]] = {}
-    d = os.environ.get("FALCON_STATEMENT_COUNTS", "")
-    for f in os.listdir(d) if d else ():
-        if not f.endswith(".json") or f[: -len(".json")] + ".cnt" in exclude:
+    for f in os.listdir(_counts_dir) if _counts_dir else ():
+        if not f.endswith(".json"):
             continue
         try:
-            with open(os.path.join(d, f)) as fh:
-                counts = json.load(fh)
+            with open(os.path.join(_counts_dir, f)) as fh:
+                out[int(f[: -len(".json")])] = {k: int(n) for k, n in json.load(fh).items()}
         except (OSError, ValueError):
             continue
-        mine = out.setdefault(int(f.split("-")[0]), {})
-        for k, n in counts.items():
-            mine[k] = mine.get(k, 0) + int(n)
     return out
 
 
@@ -612,7 +691,7 @@ class _Tally:
                 self.roles[int(a["Pid"])] = _role(a["Name"])
         self.roles[os.getpid()] = "supervisor"
         out: dict[tuple[str, str, str], int] = {}
-        for pid, counts in _breakdowns(_bench_file(self.run)).items():
+        for pid, counts in _breakdowns().items():
             role = self.roles.get(pid, "other")
             for key, n in counts.items():
                 method, _, kind = key.rpartition(" ")
@@ -661,7 +740,7 @@ def _run_mixed(run, tally: _Tally, n: int, timeout: float) -> dict[str, Any]:
             aborts()
     ok = run.wait(lambda: all(x.terminal for x in aborts()) and not run.falcon_pools_alive(), timeout)
     run.wait(lambda: all(l.state == "Deleted" for l in run.store.leases(live_only=False)), 30)
-    time.sleep(1)  # the breakdown files are rewritten at most every Store.BREAKDOWN_WRITE_S
+    time.sleep(1)  # the breakdown files are rewritten every COUNTS_WRITE_S
     q1 = _questions(run.db_url)
     tasks = run.store.get_tasks(ids)
     out: dict[str, Any] = {
@@ -684,14 +763,11 @@ def _run_mixed(run, tally: _Tally, n: int, timeout: float) -> dict[str, Any]:
 def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, Any]:
     """Statements per task on the mixed workload (``_mixed_fleet``, ``_mixed_spec``): the
     marginal between a run of n1 and a run of n2 tasks, with where they go."""
-    import ray
-
     from falcon_ray.devtools.demo import DemoRun
 
-    counts = tempfile.mkdtemp(prefix="falcon-bench-counts-")
-    os.environ["FALCON_STATEMENT_COUNTS"] = counts  # before Ray starts: its workers inherit it
-    with fresh_db(db) as url:
+    with fresh_db(db) as url, _counting() as here:
         run = DemoRun(_mixed_fleet(), _settings(), url).start()
+        here.skip.add(id(run.store))  # the upper layer's inserts and aborts, the bench's reads
         try:
             tally = _Tally(run)
             warm = [run.submit("warmup", _mixed_spec(i), f"warmup-{i}") for i in range(4)]
@@ -701,9 +777,6 @@ def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, A
             a, b = (_run_mixed(run, tally, n, 120 + 6 * n) for n in sizes)
         finally:
             run.stop()
-            if ray.is_initialized():
-                ray.shutdown()
-            os.environ.pop("FALCON_STATEMENT_COUNTS", None)
     span = b["tasks"] - a["tasks"]
     marginal = {k: (n - a["by"].get(k, 0)) / span for k, n in b["by"].items()}
 
@@ -733,14 +806,11 @@ def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, A
 
 
 def bench_end_to_end(db: str | None, sizes: tuple[int, int], idle_s: float) -> dict[str, Any]:
-    import ray
-
     from falcon_ray.devtools.demo import DemoRun
 
-    counts = tempfile.mkdtemp(prefix="falcon-bench-counts-")
-    os.environ["FALCON_STATEMENT_COUNTS"] = counts  # before Ray starts: its workers inherit it
-    with fresh_db(db) as url:
+    with fresh_db(db) as url, _counting() as here:
         run = DemoRun(_fleet(), _settings(), url).start()
+        here.skip.add(id(run.store))  # the upper layer's inserts, the bench's reads
         try:
             warm = run.submit("warmup", _spec(ONE_HOST, run_s=0.2), "warmup")
             if not run.wait(lambda: run.store.get_task(warm).terminal and not run.falcon_pools_alive(), 90):
@@ -761,17 +831,14 @@ def bench_end_to_end(db: str | None, sizes: tuple[int, int], idle_s: float) -> d
             rss = _actor_rss(run)
         finally:
             run.stop()
-            if ray.is_initialized():
-                ray.shutdown()
-            os.environ.pop("FALCON_STATEMENT_COUNTS", None)
     return {"lifecycle": life, "idle": idle, "actors_rss_mb": rss}
 
 
 def _idle_rates(run, seconds: float) -> dict[str, Any]:
     pids = _actor_pids(run)
-    c0, t0, q0, b0 = _counts(_bench_file(run)), time.monotonic(), _questions(run.db_url), run.store.statements
+    c0, t0, q0, b0 = _counts(), time.monotonic(), _questions(run.db_url), run.store.statements
     time.sleep(seconds)
-    c1, el, q1 = _counts(_bench_file(run)), time.monotonic() - t0, _questions(run.db_url)
+    c1, el, q1 = _counts(), time.monotonic() - t0, _questions(run.db_url)
     rate = {pid: round((n - c0.get(pid, 0)) / el, 2) for pid, n in c1.items()}
     named = {pids.get(pid, "driver (supervisor)" if pid == os.getpid() else f"pid {pid}"): r for pid, r in rate.items()}
     queues = {k: v for k, v in named.items() if k.startswith("queue/")}

@@ -1,4 +1,5 @@
-"""Persistence: the schema (``tables``), its migrations, and the repository (``Store``)."""
+"""Persistence: the schema (``tables``), its migrations, and the repository (``Store``,
+composed in ``repository`` of one part per kind of row over ``core``)."""
 
 from falcon_ray.store.repository import (
     DEFAULT_DB_URL,
@@ -13,7 +14,11 @@ from falcon_ray.store.repository import (
     TaskEvent,
     WriteResult,
     clip_message,
+    observe_statements,
     utcnow,
 )
 
-__all__ = ["DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task", "TaskEvent", "WriteResult", "clip_message", "utcnow"]
+__all__ = [
+    "DEFAULT_DB_URL", "Cluster", "DbTimeouts", "Fenced", "IllegalTransition", "Lease", "QueueRead", "Store", "Task",
+    "TaskEvent", "WriteResult", "clip_message", "observe_statements", "utcnow",
+]

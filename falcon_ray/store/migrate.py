@@ -31,7 +31,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
 from falcon_ray.store import tables as t
-from falcon_ray.store.repository import tls_connect_args
+from falcon_ray.store.core import tls_connect_args
 
 VERSION_TABLE = "falcon_alembic_version"
 SCRIPT_LOCATION = str(Path(__file__).resolve().parent.parent / "migrations")

@@ -75,3 +75,23 @@ def test_entered_and_disruptions_is_both_reads_in_one(store):
     assert entered == store.phase_entered([a, b])
     assert found == store.disruptions([a, b]) and [d.attempt for d in found[b]] == [0, 1] and a not in found
     assert store.entered_and_disruptions([a], []) == (store.phase_entered([a]), {})
+
+
+def test_a_statement_observer_sees_every_statement_of_every_store_with_its_method(store):
+    """``observe_statements``: each Store of the process reports each statement it counts
+    (the seam the bench counts through); stopping it stops the reports."""
+    from falcon_ray.store import observe_statements
+
+    seen: list[tuple[int, str, str]] = []
+    stop = observe_statements(lambda s, method, kind: seen.append((id(s), method, kind)))
+    try:
+        before = store.statements
+        tid = waiting_task(store)
+        assert len(seen) == store.statements - before and {i for i, _, _ in seen} == {id(store)}
+        assert ("submit_task", "INSERT") in {(m, k) for _, m, k in seen}
+        assert ("transition", "UPDATE") in {(m, k) for _, m, k in seen}
+    finally:
+        stop()
+    seen.clear()
+    store.get_task(tid)
+    assert seen == []

@@ -1,0 +1,270 @@
+"""What a QueueActor reads each round, and the queue's own state row.
+
+Contract: ``queue_snapshot`` reads, in one connection, the registry, the queue's live
+tasks (found through ``falcon_task_queue``, so only this queue's rows; incrementally with
+``delta``), its leases and its last granted actor, and returns a frozen ``QueueRead``.
+``set_last_granted`` is the one write: an upsert of ``falcon_queue_state`` in one
+statement, fenced, retried on an InnoDB deadlock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable
+
+import sqlalchemy as sa
+
+from falcon_ray import lifecycle as lc
+from falcon_ray.lifecycle import LeaseState, Status
+from falcon_ray.model import Cluster, Lease, Task
+from falcon_ray.store import tables as t
+from falcon_ray.store.core import StoreCore, row_value
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRead:
+    """One ``queue_snapshot``: the registry, the queue's task rows (all of them, or the
+    incremental part), its leases, its last granted actor, and the newest ``seq`` of
+    ``falcon_task_queue`` among the rows read. ``entries``: for the rows read with their
+    spec (new to the reader), when each entered its current phase as the event log says
+    (None when the log has no such entry) and whether the fleet disrupted any of its runs."""
+
+    clusters: list[Cluster]
+    tasks: list[Task]
+    leases: list[Lease] | None
+    last_granted: str
+    seq: int
+    entries: dict[int, tuple[dt.datetime | None, bool]] = dataclasses.field(default_factory=dict)
+
+
+def _no_entry():
+    """The (entered, disrupted) columns of a row read without them: NULLs typed as the
+    filled ones, so a UNION ALL reads a datetime in either (SQLite returns text otherwise)."""
+    return sa.type_coerce(sa.null(), t.task_events.c.at.type), sa.type_coerce(sa.null(), sa.Integer())
+
+
+class QueueStore(StoreCore):
+    """The queue's snapshot read, its side reads, and its last granted actor."""
+
+    def queue_snapshot(
+        self,
+        cluster_name: str,
+        topology: str,
+        known_specs: Iterable[int] = (),
+        delta: tuple[int, Iterable[int]] | None = None,
+        clusters: list[Cluster] | None = None,
+        with_granted: bool = True,
+        with_leases: bool = True,
+    ) -> QueueRead:
+        """What a QueueActor reads each round, in one connection: the registry (unless
+        ``clusters`` is given), its queue's live tasks (``spec`` is read only for ids not in
+        ``known_specs``; the others carry an empty spec), the queue's live leases (plus the
+        Deleted ones that GKE refused for capacity, of tasks still acquiring) and its last
+        granted actor (unless ``with_granted`` is False; the leases unless ``with_leases``
+        is False, then ``leases`` is None).
+
+        The tasks are found through ``falcon_task_queue``, so only this queue's rows are
+        read. With ``delta = (seq, ids)`` the read is incremental: the queue's Aborting and
+        Running tasks, those assigned to it after ``seq``, and the tasks ``ids`` (the
+        caller's earlier slot holders and the tasks it wrote since); the caller keeps the
+        other rows it has and drops every task of ``ids`` that is not returned. One
+        statement either way (a UNION ALL for the delta), plus one for new specs."""
+        j, q, m = t.jobs, t.queue_state, t.task_queue
+        known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
+        cols = [c for c in j.c if c.name != "spec"]
+        with self.engine.connect() as c:
+            if clusters is None:
+                clusters = [row_value(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
+            cluster = next((x for x in clusters if x.name == cluster_name), None)
+            if cluster is None:
+                return QueueRead(clusters, [], [], "", 0)
+            rows = c.execute(self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
+            newest = 0
+            if delta is None:  # the queue's newest assignment, live or not (an index's last entry)
+                newest = c.execute(sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster.id, m.c.topology == topology)).scalar() or 0
+            unknown = sorted({r.id for r in rows if r.id not in known and not r.spec})
+            specs: dict[int, str] = {}
+            for i in range(0, len(unknown), 1000):
+                specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
+            leases = c.execute(self._queue_leases(cluster.id, topology)).all() if with_leases else None
+            granted = None
+            if with_granted:
+                granted = c.execute(
+                    sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
+                ).first()
+        tasks, seq, entries = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
+        leases_read = [row_value(Lease, r) for r in leases] if leases is not None else None
+        return QueueRead(clusters, tasks, leases_read, granted[0] if granted else "", seq, entries)
+
+    def _queue_rows(self, cluster_id: str, topology: str, cols, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
+        """``queue_snapshot``'s one statement for the task rows (see there)."""
+        j, m, e, dis = t.jobs, t.task_queue, t.task_events, t.task_disruptions
+        live = [s.value for s in lc.NON_TERMINAL]
+
+        def base(with_spec: bool):  # the spec text, phase entry and disruptions only where not known yet
+            spec = j.c.spec if with_spec else sa.literal("").label("spec")
+            entered, disrupted = _no_entry()
+            if with_spec:  # from ix_events_task and the disruptions' (task, attempt) key, per new row
+                entered = sa.type_coerce(
+                    sa.select(sa.func.max(e.c.at))
+                    .where(e.c.task_id == j.c.id, e.c.status == j.c.status, e.c.reason == j.c.reason)
+                    .scalar_subquery(),
+                    e.c.at.type,
+                )
+                disrupted = sa.case((sa.exists().where(dis.c.task_id == j.c.id), 1), else_=0)
+            return (
+                sa.select(*cols, spec, m.c.seq, entered.label("entered"), disrupted.label("disrupted"))
+                .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+                .where(j.c.cluster_id == cluster_id, m.c.cluster_id == cluster_id, m.c.topology == topology, j.c.status.in_(live))
+            )
+
+        if delta is None:
+            return base(not specs_known).order_by(j.c.id)
+        # what others change in a queue's rows: the upper layer aborts (Aborting), the
+        # poller and other queues add Waiting tasks (a new seq); every other move is this
+        # queue's own and its ids are in ``ids``
+        after, ids = delta[0], sorted(set(delta[1]))
+        parts = [self._queue_rows_in(cluster_id, topology, cols, [Status.ABORTING.value, Status.RUNNING.value])]
+        parts.append(base(True).where(m.c.seq > after))
+        if ids:
+            parts.append(base(False).where(j.c.id.in_(ids)))
+        return sa.union_all(*parts)
+
+    @staticmethod
+    def _queue_tasks_of(rows, names: list[str], specs: dict[int, str], newest: int):
+        """The tasks of ``_queue_rows``' rows (a row with its spec wins over one without), in
+        id order, the newest ``seq`` among them and ``newest``, and the ``QueueRead.entries``
+        of the rows read with their spec."""
+        tasks: dict[int, Task] = {}
+        entries: dict[int, tuple[dt.datetime | None, bool]] = {}
+        seq, n = newest, len(names)
+        for r in rows:
+            spec, row_seq, entered, disrupted = r[n:]
+            if r[0] not in tasks or spec:
+                tasks[r[0]] = Task(spec=spec or specs.get(r[0], ""), **dict(zip(names, r[:n], strict=True)))
+            if disrupted is not None:
+                entries[r[0]] = (entered, bool(disrupted))
+            seq = max(seq, int(row_seq))
+        return sorted(tasks.values(), key=lambda x: x.id), seq, entries
+
+    @staticmethod
+    def _queue_rows_in(cluster_id: str, topology: str, cols, statuses: list[str]):
+        """The queue's tasks in ``statuses`` (few), with their ``seq`` and no spec, found from
+        the jobs index by status and checked against ``falcon_task_queue`` one row at a
+        time: the join would let SQLite (no table statistics) walk every row of the queue."""
+        j, m = t.jobs, t.task_queue
+        seq = (
+            sa.select(m.c.seq)
+            .where(m.c.task_id == j.c.id, m.c.cluster_id == cluster_id, m.c.topology == topology)
+            .scalar_subquery()
+        )
+        entered, disrupted = _no_entry()
+        return sa.select(*cols, sa.literal("").label("spec"), seq.label("seq"), entered.label("entered"), disrupted.label("disrupted")).where(
+            j.c.cluster_id == cluster_id, j.c.status.in_(statuses), seq.is_not(None)
+        )
+
+    @staticmethod
+    def _queue_leases(cluster_id: str, topology: str):
+        """A queue's live leases, and every lease row (Deleted too) of the cluster's
+        acquiring tasks: the refused ones are the durable record of a capacity wait, and no
+        new create may reuse the name of any of them (a lease row is adopted by its name)."""
+        j, L = t.jobs, t.node_pool_leases
+        acquiring = sa.select(j.c.id).where(
+            j.c.cluster_id == cluster_id,
+            j.c.status == Status.PENDING.value,
+            j.c.reason.in_([r.value for r in lc.ACQUIRING]),
+        )
+        return (
+            L.select()
+            .where(
+                L.c.cluster_id == cluster_id,
+                L.c.topology == topology,
+                sa.or_(
+                    L.c.state != LeaseState.DELETED.value,
+                    L.c.task_id.in_(acquiring),
+                ),
+            )
+            .order_by(L.c.id)
+        )
+
+    def queue_leases(self, cluster_id: str, topology: str) -> list[Lease]:
+        """``queue_snapshot``'s leases alone."""
+        with self.engine.connect() as c:
+            return [row_value(Lease, r) for r in c.execute(self._queue_leases(cluster_id, topology)).all()]
+
+    def other_topology_waiting(self, cluster_id: str, topology: str) -> bool:
+        """Whether a task of another topology of the cluster is Pending in its queue (it
+        contends for the cluster's nodes). Stops at the first such row. Found from the other
+        topologies' ``falcon_task_queue`` ranges (two, on each side of this one), never
+        from the cluster's Pending rows, which are mostly this queue's own waiting tasks."""
+        j, m = t.jobs, t.task_queue
+        q = (
+            sa.select(j.c.id)
+            .select_from(m.join(j, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+            .where(
+                m.c.cluster_id == cluster_id,
+                sa.or_(m.c.topology < topology, m.c.topology > topology),
+                j.c.cluster_id == cluster_id,
+                j.c.status == Status.PENDING.value,
+                j.c.reason != "",
+            )
+            .limit(1)
+        )
+        with self.engine.connect() as c:
+            return c.execute(q).first() is not None
+
+    def last_granted(self, cluster_id: str, topology: str) -> str:
+        q = t.queue_state
+        with self.engine.connect() as c:
+            r = c.execute(
+                sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster_id, q.c.topology == topology)
+            ).first()
+        return r[0] if r else ""
+
+    def set_last_granted(self, cluster_id: str, topology: str, actor: str) -> None:
+        """Upsert the queue's last-granted actor in one statement.
+
+        An UPDATE-then-INSERT in one transaction deadlocks on InnoDB when two writers
+        race on a missing row (both hold the gap lock), which also drops the savepoint;
+        the dialects' native upserts are atomic."""
+        q = t.queue_state
+        now = self.clock()
+        values = dict(cluster_id=cluster_id, topology=topology, last_granted_actor=actor, updated_at=now)
+        name = self.engine.dialect.name
+        # each dialect's insert is imported for its engine only: PostgreSQL's package alone
+        # costs every process that opens a Store ~0.1 CPU-s at start
+        if name in ("mysql", "mariadb"):
+            from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+            stmt = self._insert(q, values, mysql_insert)
+            stmt = stmt.on_duplicate_key_update(last_granted_actor=actor, updated_at=now)
+        elif name in ("sqlite", "postgresql"):
+            if name == "sqlite":
+                from sqlalchemy.dialects.sqlite import insert as ins
+            else:
+                from sqlalchemy.dialects.postgresql import insert as ins
+            stmt = self._insert(q, values, ins)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[q.c.cluster_id, q.c.topology],
+                set_=dict(last_granted_actor=actor, updated_at=now),
+            )
+        else:  # pragma: no cover - the dialects above are the ones Falcon supports
+            with self.engine.begin() as c:
+                res = c.execute(
+                    q.update()
+                    .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
+                    .values(last_granted_actor=actor, updated_at=now)
+                )
+                if res.rowcount == 0:
+                    c.execute(q.insert().values(**values))
+            return
+        for attempt in range(3):
+            try:
+                with self.engine.begin() as c:
+                    if c.execute(stmt).rowcount == 0 and self.epoch is not None:
+                        self._verify_epoch(c)
+                return
+            except sa.exc.OperationalError as e:  # a deadlock victim may simply retry
+                if attempt == 2 or "1213" not in str(getattr(e, "orig", e)):
+                    raise

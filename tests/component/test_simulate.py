@@ -76,9 +76,10 @@ MIXED = {
 }
 
 
-def _mixed_tasks() -> list[dict]:
+def _mixed_tasks(spread_s: float = 300.0) -> list[dict]:
+    """18 tasks, ``spread_s`` apart (bursts of three), runs of 10 minutes to 1h10m."""
     shapes = ["2x2", "2x4", "2x2", "4x4", "2x2", "2x4"]
-    tasks = [_task(i, 300.0 * i + 40.0 * (i % 4), 600.0 + 900.0 * (i % 5), shapes[i % len(shapes)]) for i in range(18)]
+    tasks = [_task(i, spread_s * (i // 3 * 3) + 40.0 * (i % 3), 600.0 + 900.0 * (i % 5), shapes[i % len(shapes)]) for i in range(18)]
     tasks[4]["abort_at"] = tasks[4]["submit_at"] + 200.0  # aborted while its pool is created
     tasks[9]["abort_at"] = tasks[9]["submit_at"] + 1500.0  # aborted while it runs
     tasks[7]["spec"]["env"]["FALCON_SIM_EXIT_CODE"] = "1"
@@ -119,12 +120,12 @@ def test_a_task_on_an_idle_reservation_cluster_runs_at_the_fleets_create_registe
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_simulated_day_of_a_mixed_fleet_under_faults_keeps_every_invariant(seed):
-    report, sim = _run(MIXED, _mixed_tasks(), seed=seed)
+    report, sim = _run(MIXED, _mixed_tasks(spread_s=86400.0 / 18), seed=seed)
     assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report.get("broken")
     assert report["outcomes"].get("Aborted", 0) >= 1 and report["outcomes"].get("Failed/JobFailed", 0) >= 1
     assert "live" not in report["outcomes"]
     assert sim.clock.driver_waits == 0  # every wait was a worker's, handed back to the schedule
-    assert report["simulated_s"] >= 86400 * 0.05
+    assert report["simulated_s"] >= 86400 * 15 / 18
 
 
 def test_a_pool_that_never_comes_up_fails_at_the_production_node_pool_timeout():

@@ -113,6 +113,10 @@ class ObjectStore:
         self._watchers: set[Watcher] = set()
         self._listeners: list[Callable[[WatchEvent], None]] = []
 
+    def new_uid(self) -> str:
+        """A uid for a new object (a caller that needs it before the create, as the API does)."""
+        return self._new_uid()
+
     # ---- reading -------------------------------------------------------------------------------
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects[plural].get((namespace, name))

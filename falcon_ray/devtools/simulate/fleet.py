@@ -375,7 +375,7 @@ class SimKube(KubeApi):
         admission.validate_metadata(rk, md)
         name = admission.validate_name(rk, md.get("name"))
         c = self.cluster
-        uid = c.store._new_uid()
+        uid = c.store.new_uid()
         if plural == "jobs":
             if c.faults.webhook_unavailable:
                 c.fault_counts["webhook_unavailable"] += 1

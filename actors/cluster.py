@@ -64,7 +64,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from actors.port import Port
@@ -90,7 +90,8 @@ from falcon_ray.model import (
     ReservationView,
     RunEvidence,
 )
-from falcon_ray.nodepools import connection, jobs, ledger, operations, orphans
+from falcon_ray.nodepools import connection, ledger, operations, orphans
+from falcon_ray.nodepools import jobs as job_views
 from falcon_ray.store import Fenced, Store
 from falcon_ray.tpu import NODEPOOL_LABEL
 
@@ -154,6 +155,81 @@ class Adapters:
 Connect = Callable[[Cluster, Settings, str, Callable[[str], None]], Adapters]
 
 
+# ---- the gateway's state, by part -------------------------------------------------------------
+
+
+@dataclass
+class Connection:
+    """The clients of the last connect to the cluster, and how connecting goes. No client
+    until the watch loop's first connect succeeds."""
+
+    connect: Connect  # makes one connection (``connect_to_gke`` unless another was given)
+    adapters: Adapters | None = None  # the clients of the last connect
+    gke: Any = None
+    kube: Any = None
+    compute: Any = None  # built by the first reservation read (see _refresh_reservation)
+    policy_api: Any = None  # built by the first workload-policy check
+    watcher: Any = None  # the Job watch over ``kube``
+    error: str = ""  # the last connect's failure; "" once connected
+    failures: int = 0  # connects failed so far
+    stage: str = "not started"  # what the connect in progress is doing, and since when
+    stage_at: float = 0.0  # wall time
+    timings: dict[str, float] = field(default_factory=dict)  # the last connect's seconds per stage
+    watch_delay: float = 0.0  # before the watch loop's next step: the backoff, or the watch's own
+    reported_reconnects: int = 0  # the watch's reconnects already counted in the metrics
+    zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
+    last_ok: dict[str, float | None] = field(default_factory=lambda: {"gke": None, "kubernetes": None, "compute": None})
+
+
+@dataclass
+class PoolCache:
+    """The cluster's node pools as last listed, with the nodes registered in each."""
+
+    pools: dict[str, PoolView] = field(default_factory=dict)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)  # pool -> its resource labels
+    first_seen: dict[str, float] = field(default_factory=dict)  # monotonic time of each pool's first listing
+    listed_at: float = 0.0  # monotonic; 0: list again at the next observe
+    synced: bool = False  # listed once
+    refresh_lock: threading.Lock = field(default_factory=threading.Lock)  # one listing at a time
+
+
+@dataclass
+class JobCache:
+    """Falcon's Jobs on the cluster as the watch reported them, and what is known of their
+    runs for the queue's classification of a fault (``falcon_ray.faults``)."""
+
+    jobs: dict[int, JobView] = field(default_factory=dict)  # task id -> its newest attempt's Job
+    queue_label: dict[int, str] = field(default_factory=dict)  # task id -> the queue label of its Job
+    synced: bool = False  # listed once
+    failure_detail: dict[str, str] = field(default_factory=dict)  # Job uid -> its pods' own words
+    # Job uid -> what was read of its pods and nodes when it failed or its pods stopped being ready
+    evidence: dict[str, RunEvidence] = field(default_factory=dict)
+    runs: dict[str, RunReadiness] = field(default_factory=dict)  # Job uid -> its run's readiness
+
+
+@dataclass
+class OperationQueue:
+    """The node-pool operations: the newest per pool, and the FIFO the worker runs them from."""
+
+    ops: dict[str, PoolOp] = field(default_factory=dict)
+    fifo: deque[PoolOp] = field(default_factory=deque)
+    pool_topology: dict[str, str] = field(default_factory=dict)  # pool -> its queue's topology (from observe)
+
+
+@dataclass
+class ReservationState:
+    """The reservation as last read, and the claims on it (``falcon_ray.nodepools.ledger``)."""
+
+    reading: ReservationView | None = None
+    error: ReservationError | None = None  # why the last read found none
+    read_at: float = 0.0  # monotonic
+    zone: str = ""  # where the reservation was found
+    recorded: tuple[Any, ...] | None = None  # the figures last written on the cluster row
+    claim_lock: threading.Lock = field(default_factory=threading.Lock)  # one claim weighed at a time
+    rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows behind the ledger)
+    grants: dict[str, ledger.Grant] = field(default_factory=dict)  # pool -> its claim, until a lease row carries it
+
+
 def connect_to_gke(cluster: Cluster, settings: Settings, user_agent: str, stage: Callable[[str], None]) -> Adapters:
     """The real clients: application default credentials, the cluster read from the GKE API,
     a Kubernetes client on its endpoint and CA with a bearer token that refreshes itself."""
@@ -187,6 +263,13 @@ def connect_to_gke(cluster: Cluster, settings: Settings, user_agent: str, stage:
 
 class ClusterGateway:
     """One edge cluster's clients, caches and node-pool operation queue (the module's contract).
+
+    Its state comes in five parts: ``conn`` (``Connection``: the clients and how connecting
+    goes), ``pool_cache`` (``PoolCache``), ``job_cache`` (``JobCache``), ``op_queue``
+    (``OperationQueue``) and ``reservation`` (``ReservationState``); ``lock`` guards the
+    caches and the operation queue. The read-only properties (``gke``, ``watcher``,
+    ``watch_delay``, ``ops``, ``op_fifo``, ``pool_topology``, ``pools_listed_at``,
+    ``reservation_read_at``) show what a scheduler of the loops reads.
 
     ``connect``, when given, replaces the real clients (a simulator hands in-process ones):
     ``connect(cluster, settings, user_agent, stage)`` is called by every connect attempt,
@@ -236,73 +319,54 @@ class ClusterGateway:
         self.cluster = self.store.get_cluster(cluster_name)
         self.lock = threading.RLock()  # guards the caches and the operation queue
         self.stop = threading.Event()
-        self._init_connection(connect)
-        self._init_cluster_caches()
-        self._init_operations()
-        self._init_ledger()
-        self.last_ok: dict[str, float | None] = {"gke": None, "kubernetes": None, "compute": None}
+        self.conn = Connection(connect or connect_to_gke, stage_at=clock.time())
+        self.pool_cache = PoolCache()
+        self.job_cache = JobCache()
+        self.op_queue = OperationQueue()
+        self.reservation = ReservationState()
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
         self.tickers = self._start_loops(loops or Ticker)
 
-    def _init_connection(self, connect: Connect | None) -> None:
-        """No client until the watch loop's first connect succeeds."""
-        self._connect_with: Connect = connect or connect_to_gke
-        self.adapters: Adapters | None = None  # the clients of the last connect
-        self.gke = None
-        self.kube = None
-        self.compute = None  # built by the first reservation read (see _refresh_reservation)
-        self.policy_api = None  # built by the first workload-policy check
-        self.watcher = None
-        self.connect_error = ""
-        self.connect_failures = 0
-        self.connect_stage = "not started"  # what the connect in progress is doing, and since when
-        self.connect_stage_at = self.clock.time()
-        self.connect_timings: dict[str, float] = {}  # the last connect's seconds per stage
-        self.watch_delay = 0.0
-        self.reported_reconnects = 0  # the watch's reconnects already counted in the metrics
-        self.zones: tuple[str, ...] = ()  # the cluster's node zones, from clusters.get
+    # ---- read-only views of the state (for what schedules the loops: the simulator) --------
 
-    def _init_cluster_caches(self) -> None:
-        """What was last read of the cluster: node pools, Falcon's Jobs, the runs' evidence."""
-        self.pools: dict[str, PoolView] = {}
-        self.pool_labels: dict[str, dict[str, str]] = {}
-        self.pool_first_seen: dict[str, float] = {}  # monotonic time of each pool's first listing
-        self.pools_listed_at = 0.0  # monotonic; 0: list again at the next observe
-        self.pools_synced = False
-        self.refresh_lock = threading.Lock()
-        self.jobs: dict[int, JobView] = {}
-        self.job_queue_label: dict[int, str] = {}  # task id -> the queue label of its Job
-        self.jobs_synced = False
-        self.failure_detail: dict[str, str] = {}
-        # the runs a decision may have to classify (falcon_ray.faults): per Job uid, what was
-        # read of its pods and nodes when it failed or its pods stopped being ready, and its
-        # readiness (every pod ready once; since when it has had fewer)
-        self.evidence: dict[str, RunEvidence] = {}
-        self.runs: dict[str, RunReadiness] = {}
+    @property
+    def gke(self) -> Any:
+        return self.conn.gke
 
-    def _init_operations(self) -> None:
-        """The node-pool operations: the newest per pool, and the FIFO the worker runs them from."""
-        self.ops: dict[str, PoolOp] = {}
-        self.op_fifo: deque[PoolOp] = deque()
-        self.pool_topology: dict[str, str] = {}  # pool name -> its queue's topology (from observe)
+    @property
+    def watcher(self) -> Any:
+        return self.conn.watcher
 
-    def _init_ledger(self) -> None:
-        """The reservation as last read, and the claims on it (``falcon_ray.nodepools.ledger``)."""
-        self.reservation: ReservationView | None = None
-        self.reservation_error: ReservationError | None = None
-        self.reservation_read_at = 0.0  # monotonic
-        self.reservation_zone = ""  # where the reservation was found
-        self.ledger_recorded: tuple[Any, ...] | None = None  # the figures last written on the cluster row
-        self.claim_lock = threading.Lock()
-        self.ledger_rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows)
-        self.grants: dict[str, ledger.Grant] = {}  # pool -> its claim, until a lease row carries it
+    @property
+    def watch_delay(self) -> float:
+        return self.conn.watch_delay
+
+    @property
+    def ops(self) -> dict[str, PoolOp]:
+        return self.op_queue.ops
+
+    @property
+    def op_fifo(self) -> deque[PoolOp]:
+        return self.op_queue.fifo
+
+    @property
+    def pool_topology(self) -> dict[str, str]:
+        return self.op_queue.pool_topology
+
+    @property
+    def pools_listed_at(self) -> float:
+        return self.pool_cache.listed_at
+
+    @property
+    def reservation_read_at(self) -> float:
+        return self.reservation.read_at
 
     def _start_loops(self, loop: LoopFactory) -> dict[str, Loop]:
         """Start the four loops (the class's contract for ``loops``)."""
         name, clock = f"cluster {self.name}", self.clock
         period = self.settings.orphan_scan_interval_s
         return {
-            "watch": loop(f"{name}: watch", self._watch_step, lambda: self.watch_delay, log, clock=clock),
+            "watch": loop(f"{name}: watch", self._watch_step, lambda: self.conn.watch_delay, log, clock=clock),
             "operations": loop(f"{name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
             "orphans": loop(f"{name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
             "gauges": loop(f"{name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
@@ -324,37 +388,37 @@ class ClusterGateway:
 
     def _stage(self, stage: str) -> None:
         now = self.clock.time()
-        if self.connect_stage != "not started":
-            self.connect_timings[self.connect_stage] = round(now - self.connect_stage_at, 3)
-        self.connect_stage, self.connect_stage_at = stage, now
+        if self.conn.stage != "not started":
+            self.conn.timings[self.conn.stage] = round(now - self.conn.stage_at, 3)
+        self.conn.stage, self.conn.stage_at = stage, now
 
     def not_connected(self) -> str:
         """Why there is no client yet, and since when: the last connect error, or the stage the
         first connect is in (a stage that lasts is the clue; the absolute time keeps the
         text steady while it lasts)."""
-        if self.connect_error:
-            return f"cannot connect to cluster {self.name} (attempt {self.connect_failures}): {self.connect_error}"
-        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.connect_stage_at))
-        return f"cluster {self.name} not connected yet: {self.connect_stage} since {since}"
+        if self.conn.error:
+            return f"cannot connect to cluster {self.name} (attempt {self.conn.failures}): {self.conn.error}"
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.conn.stage_at))
+        return f"cluster {self.name} not connected yet: {self.conn.stage} since {since}"
 
     def _connect(self) -> None:
         t0 = self.clock.time()
-        self.connect_timings = {}
+        self.conn.timings = {}
         ua = self._user_agent()
-        adapters = self._connect_with(self.cluster, self.settings, ua, self._stage)
+        adapters = self.conn.connect(self.cluster, self.settings, ua, self._stage)
         c = self.cluster
-        self.zones = adapters.locations or ((c.location,) if render.cluster_zone(c) else ())
-        self.last_ok["gke"] = self.clock.time()
-        self.kube = adapters.kube
-        self.adapters = adapters
+        self.conn.zones = adapters.locations or ((c.location,) if render.cluster_zone(c) else ())
+        self.conn.last_ok["gke"] = self.clock.time()
+        self.conn.kube = adapters.kube
+        self.conn.adapters = adapters
         # Compute serves one read, the default reservation's: its client is built by the
         # first such read, so a cluster without a reservation never builds it
-        self.compute = None
-        self.policy_api = None
-        self.gke = adapters.gke
+        self.conn.compute = None
+        self.conn.policy_api = None
+        self.conn.gke = adapters.gke
         self._stage("connected")
         took = self.clock.time() - t0
-        (log.warning if took > SLOW_CONNECT_S else log.info)("cluster %s: connected in %.1fs %s", self.name, took, self.connect_timings)
+        (log.warning if took > SLOW_CONNECT_S else log.info)("cluster %s: connected in %.1fs %s", self.name, took, self.conn.timings)
 
     def _user_agent(self) -> str:
         """The product token of this controller's requests (which controller calls, in the audit logs)."""
@@ -365,19 +429,19 @@ class ClusterGateway:
     def _watch_step(self) -> None:
         """Connect (with backoff) until connected, then one round of the Job watch."""
         self._fence(self.settings.leader_ttl_s / 3)
-        if self.gke is None:
+        if self.conn.gke is None:
             try:
                 self._connect()
             except Exception as e:  # keep trying: an unreachable cluster must not kill the actor
-                self.connect_error = f"{self.connect_stage}: {type(e).__name__}: {e}"[:500]
-                self.connect_failures += 1
-                self._stage(f"waiting to connect again (attempt {self.connect_failures} failed)")
-                log.warning("cluster %s: connect failed: %s %s", self.name, self.connect_error, self.connect_timings)
-                self.watch_delay = connection.connect_retry_delay_s(self.connect_failures, self.rng.random())
+                self.conn.error = f"{self.conn.stage}: {type(e).__name__}: {e}"[:500]
+                self.conn.failures += 1
+                self._stage(f"waiting to connect again (attempt {self.conn.failures} failed)")
+                log.warning("cluster %s: connect failed: %s %s", self.name, self.conn.error, self.conn.timings)
+                self.conn.watch_delay = connection.connect_retry_delay_s(self.conn.failures, self.rng.random())
                 return
-            self.connect_error = ""
+            self.conn.error = ""
             self.tickers["operations"].wake()
-            self.watcher = self.adapters.job_watcher(
+            self.conn.watcher = self.conn.adapters.job_watcher(
                 self.cluster.namespace,
                 label_selector=render.installation_selector(self.settings.installation),
                 timeout_seconds=self.settings.watch_timeout_s,
@@ -389,7 +453,7 @@ class ClusterGateway:
                 raise
             except Exception as e:
                 log.warning("cluster %s: first reservation read failed: %s", self.name, e)
-        self.watch_delay = self.watcher.step(self._on_job, self._on_resync, stopping=self.stop.is_set)
+        self.conn.watch_delay = self.conn.watcher.step(self._on_job, self._on_resync, stopping=self.stop.is_set)
 
     # ---- Job watch -----------------------------------------------------------------
 
@@ -397,11 +461,11 @@ class ClusterGateway:
         if obs.task_id is None:
             return None
         message = (self._failure_detail(obs) or obs.message) if obs.phase == JobPhase.FAILED else obs.message
-        step = track_run(obs.phase, obs.ready, obs.expected, self.runs.get(obs.uid, RunReadiness()), self.clock.now())
+        step = track_run(obs.phase, obs.ready, obs.expected, self.job_cache.runs.get(obs.uid, RunReadiness()), self.clock.now())
         if step.readiness != RunReadiness():
-            self.runs[obs.uid] = step.readiness
+            self.job_cache.runs[obs.uid] = step.readiness
         if step.forget_evidence:
-            self.evidence.pop(obs.uid, None)
+            self.job_cache.evidence.pop(obs.uid, None)
         evidence = None if step.evidence == EvidenceRead.NONE else self._evidence(obs, refresh=step.evidence == EvidenceRead.FRESH)
         return JobView(
             task_id=int(obs.task_id),
@@ -422,48 +486,48 @@ class ClusterGateway:
 
     def _failure_detail(self, obs) -> str:
         """The failed Job's detail (its pods' own words), read once per Job; "" if none."""
-        detail = self.failure_detail.get(obs.uid)
+        detail = self.job_cache.failure_detail.get(obs.uid)
         if detail is None:
             try:
-                detail = self.kube.job_failure_message(obs.namespace, obs.name)
+                detail = self.conn.kube.job_failure_message(obs.namespace, obs.name)
             except Exception as e:
                 detail = ""
                 log.warning("cluster %s: failure detail of %s: %s", self.name, obs.name, e)
             if detail:
-                self.failure_detail[obs.uid] = detail
+                self.job_cache.failure_detail[obs.uid] = detail
         return detail
 
     def _evidence(self, obs, refresh: bool) -> RunEvidence | None:
         """The pods and pool nodes of a Job's run (read once when it failed; at each event
         while its pods are short of ready), for the queue's classification of the fault."""
-        if not refresh and obs.uid in self.evidence:
-            return self.evidence[obs.uid]
+        if not refresh and obs.uid in self.job_cache.evidence:
+            return self.job_cache.evidence[obs.uid]
         try:
-            ev = self.kube.run_evidence(obs.namespace, obs.name, obs.node_pool, obs.message)
+            ev = self.conn.kube.run_evidence(obs.namespace, obs.name, obs.node_pool, obs.message)
         except Exception as e:  # the Job's own condition still tells the disruption rule from the exit-code one
             log.warning("cluster %s: pods and nodes of %s: %s", self.name, obs.name, e)
-            return self.evidence.get(obs.uid) or RunEvidence(condition=obs.message, nodes_listed=False)
-        self.evidence[obs.uid] = ev
+            return self.job_cache.evidence.get(obs.uid) or RunEvidence(condition=obs.message, nodes_listed=False)
+        self.job_cache.evidence[obs.uid] = ev
         return ev
 
     def _on_job(self, obs) -> None:
         jv = self._job_view(obs)
         if jv is None:
             return
-        self.last_ok["kubernetes"] = self.clock.time()
+        self.conn.last_ok["kubernetes"] = self.clock.time()
         queue = (obs.labels or {}).get(render.LABEL_QUEUE, "")
         with self.lock:
-            before = self.jobs.get(jv.task_id)
-            kept = jobs.kept_after_event(before, jv)
+            before = self.job_cache.jobs.get(jv.task_id)
+            kept = job_views.kept_after_event(before, jv)
             if kept is None:
-                self.jobs.pop(jv.task_id, None)
+                self.job_cache.jobs.pop(jv.task_id, None)
             else:
-                self.jobs[jv.task_id] = kept
+                self.job_cache.jobs[jv.task_id] = kept
             if jv.phase == JobPhase.DELETED:
-                for cache in (self.failure_detail, self.evidence, self.runs):
+                for cache in (self.job_cache.failure_detail, self.job_cache.evidence, self.job_cache.runs):
                     cache.pop(jv.uid, None)
             if queue:
-                self.job_queue_label[jv.task_id] = queue
+                self.job_cache.queue_label[jv.task_id] = queue
         if jv != before:  # an event that changes nothing a decision reads wakes nobody
             self._wake_queue(queue)
 
@@ -472,20 +536,20 @@ class ClusterGateway:
         queues = {}
         for obs in observations:
             jv = self._job_view(obs)
-            if jv is not None and jobs.replaces(views.get(jv.task_id), jv):
+            if jv is not None and job_views.replaces(views.get(jv.task_id), jv):
                 views[jv.task_id] = jv
                 q = (obs.labels or {}).get(render.LABEL_QUEUE, "")
                 if q:
                     queues[jv.task_id] = q
         uids = {obs.uid for obs in observations}
         with self.lock:
-            self.jobs = views
-            self.job_queue_label.update(queues)
-            self.jobs_synced = True
-            for cache in (self.failure_detail, self.evidence, self.runs):  # Jobs gone while the watch was down
+            self.job_cache.jobs = views
+            self.job_cache.queue_label.update(queues)
+            self.job_cache.synced = True
+            for cache in (self.job_cache.failure_detail, self.job_cache.evidence, self.job_cache.runs):  # Jobs gone while the watch was down
                 for uid in [u for u in cache if u not in uids]:
                     cache.pop(uid, None)
-        self.last_ok["kubernetes"] = self.clock.time()
+        self.conn.last_ok["kubernetes"] = self.clock.time()
         metrics.watch_relist(self.name)
         for q in set(queues.values()):
             self._wake_queue(q)
@@ -498,18 +562,18 @@ class ClusterGateway:
     # ---- node pools: view --------------------------------------------------------------
 
     def _refresh_pools(self, force: bool = False) -> None:
-        if self.gke is None or self.kube is None:
+        if self.conn.gke is None or self.conn.kube is None:
             return
         self._fence(self.settings.leader_ttl_s / 3)
-        with self.refresh_lock:
-            if not force and self.clock.monotonic() - self.pools_listed_at < self.settings.pool_refresh_s:
+        with self.pool_cache.refresh_lock:
+            if not force and self.clock.monotonic() - self.pool_cache.listed_at < self.settings.pool_refresh_s:
                 return
             c = self.cluster
             try:
-                infos = self.gke.list_node_pools(c.project, c.location, c.name)
-                self.last_ok["gke"] = self.clock.time()
-                nodes = self.kube.list_nodes(NODEPOOL_LABEL)
-                self.last_ok["kubernetes"] = self.clock.time()
+                infos = self.conn.gke.list_node_pools(c.project, c.location, c.name)
+                self.conn.last_ok["gke"] = self.clock.time()
+                nodes = self.conn.kube.list_nodes(NODEPOOL_LABEL)
+                self.conn.last_ok["kubernetes"] = self.clock.time()
             except Exception as e:
                 log.warning("cluster %s: pool refresh failed: %s", self.name, e)
                 return
@@ -527,27 +591,27 @@ class ClusterGateway:
                     p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), message, capacity_kind(message) if message else None
                 )
                 labels[p.name] = dict(p.resource_labels or {})
-                self.pool_first_seen.setdefault(p.name, now)
+                self.pool_cache.first_seen.setdefault(p.name, now)
             with self.lock:
-                self.pools = pools
-                self.pool_labels = labels
-                self.pools_listed_at = self.clock.monotonic()
-                self.pools_synced = True
+                self.pool_cache.pools = pools
+                self.pool_cache.labels = labels
+                self.pool_cache.listed_at = self.clock.monotonic()
+                self.pool_cache.synced = True
             metrics.pools_alive(self.name, self._falcon_pools_alive())
-            w = self.watcher
-            if w is not None and w.reconnects > self.reported_reconnects:
-                metrics.watch_reconnects(self.name, w.reconnects - self.reported_reconnects)
-                self.reported_reconnects = w.reconnects
+            w = self.conn.watcher
+            if w is not None and w.reconnects > self.conn.reported_reconnects:
+                metrics.watch_reconnects(self.name, w.reconnects - self.conn.reported_reconnects)
+                self.conn.reported_reconnects = w.reconnects
 
     def _falcon_pools_alive(self) -> int:
         with self.lock:
-            return sum(1 for n in self.pools if n.startswith(render.POOL_NAME_PREFIX))
+            return sum(1 for n in self.pool_cache.pools if n.startswith(render.POOL_NAME_PREFIX))
 
     def _reservation_zones(self) -> list[str]:
         """Where to look for the reservation: the zone it names, else the cluster's zone(s),
         the zone it was last found in first."""
         zone, _ = render.reservation_parts(self.cluster.default_reservation)
-        return ledger.search_zones(zone, self.zones, self.reservation_zone)
+        return ledger.search_zones(zone, self.conn.zones, self.reservation.zone)
 
     def _reservation_owner(self) -> tuple[str, str]:
         """(project, name) of the default reservation: the project that owns it (P of
@@ -568,10 +632,10 @@ class ClusterGateway:
         if not policy:
             return
         c = self.cluster
-        if self.policy_api is None:
-            self.policy_api = self.adapters.resource_policies()
-        found = self.policy_api.get(c.project, render.cluster_region(c), policy)
-        self.last_ok["compute"] = self.clock.time()
+        if self.conn.policy_api is None:
+            self.conn.policy_api = self.conn.adapters.resource_policies()
+        found = self.conn.policy_api.get(c.project, render.cluster_region(c), policy)
+        self.conn.last_ok["compute"] = self.clock.time()
         try:
             lease = self.store.get_lease(c.id, op.name)
         except Fenced:
@@ -584,36 +648,36 @@ class ClusterGateway:
 
     def _refresh_reservation(self) -> None:
         c = self.cluster
-        if not c.default_reservation or self.gke is None:
+        if not c.default_reservation or self.conn.gke is None:
             return
-        if self.compute is None:
-            self.compute = self.adapters.compute()
-        if (self.reservation is not None or self.reservation_error) and self.clock.monotonic() - self.reservation_read_at < self.settings.pool_refresh_s:
+        if self.conn.compute is None:
+            self.conn.compute = self.conn.adapters.compute()
+        if (self.reservation.reading is not None or self.reservation.error) and self.clock.monotonic() - self.reservation.read_at < self.settings.pool_refresh_s:
             return
         project, name = self._reservation_owner()
         zones = self._reservation_zones()
-        self.reservation_read_at = self.clock.monotonic()
+        self.reservation.read_at = self.clock.monotonic()
         for zone in zones:
             try:
-                r = self.compute.reservation(project, zone, name)
+                r = self.conn.compute.reservation(project, zone, name)
             except CloudError as e:
                 if e.kind == ErrorKind.NOT_FOUND:
                     continue  # reservations are zonal: try the cluster's next zone
                 log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
-                self.reservation_error = ReservationError(e.kind, e.message[:500])
-                self.reservation = None
+                self.reservation.error = ReservationError(e.kind, e.message[:500])
+                self.reservation.reading = None
                 return
-            self.last_ok["compute"] = self.clock.time()
-            self.reservation_error = None
-            self.reservation, self.reservation_zone = ReservationView(r.count, r.in_use, machine_type=r.machine_type), zone
+            self.conn.last_ok["compute"] = self.clock.time()
+            self.reservation.error = None
+            self.reservation.reading, self.reservation.zone = ReservationView(r.count, r.in_use, machine_type=r.machine_type), zone
             metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
             self._record_ledger()
             return
         tried = ", ".join(zones) or "none known"
         message = f"reservation {name} of project {project} not found in the zone(s) of cluster {c.name}: {tried}"
         log.warning("cluster %s: %s", self.name, message)
-        self.reservation_error = ReservationError(ErrorKind.NOT_FOUND, message)
-        self.reservation = None
+        self.reservation.error = ReservationError(ErrorKind.NOT_FOUND, message)
+        self.reservation.reading = None
 
     # ---- the capacity ledger ------------------------------------------------------------
 
@@ -621,48 +685,48 @@ class ClusterGateway:
         """The cluster's lease rows for the ledger: read again for a claim (the claim is the
         arbiter), at most every ``LEDGER_READ_TTL_S`` for the view a decision reads (a view
         a moment old only delays a claim, it never grants one)."""
-        at, rows = self.ledger_rows
+        at, rows = self.reservation.rows
         now = self.clock.monotonic()
         if fresh or rows is None or now - at >= LEDGER_READ_TTL_S:
             rows = self.store.leases(self.cluster.id)
-            self.ledger_rows = (now, rows)
+            self.reservation.rows = (now, rows)
         return rows
 
     def _registered(self) -> dict[str, int]:
         """The registered nodes of every listed pool."""
         with self.lock:
-            return {name: pool.registered for name, pool in self.pools.items()}
+            return {name: pool.registered for name, pool in self.pool_cache.pools.items()}
 
     def _drop_settled_grants(self, rows: list) -> None:
         """Forget the grants the ledger no longer counts (carried by a lease row, or expired).
         Only removes: a grant made meanwhile by a claim is kept."""
-        seen = dict(self.grants)
+        seen = dict(self.reservation.grants)
         kept = ledger.outstanding_grants(seen, rows, self.clock.monotonic())
         for name in seen.keys() - kept.keys():
-            self.grants.pop(name, None)
+            self.reservation.grants.pop(name, None)
 
     def _claimed(self) -> int:
         """Hosts of the reservation that Falcon's pools hold and GKE does not count yet."""
         rows = self._lease_rows(fresh=False)
         self._drop_settled_grants(rows)
-        return ledger.claimed_hosts(self.cluster.tpu_type, rows, self._registered(), dict(self.grants))
+        return ledger.claimed_hosts(self.cluster.tpu_type, rows, self._registered(), dict(self.reservation.grants))
 
     def claim_reservation(self, name: str, hosts: int) -> bool:
         """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free
         (``nodepools.ledger.decide_claim``). Idempotent: a claim already granted (or carried
         by its lease row) is granted again."""
         self._fence(self.settings.leader_ttl_s / 3)
-        with self.claim_lock:
+        with self.reservation.claim_lock:
             self._refresh_reservation()
-            r = self.reservation
+            r = self.reservation.reading
             rows = self._lease_rows(fresh=True)  # the claim is the arbiter: read the rows afresh
             self._drop_settled_grants(rows)
             free = None if r is None else r.count - r.in_use
-            decision = ledger.decide_claim(name, hosts, free, self.cluster.tpu_type, rows, self._registered(), dict(self.grants))
+            decision = ledger.decide_claim(name, hosts, free, self.cluster.tpu_type, rows, self._registered(), dict(self.reservation.grants))
             if decision.outcome == ledger.ClaimOutcome.REFUSED:
                 log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, decision.free)
             elif decision.outcome == ledger.ClaimOutcome.GRANTED:
-                self.grants[name] = ledger.Grant(hosts, self.clock.monotonic())
+                self.reservation.grants[name] = ledger.Grant(hosts, self.clock.monotonic())
             return decision.granted
 
     def _ledger(self) -> dict[str, Any] | None:
@@ -674,12 +738,12 @@ class ClusterGateway:
             "in_use": r.in_use,
             "claimed": r.claimed,
             "free": r.free,
-            "zone": self.reservation_zone,
+            "zone": self.reservation.zone,
             "machine_type": r.machine_type,
         }
 
     def reservation_view(self) -> ReservationView | None:
-        r = self.reservation
+        r = self.reservation.reading
         return None if r is None else ReservationView(r.count, r.in_use, self._claimed(), r.machine_type)
 
     def _record_ledger(self) -> None:
@@ -690,11 +754,11 @@ class ClusterGateway:
         if r is None:
             return
         figures = (r.machine_type, r.count, r.in_use, r.claimed)
-        if figures == self.ledger_recorded:
+        if figures == self.reservation.recorded:
             return
         try:
             self.store.record_reservation(self.cluster.id, *figures)
-            self.ledger_recorded = figures
+            self.reservation.recorded = figures
         except Fenced:
             raise
         except Exception as e:  # the next reading writes it again
@@ -710,18 +774,18 @@ class ClusterGateway:
         with self.lock:
             topology = queue_label[len(self.name) + 1 :]
             for n in pool_names:  # whose pool it is, for the wake-up at the end of its operations
-                self.pool_topology[n] = topology
-            jobs = {tid: jv for tid, jv in self.jobs.items() if self.job_queue_label.get(tid, queue_label) == queue_label}
+                self.op_queue.pool_topology[n] = topology
+            jobs = {tid: jv for tid, jv in self.job_cache.jobs.items() if self.job_cache.queue_label.get(tid, queue_label) == queue_label}
             return ClusterView(
-                pools={n: self.pools[n] for n in pool_names if n in self.pools},
-                ops={n: self.ops[n].view() for n in pool_names if n in self.ops},
+                pools={n: self.pool_cache.pools[n] for n in pool_names if n in self.pool_cache.pools},
+                ops={n: self.op_queue.ops[n].view() for n in pool_names if n in self.op_queue.ops},
                 jobs=jobs,
                 reservation=reservation,
-                reservation_error=self.reservation_error,
-                synced=self.pools_synced and self.jobs_synced,
-                error="" if self.gke is not None else self.not_connected(),
-                zones=self.zones,
-                reservation_zone=self.reservation_zone,
+                reservation_error=self.reservation.error,
+                synced=self.pool_cache.synced and self.job_cache.synced,
+                error="" if self.conn.gke is not None else self.not_connected(),
+                zones=self.conn.zones,
+                reservation_zone=self.reservation.zone,
             )
 
     # ---- node pools: operations ------------------------------------------------------
@@ -734,8 +798,8 @@ class ClusterGateway:
             if serving is not None:
                 return serving
             op = PoolOp(name, OpKind.CREATE, request, operation=operation or "", queued_at=self.clock.monotonic())
-            self.ops[name] = op
-            self.op_fifo.append(op)
+            self.op_queue.ops[name] = op
+            self.op_queue.fifo.append(op)
         self.tickers["operations"].wake()
         return OpState.QUEUED
 
@@ -746,29 +810,29 @@ class ClusterGateway:
             if answer.serving is not None:
                 return answer.serving
             if answer.cancel_create:
-                self.ops[name].state = OpState.CANCELLED
+                self.op_queue.ops[name].state = OpState.CANCELLED
             op = PoolOp(name, OpKind.DELETE, queued_at=self.clock.monotonic())
-            self.ops[name] = op
-            self.op_fifo.append(op)
+            self.op_queue.ops[name] = op
+            self.op_queue.fifo.append(op)
         self.tickers["operations"].wake()
         return OpState.QUEUED
 
     def _newest_op(self, name: str) -> operations.Newest:
-        op = self.ops.get(name)
+        op = self.op_queue.ops.get(name)
         return None if op is None else (op.kind, op.state)
 
     def _next_op(self) -> PoolOp | None:
         """Take the operation to run now out of the FIFO (``nodepools.operations.next_operation``)."""
         with self.lock:
-            queued = list(self.op_fifo)
-            seen = [operations.Queued(op.state != OpState.CANCELLED and self.ops.get(op.name) is op, op.next_at) for op in queued]
+            queued = list(self.op_queue.fifo)
+            seen = [operations.Queued(op.state != OpState.CANCELLED and self.op_queue.ops.get(op.name) is op, op.next_at) for op in queued]
             chosen = operations.next_operation(seen, self.clock.monotonic())
-            self.op_fifo = deque(queued[i] for i in chosen.queue)
+            self.op_queue.fifo = deque(queued[i] for i in chosen.queue)
         return None if chosen.run is None else queued[chosen.run]
 
     def _op_step(self) -> None:
         """Run every operation that is due, one at a time (GKE refuses concurrent ones)."""
-        while self.gke is not None and not self.stop.is_set():
+        while self.conn.gke is not None and not self.stop.is_set():
             op = self._next_op()
             if op is None:
                 return
@@ -776,14 +840,14 @@ class ClusterGateway:
                 self._fence()
             except BaseException:  # fenced, or the database did not answer the fence read
                 with self.lock:  # the op stays queued: taken out of the FIFO, it would be lost
-                    self.op_fifo.appendleft(op)  # for good (its queue sees it queued forever)
+                    self.op_queue.fifo.appendleft(op)  # for good (its queue sees it queued forever)
                 raise
             op.state = OpState.RUNNING
             try:
                 self._run_op(op)
                 op.state = OpState.DONE
                 op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
-                self.pools_listed_at = 0.0  # next observe re-lists
+                self.pool_cache.listed_at = 0.0  # next observe re-lists
             except CloudError as e:
                 self._op_failed(op, e)
             except Exception as e:  # never let the worker die
@@ -796,9 +860,9 @@ class ClusterGateway:
         database that does not answer only costs the wake-up (the queue's timed step sees the
         operation's end), never the next operation."""
         with self.lock:
-            topology = self.pool_topology.get(pool)
-            if len(self.pool_topology) > 10_000:
-                self.pool_topology.clear()
+            topology = self.op_queue.pool_topology.get(pool)
+            if len(self.op_queue.pool_topology) > 10_000:
+                self.op_queue.pool_topology.clear()
         if topology is None:
             try:
                 lease = self.store.get_lease(self.cluster.id, pool)
@@ -817,9 +881,9 @@ class ClusterGateway:
         try:
             if op.kind == OpKind.CREATE:
                 self._check_workload_policy(op)
-                op.operation = self.gke.create_node_pool(c.project, c.location, c.name, op.request)
+                op.operation = self.conn.gke.create_node_pool(c.project, c.location, c.name, op.request)
             else:
-                name = self.gke.delete_node_pool(c.project, c.location, c.name, op.name)
+                name = self.conn.gke.delete_node_pool(c.project, c.location, c.name, op.name)
                 if name is None:
                     return False
                 op.operation = name
@@ -827,7 +891,7 @@ class ClusterGateway:
             if operations.goal_holds(op.kind, e.kind):  # created before a restart (adopt it), or already gone
                 return False
             raise
-        self.last_ok["gke"] = self.clock.time()
+        self.conn.last_ok["gke"] = self.clock.time()
         return True
 
     def _run_op(self, op: PoolOp) -> None:
@@ -837,7 +901,7 @@ class ClusterGateway:
             return
         while not self.stop.is_set():
             try:
-                info = self.gke.get_operation(c.project, c.location, op.operation)
+                info = self.conn.gke.get_operation(c.project, c.location, op.operation)
             except CloudError as e:
                 if e.kind != ErrorKind.NOT_FOUND:
                     raise
@@ -845,14 +909,12 @@ class ClusterGateway:
                 if not self._start_op(op):
                     return
                 continue
-            self.last_ok["gke"] = self.clock.time()
+            self.conn.last_ok["gke"] = self.clock.time()
             if info.done:
-                if info.error is not None:
-                    if op.kind == OpKind.DELETE and operations.goal_holds(op.kind, info.error.kind):
-                        return
-                    op.operation = ""  # that operation is over: a retry makes a new call
-                    raise info.error
-                return
+                if operations.reached_goal(op.kind, None if info.error is None else info.error.kind):
+                    return
+                op.operation = ""  # that operation is over: a retry makes a new call
+                raise info.error
             self.clock.wait(self.stop, self.settings.operation_poll_s)
 
     def _op_failed(self, op: PoolOp, e: CloudError) -> None:
@@ -870,41 +932,41 @@ class ClusterGateway:
         op.state = OpState.QUEUED
         self.counters["ops_retried"] += 1
         with self.lock:
-            if self.ops.get(op.name) is op:
-                self.op_fifo.append(op)
+            if self.op_queue.ops.get(op.name) is op:
+                self.op_queue.fifo.append(op)
 
     # ---- Jobs ------------------------------------------------------------------------
 
     def submit_job(self, manifest: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
         """Create the Job (and its headless Service); 409 adopts. Returns {uid} or {error_kind, error}."""
         self._fence()
-        if self.kube is None:
+        if self.conn.kube is None:
             return {"error_kind": ErrorKind.TRANSIENT.value, "error": self.not_connected()}
         try:
             if service is not None:
-                self.kube.create_service(service)
-            ref = self.kube.create_job(manifest)
-            self.last_ok["kubernetes"] = self.clock.time()
+                self.conn.kube.create_service(service)
+            ref = self.conn.kube.create_job(manifest)
+            self.conn.last_ok["kubernetes"] = self.clock.time()
             return {"uid": ref.uid, "created": ref.created}
         except CloudError as e:
             return {"error_kind": e.kind.value, "error": e.message}
 
     def delete_job(self, namespace: str, name: str) -> bool:
         self._fence()
-        if self.kube is None:
+        if self.conn.kube is None:
             raise CloudError(ErrorKind.TRANSIENT, self.not_connected())
         # Foreground: the Job object stays until its pods are gone, so its absence (the watch's
         # DELETED) proves none of its pods still runs: the next attempt may start then
-        gone = self.kube.delete_job(namespace, name, propagation="Foreground")
+        gone = self.conn.kube.delete_job(namespace, name, propagation="Foreground")
         with self.lock:  # the views show the delete under way before the watch says so
-            for tid, jv in list(self.jobs.items()):
+            for tid, jv in list(self.job_cache.jobs.items()):
                 if jv.name == name and jv.namespace == namespace and not jv.deleting:
-                    self.jobs[tid] = replace(jv, deleting=True)
+                    self.job_cache.jobs[tid] = replace(jv, deleting=True)
         try:
-            self.kube.delete_service(namespace, render.service_of_job(name))
+            self.conn.kube.delete_service(namespace, render.service_of_job(name))
         except CloudError:
             pass
-        self.last_ok["kubernetes"] = self.clock.time()
+        self.conn.last_ok["kubernetes"] = self.clock.time()
         return gone
 
     # ---- orphan scan and gauges -----------------------------------------------------------
@@ -915,7 +977,7 @@ class ClusterGateway:
         idle = sum(1 for l in self.store.leases(self.cluster.id) if l.state == LeaseState.IDLE)
         metrics.pools_alive(self.name, self._falcon_pools_alive(), idle=idle)
         self._refresh_reservation()
-        r = self.reservation
+        r = self.reservation.reading
         if r is not None:
             metrics.reservation_headroom(self.name, self.cluster.default_reservation, r.count - r.in_use)
             self._record_ledger()  # the claims change without a new reading
@@ -927,14 +989,14 @@ class ClusterGateway:
         held = {t.node_pool_name for t in self.store.live_tasks(self.cluster.id) if t.node_pool_name}
         now = self.clock.monotonic()
         with self.lock:
-            listed = [orphans.ListedPool(n, labels, self.pool_first_seen.get(n, now)) for n, labels in self.pool_labels.items()]
-            deleting = {n for n, op in self.ops.items() if op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT}
+            listed = [orphans.ListedPool(n, labels, self.pool_cache.first_seen.get(n, now)) for n, labels in self.pool_cache.labels.items()]
+            deleting = {n for n, op in self.op_queue.ops.items() if op.kind == OpKind.DELETE and op.state in OP_IN_FLIGHT}
         grace = self.settings.create_visibility_grace_s
         return orphans.orphan_pools(listed, self.settings.installation, live, held, deleting, grace, self.clock.now(), now)
 
     def orphan_scan(self) -> dict[str, list[str]]:
         """Delete leaked pools and Jobs; returns what it found and queued for deletion."""
-        if self.gke is None:
+        if self.conn.gke is None:
             return {"pools": [], "jobs": []}
         self._fence()
         self._refresh_pools(force=True)
@@ -950,7 +1012,7 @@ class ClusterGateway:
     def _collect_jobs(self) -> list[str]:
         """Jobs whose task is over (a crash between the terminal write and the Job delete)."""
         with self.lock:
-            jobs = dict(self.jobs)
+            jobs = dict(self.job_cache.jobs)
         if not jobs:
             return []
         stale: list[str] = []
@@ -975,25 +1037,25 @@ class ClusterGateway:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            w = self.watcher
+            w = self.conn.watcher
             return {
                 "cluster": self.name,
                 "status": self.cluster.status if self.cluster else "unknown",
-                "connected": self.gke is not None,
-                "connect_error": self.connect_error,
-                "connect_stage": self.connect_stage,
-                "connect_stage_since": self.connect_stage_at,
-                "connect_timings": dict(self.connect_timings),
-                "pools": {n: vars(p) for n, p in self.pools.items()},
+                "connected": self.conn.gke is not None,
+                "connect_error": self.conn.error,
+                "connect_stage": self.conn.stage,
+                "connect_stage_since": self.conn.stage_at,
+                "connect_timings": dict(self.conn.timings),
+                "pools": {n: vars(p) for n, p in self.pool_cache.pools.items()},
                 "pool_ops": {
                     n: {"kind": o.kind, "state": o.state, "attempts": o.attempts, "error": o.error, "operation": o.operation}
-                    for n, o in self.ops.items()
+                    for n, o in self.op_queue.ops.items()
                 },
-                "ops_queued": sum(1 for o in self.op_fifo if o.state == OpState.QUEUED),
-                "jobs": {t: vars(j) for t, j in self.jobs.items()},
+                "ops_queued": sum(1 for o in self.op_queue.fifo if o.state == OpState.QUEUED),
+                "jobs": {t: vars(j) for t, j in self.job_cache.jobs.items()},
                 "reservation": self._ledger(),
-                "zones": list(self.zones),
-                "last_ok": dict(self.last_ok),
+                "zones": list(self.conn.zones),
+                "last_ok": dict(self.conn.last_ok),
                 "watch": {
                     "reconnects": getattr(w, "reconnects", 0),
                     "relists": getattr(w, "relists", 0),
@@ -1011,8 +1073,8 @@ class ClusterGateway:
         self.stop.set()
         for t in self.tickers.values():
             t.stop()
-        if self.watcher is not None:
-            self.watcher.close()  # ends a watch that is waiting for events now, not at its timeout
+        if self.conn.watcher is not None:
+            self.conn.watcher.close()  # ends a watch that is waiting for events now, not at its timeout
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Let the running pool operation finish (its GKE call returns), then stop."""
@@ -1024,6 +1086,6 @@ class ClusterGateway:
     def __repr__(self) -> str:
         c = self.cluster
         with self.lock:
-            busy = sum(1 for o in self.ops.values() if o.state in OP_IN_FLIGHT)
+            busy = sum(1 for o in self.op_queue.ops.values() if o.state in OP_IN_FLIGHT)
         alive = self._falcon_pools_alive()
-        return f"ClusterActor({self.name} {c.tpu_type if c else '?'} {c.status if c else '?'}: {alive} pools, {busy} ops, {len(self.jobs)} jobs)"
+        return f"ClusterActor({self.name} {c.tpu_type if c else '?'} {c.status if c else '?'}: {alive} pools, {busy} ops, {len(self.job_cache.jobs)} jobs)"

@@ -14,6 +14,10 @@ Contract
 - ``goal_holds``: some errors mean the operation's goal already holds: a create that meets
   ALREADY_EXISTS adopts the pool (it was created before a restart); a delete that meets
   NOT_FOUND is done. Neither is a failure.
+- ``reached_goal``: an operation GKE accepted and then ended reached its goal when it
+  ended without an error, or, for a delete, with NOT_FOUND (the pool was gone already). A
+  create's operation that ends with an error failed, whatever the error: the pool it
+  made, if any, is not the one asked for.
 - ``retry_delay_s``: after a failure, a create is retried only for errors that pass
   (``model.RETRYABLE_KINDS``: transient, busy, rate-limited); any other error fails it (a
   stockout is waited out by its queue, which asks again under a new name). A delete is
@@ -86,6 +90,11 @@ def goal_holds(kind: OpKind, error: ErrorKind) -> bool:
     return (kind == OpKind.CREATE and error == ErrorKind.ALREADY_EXISTS) or (
         kind == OpKind.DELETE and error == ErrorKind.NOT_FOUND
     )
+
+
+def reached_goal(kind: OpKind, error: ErrorKind | None) -> bool:
+    """True when a followed operation that ended with ``error`` (None: none) needs no retry."""
+    return error is None or (kind == OpKind.DELETE and goal_holds(kind, error))
 
 
 def retry_delay_s(

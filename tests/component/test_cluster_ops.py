@@ -74,7 +74,7 @@ def _db_down(*_a, **_k):
 @pytest.mark.parametrize("kind", [OpKind.DELETE, OpKind.CREATE])
 def test_an_operation_whose_fence_read_fails_stays_queued_and_runs_next_time(gateway, monkeypatch, kind):
     ran = []
-    gateway.gke = object()  # connected: the step takes operations (none reaches GKE here)
+    gateway.conn.gke = object()  # connected: the step takes operations (none reaches GKE here)
     monkeypatch.setattr(gateway, "_run_op", lambda op: ran.append(op.name))
     monkeypatch.setattr(gateway, "_hint_pool_owner", lambda pool: None)
     if kind == OpKind.DELETE:
@@ -86,19 +86,19 @@ def test_an_operation_whose_fence_read_fails_stays_queued_and_runs_next_time(gat
     with pytest.raises(sa.exc.OperationalError):
         gateway._op_step()
     assert ran == []
-    op = gateway.ops["falcon-t1-2x2"]
-    assert op.kind == kind and op.state == OpState.QUEUED and list(gateway.op_fifo) == [op]
+    op = gateway.op_queue.ops["falcon-t1-2x2"]
+    assert op.kind == kind and op.state == OpState.QUEUED and list(gateway.op_queue.fifo) == [op]
     # asking again while it waits queues nothing twice
     assert (gateway.delete_pool if kind == OpKind.DELETE else lambda n: gateway.ensure_pool(n, {}))("falcon-t1-2x2") == OpState.QUEUED
-    assert len(gateway.op_fifo) == 1
+    assert len(gateway.op_queue.fifo) == 1
     monkeypatch.setattr(gateway.store, "check_fence", fence)  # the database is back
     gateway._op_step()
-    assert ran == ["falcon-t1-2x2"] and op.state == OpState.DONE and not gateway.op_fifo
+    assert ran == ["falcon-t1-2x2"] and op.state == OpState.DONE and not gateway.op_queue.fifo
 
 
 def test_a_lost_wake_up_after_an_operation_does_not_stop_the_next_one(gateway, monkeypatch):
     ran = []
-    gateway.gke = object()
+    gateway.conn.gke = object()
     monkeypatch.setattr(gateway, "_run_op", lambda op: ran.append(op.name))
     monkeypatch.setattr(gateway.store, "get_lease", _db_down)  # the wake-up's read fails
     gateway.delete_pool("falcon-t1-2x2")
@@ -110,7 +110,7 @@ def test_a_lost_wake_up_after_an_operation_does_not_stop_the_next_one(gateway, m
 def test_an_operation_that_succeeds_on_retry_keeps_no_error(gateway, monkeypatch):
     """A retried error is over once the operation is DONE: the pool's queue must not report
     GKE's old words as the pool's state."""
-    gateway.gke = object()
+    gateway.conn.gke = object()
     calls = []
 
     def run_op(op):
@@ -122,7 +122,7 @@ def test_an_operation_that_succeeds_on_retry_keeps_no_error(gateway, monkeypatch
     monkeypatch.setattr(gateway, "_hint_pool_owner", lambda pool: None)
     gateway.ensure_pool("falcon-t1-2x2", {"name": "falcon-t1-2x2"})
     gateway._op_step()
-    op = gateway.ops["falcon-t1-2x2"]
+    op = gateway.op_queue.ops["falcon-t1-2x2"]
     assert (op.state, op.error_kind, op.attempts) == (OpState.QUEUED, ErrorKind.TRANSIENT, 1)
     assert "503" in op.error
     op.next_at = 0.0  # its backoff is over
@@ -134,7 +134,7 @@ def test_an_operation_that_succeeds_on_retry_keeps_no_error(gateway, monkeypatch
 def test_two_claims_on_the_last_free_slice_grant_one(gateway):
     """4 hosts free, a 2-host pool being created: one more 2-host claim fits, a second does not."""
     cluster = gateway.cluster
-    gateway.reservation = ReservationView(count=4, in_use=0)
+    gateway.reservation.reading = ReservationView(count=4, in_use=0)
     gateway.store.create_lease(cluster.id, "2x4", "falcon-t1-2x4", "reservation", None)
     assert gateway.claim_reservation("falcon-t2-2x4", 2)
     assert not gateway.claim_reservation("falcon-t3-2x4", 2)
@@ -144,13 +144,13 @@ def test_two_claims_on_the_last_free_slice_grant_one(gateway):
 
 def test_a_grant_is_dropped_once_its_lease_row_carries_it(gateway):
     cluster = gateway.cluster
-    gateway.reservation = ReservationView(count=4, in_use=0)
+    gateway.reservation.reading = ReservationView(count=4, in_use=0)
     assert gateway.claim_reservation("falcon-t1-2x4", 2)
-    assert set(gateway.grants) == {"falcon-t1-2x4"}
+    assert set(gateway.reservation.grants) == {"falcon-t1-2x4"}
     gateway.store.create_lease(cluster.id, "2x4", "falcon-t1-2x4", "reservation", None)
-    gateway.ledger_rows = (0.0, None)  # the next view reads the rows again
+    gateway.reservation.rows = (0.0, None)  # the next view reads the rows again
     assert gateway.reservation_view().claimed == 2  # counted once, from the row
-    assert gateway.grants == {}
+    assert gateway.reservation.grants == {}
 
 
 def test_the_gateway_runs_its_four_loops_from_the_factory_it_is_given(gateway):

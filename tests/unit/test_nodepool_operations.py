@@ -1,6 +1,6 @@
 """The node-pool operation rules, table-driven: a create or delete asked for, given the
-pool's newest operation; which queued operation runs next; and a failed operation's next
-step (the operation, GKE's error and the attempts so far in, adopt / retry after a delay /
+pool's newest operation; which queued operation runs next; whether an operation that ended
+reached its goal; and a failed operation's next step (the operation, GKE's error and the attempts so far in, adopt / retry after a delay /
 fail out)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from falcon_ray.nodepools.operations import (
     delete_answer,
     goal_holds,
     next_operation,
+    reached_goal,
     retry_delay_s,
 )
 
@@ -36,6 +37,23 @@ GOAL = [
 @pytest.mark.parametrize(("situation", "kind", "error", "holds"), GOAL, ids=[g[0] for g in GOAL])
 def test_goal_holds(situation, kind, error, holds):
     assert goal_holds(kind, error) is holds
+
+
+ENDED = [
+    # (situation, operation, the error its GKE operation ended with, goal reached)
+    ("a create ended well", C, None, True),
+    ("a delete ended well", D, None, True),
+    ("a delete ended: the pool was gone already", D, E.NOT_FOUND, True),
+    ("a delete ended with a transient error", D, E.TRANSIENT, False),
+    ("a create ended with a stockout", C, E.STOCKOUT, False),
+    ("a create's operation ended with 409: not an adoption", C, E.ALREADY_EXISTS, False),
+    ("a create's operation ended with 404", C, E.NOT_FOUND, False),
+]
+
+
+@pytest.mark.parametrize(("situation", "kind", "error", "reached"), ENDED, ids=[e[0] for e in ENDED])
+def test_whether_an_ended_operation_reached_its_goal(situation, kind, error, reached):
+    assert reached_goal(kind, error) is reached
 
 
 INITIAL, MAX = 5.0, 60.0

@@ -31,7 +31,7 @@ from __future__ import annotations
 from falcon_ray import faults, limits, render
 from falcon_ray import lifecycle as lc
 from falcon_ray.limits import Wait
-from falcon_ray.model import Lease, PoolStatus, PoolView, QueueTask
+from falcon_ray.model import Disruption, Lease, PoolStatus, PoolView, QueueTask
 from falcon_ray.reconcile import dispatch
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import Effect, RecordDisruption, Transition
@@ -42,19 +42,27 @@ _POOL_DOWN = (PoolStatus.ERROR, PoolStatus.STOPPING)
 def needs_new_pool(d: Decision, t: QueueTask, lease: Lease | None, pool: PoolView | None, head: str) -> bool:
     """The pool is gone, in ERROR, or its nodes did not come back in time: delete it and go
     back to Waiting, ahead of the queue, for a new one. True when decided here."""
+    left = _abandoned_before(t)
     gone = lease is None or pool is None or pool.status in _POOL_DOWN
-    if not gone and not limits.passed(Wait.RECOVERY, d.s, d.phase_age_s(t)):
+    if left is None and not gone and not limits.passed(Wait.RECOVERY, d.s, d.phase_age_s(t)):
         return False
-    name = lease.name if lease is not None else (t.node_pool_name or "?")
-    why = (
-        d.msg("pool_gone", pool=name)
-        if gone
-        else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0))
-    )
-    # this attempt's name stays with the pool it leaves (its Job may exist there, or be about
-    # to: a submit whose answer was lost): the next attempt, on a new pool, takes the next one
-    job = render.job_name(t.id, t.attempt)
-    effects: list[Effect] = [RecordDisruption(t.id, t.attempt, faults.DisruptionKind.ABANDONED.value, "", job, why), *d.delete_job(t)]
+    if left is not None:
+        # the abandonment is recorded and its move back to Waiting was not made (a crash,
+        # a lost compare-and-set): finish it; a second row would burn another Job name
+        why, record = left.detail, []
+    else:
+        name = lease.name if lease is not None else (t.node_pool_name or "?")
+        why = (
+            d.msg("pool_gone", pool=name)
+            if gone
+            else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0))
+        )
+        # this attempt's name stays with the pool it leaves (its Job may exist there, or be
+        # about to: a submit whose answer was lost): the next attempt, on a new pool, takes
+        # the next one
+        job = render.job_name(t.id, t.attempt)
+        record = [RecordDisruption(t.id, t.attempt, faults.DisruptionKind.ABANDONED.value, "", job, why)]
+    effects: list[Effect] = [*record, *d.delete_job(t)]
     if lease is not None:
         effects += d.delete_lease(lease, t.id)
     text = d.msg("recovering_new_pool", attempt=head, why=why)
@@ -63,6 +71,14 @@ def needs_new_pool(d: Decision, t: QueueTask, lease: Lease | None, pool: PoolVie
     # take a held lease for its new pool); a crash before the move is decided here again
     d.add(f"task {t.id}: recovery needs a new pool", *effects, back)
     return True
+
+
+def _abandoned_before(t: QueueTask) -> Disruption | None:
+    """The abandonment already recorded for this recovery, if any. A recovering task's
+    latest row is the disruption that made it recover; an ``abandoned`` row there means a
+    step recorded the abandonment and its move back to Waiting is still to be made."""
+    last = t.disruptions[-1] if t.disruptions else None
+    return last if last is not None and last.kind == faults.DisruptionKind.ABANDONED.value else None
 
 
 def recovering(d: Decision, t: QueueTask) -> None:

@@ -340,6 +340,7 @@ def test_a_job_submission_refused_for_now_is_retried_then_fails_after_its_budget
     bench.step(ClusterView(pools=pool(tid), reservation=RES))
     t = bench.task(tid)
     assert str(t.phase) == "Pending/Dispatching" and "retrying (waiting <1m)" in t.message and "503" in t.message
+    assert t.dispatched_at is None  # the Dispatching move started the timeout clock; the refusal stopped it
     bench.step(ClusterView(pools=pool(tid)), advance=bench.settings.submit_budget_s - 10)
     assert bench.phase(tid) == "Pending/Dispatching"
     bench.port.calls.clear()
@@ -347,6 +348,22 @@ def test_a_job_submission_refused_for_now_is_retried_then_fails_after_its_budget
     t = bench.task(tid)
     assert str(t.phase) == "Failed/JobSubmitFailed" and "no Job accepted within 10m" in t.message
     assert ("delete_pool", f"falcon-t{tid}-2x2") in bench.port.calls  # the original's failure table
+
+
+def test_a_job_accepted_in_the_dispatching_group_costs_no_write_after_the_submit(bench):
+    """The Dispatching move writes the accepted Job's Message and starts the timeout clock;
+    the accepted submit writes nothing more; the Job's uid goes with the Running move."""
+    tid = bench.submit()
+    bench.step(ClusterView(reservation=RES))
+    before = dict(bench.store.breakdown)
+    bench.step(ClusterView(pools=pool(tid), reservation=RES))
+    sent = {k: n - before.get(k, 0) for k, n in bench.store.breakdown.items() if n != before.get(k, 0)}
+    t = bench.task(tid)
+    assert str(t.phase) == "Pending/Dispatching" and "submitted, waiting for pods" in t.message, t.message
+    assert t.dispatched_at is not None and t.job_uid is None
+    assert "update_task UPDATE" not in sent, sent
+    bench.step(ClusterView(pools=pool(tid), jobs=job(tid, "Running"), reservation=RES))
+    assert bench.phase(tid) == "Running" and bench.task(tid).job_uid
 
 
 STOCKOUT = (
@@ -527,3 +544,21 @@ def test_a_recovery_whose_pool_is_gone_acquires_a_new_pool_ahead_of_the_queue_un
     kinds = [(d.attempt, d.kind) for d in bench.store.disruptions([tid])[tid]]
     assert kinds == [(0, "pool-lost"), (1, "abandoned")]
     assert "Attempt 2 of 4 after pool-lost" in bench.task(tid).message
+
+
+def test_an_abandonment_whose_move_back_to_waiting_was_lost_is_finished_not_recorded_again(bench):
+    # a step recorded the abandoned attempt and died before the task's move to Waiting (a
+    # queue killed between the two): the next step makes the move and writes no second row,
+    # which would burn a Job name and read as an abandonment that follows no disruption
+    tid = bench.submit("alice")
+    run_to_running(bench, tid)
+    bench.step(ClusterView(pools=pool(tid), jobs=job(tid, "Running"), reservation=RES))
+    bench.step(ClusterView(pools={}, jobs=failed_job(tid, evidence=None), reservation=RES))
+    assert bench.phase(tid) == "Pending/Recovering"
+    assert bench.store.record_disruption(tid, 1, "abandoned", "", f"falcon-task-{tid}-a1", "node pool gone")
+    bench.restart()  # the queue that died; its successor reads every row
+    bench.step(ClusterView(pools={}, reservation=RES))
+    # back to Waiting, and picked at once: nothing else waits
+    assert bench.phase(tid) == "Pending/Provisioning"
+    kinds = [(d.attempt, d.kind) for d in bench.store.disruptions([tid])[tid]]
+    assert kinds == [(0, "pool-lost"), (1, "abandoned")]

@@ -236,7 +236,7 @@ class QueueReconciler:
         asked = m.asked()
         snap = self.store.queue_snapshot(
             self.cluster_name, self.topology, m.specs, delta=None if full else (m.seq, asked),
-            clusters=self.clusters, with_granted=full, with_leases=full or m.leases is None,
+            clusters=self.clusters, with_granted=full and not m.granted_read, with_leases=full or m.leases is None,
         )
         if self.clusters is None:
             self.clusters_at = now

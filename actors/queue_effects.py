@@ -5,7 +5,9 @@ Contract
 ``EffectRunner.run(groups)`` carries out each ``reconcile.EffectGroup`` in order and stops
 a group at its first effect that is lost (a compare-and-set another writer won), refused
 (a reservation claim, a Job submit) or failed; it returns how many groups moved a task's
-phase or a lease. Each effect's handler returns ``(carry on, moved)``. Every write's
+phase or a lease. Each effect's handler returns ``(carry on, moved)``. A lease move
+and a task move next to each other in a group are one compare-and-set over both rows
+(``paired``): both won or neither. Every write's
 result (``store.WriteResult``) goes to the ``QueueMirror``, which applies the won ones to
 the rows it keeps; a lost, refused or failed effect sets ``mirror.must_read`` so the next
 round reads the database. Every effect is idempotent, so a group cut short by a crash is
@@ -38,7 +40,6 @@ from falcon_ray.reconcile import (
     RecordDisruption,
     RecordOperation,
     RefreshMessages,
-    SetLastGranted,
     SubmitJob,
     Transition,
     Unassign,
@@ -65,7 +66,7 @@ class EffectRunner:
         self.on_ended: Callable[[int], None] = lambda tid: None  # a Running task ended
         self.handlers: dict[type, Callable[[Any], Outcome]] = {
             Transition: self._transition, UpdateTask: self._update_task, RefreshMessages: self._refresh_messages,
-            SetLastGranted: self._set_last_granted, CreateLease: self._create_lease,
+            CreateLease: self._create_lease,
             RecordOperation: self._record_operation, MarkReady: self._mark_ready,
             ClaimReservation: self._claim_reservation, EnsurePool: self._ensure_pool, MoveLease: self._move_lease,
             DeletePool: self._delete_pool, SubmitJob: self._submit, DeleteJob: self._delete_job,
@@ -90,17 +91,37 @@ class EffectRunner:
         return progressed
 
     def _run_group(self, g: reconcile.EffectGroup) -> int:
-        changed = False
-        for e in g.effects:
+        changed, i = False, 0
+        while i < len(g.effects):
+            e, pair = g.effects[i], paired(g.effects, i)
             if isinstance(e, DeleteJob):  # destructive: say which rule asked for it
                 log.info("queue %s: %s: deleting Job %s", self.label, g.what, e.name)
-            ok, moved = self.apply(e)
+            ok, moved = self._apply_pair(*pair) if pair else self.apply(e)
             changed = changed or moved
             if not ok:
                 self.mirror.must_read = True  # lost, refused or not known: the next round reads
                 log.info("queue %s: %s stopped at %s", self.label, g.what, type(e).__name__)
                 break
+            i += 2 if pair else 1
         return 1 if changed else 0
+
+    def _apply_pair(self, lease_move: MoveLease, move: Transition) -> Outcome:
+        """A lease move and a task move next to each other in a group: one compare-and-set
+        over both rows (``Store.transition_with_lease``), both won or neither."""
+        if self.mirror.refused_leases_kept():
+            self.mirror.leases_stale = True
+        self.mirror.writing(move.task_id)
+        task, lease = self.store.transition_with_lease(
+            move.task_id, move.expect, move.to, move.message,
+            lease_move.lease_id, lease_move.expect, lease_move.to, lease_move.fields, **move.fields,
+        )
+        self.mirror.wrote_lease(lease_move.lease_id, lease)
+        if lease.won:
+            metrics.lease_moved(self.cluster_name, self.topology, lease_move.expect[0], lease_move.to)
+        if task.won:
+            self._transitioned(move, task.at)  # first: it reads the value the decision saw
+            self.mirror.wrote_task(move.task_id, task, move.to)
+        return task.won, task.won
 
     def apply(self, e: reconcile.Effect) -> Outcome:
         """Carry out one effect: ``(carry on with the group, this effect moved a task or lease)``."""
@@ -134,11 +155,6 @@ class EffectRunner:
     def _refresh_messages(self, e: RefreshMessages) -> Outcome:
         self.store.refresh_messages(e.updates)
         self.mirror.messages_written(e.updates)
-        return True, False
-
-    def _set_last_granted(self, e: SetLastGranted) -> Outcome:
-        self.store.set_last_granted(self.cluster_id(), self.topology, e.actor)
-        self.mirror.last_granted = e.actor
         return True, False
 
     def _unassign(self, e: Unassign) -> Outcome:
@@ -231,8 +247,12 @@ class EffectRunner:
             # retried until submit_budget_s has passed in Dispatching
             self.mirror.submit_errors[e.task_id] = SubmitError(kind, res["error"])
             log.info("queue %s: Job submit for task %s refused (%s): %s", self.label, e.task_id, kind, res["error"])
+            if e.recorded and e.first:  # the move started the timeout clock: it starts with the Job
+                self.mirror.wrote_task(e.task_id, self.store.update_task(e.task_id, (e.phase,), None, dispatched_at=None))
             return False, kind in PERMANENT_SUBMIT_KINDS
         self.mirror.submit_errors.pop(e.task_id, None)
+        if e.recorded:  # its move wrote the Message (and dispatched_at); the uid goes with Running
+            return True, True
         fields: dict[str, Any] = {"job_uid": res["uid"]}
         if e.first:
             fields["dispatched_at"] = self.clock.now()
@@ -273,4 +293,18 @@ class EffectRunner:
             self.on_ended(task.id)
 
 
-__all__ = ["EffectRunner"]
+def paired(effects: tuple[reconcile.Effect, ...], i: int) -> tuple[MoveLease, Transition] | None:
+    """The lease move and the task move at ``i`` and ``i + 1`` (in either order), when
+    they can be one compare-and-set: the task's move leaves its phase and gives no cluster."""
+    if i + 1 >= len(effects):
+        return None
+    a, b = effects[i], effects[i + 1]
+    lease_move, move = (a, b) if isinstance(a, MoveLease) else (b, a)
+    if not isinstance(lease_move, MoveLease) or not isinstance(move, Transition):
+        return None
+    if move.to in move.expect or "cluster_id" in move.fields:
+        return None
+    return lease_move, move
+
+
+__all__ = ["EffectRunner", "paired"]

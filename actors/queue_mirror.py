@@ -15,7 +15,10 @@ changed only by what the database answered, in two ways.
   rows so that the next round decides on them without reading them back. This queue is
   the only writer of its leases and of its tasks' moves; others only add tasks or abort
   them, which the next read sees. A lost write, or one whose row is not kept, sets
-  ``must_read`` (rows) or ``leases_stale`` (leases): the next round reads them.
+  ``must_read`` (rows) or ``leases_stale`` (leases): the next round reads them. A won
+  move into Provisioning or Dispatching makes its task's actor the last granted, as the
+  store derives it from that move's event row (``store.queues``): it is read once, at
+  the first full read (``granted_read``), and kept from the queue's own moves after.
 
 Everything here is soft state: losing it costs one full read. The task values are kept in
 two parts (``held``: the few that are not Waiting; ``waiting``: a
@@ -39,7 +42,7 @@ from falcon_ray import scheduling
 from falcon_ray.lifecycle import Phase
 from falcon_ray.model import Disruption, Lease, QueueTask, QueueTasks, SubmitError, Task
 from falcon_ray.spec import SpecError, TaskSpec, parse_spec
-from falcon_ray.store import QueueRead, WriteResult, clip_message
+from falcon_ray.store import SLOT_TAKEN, QueueRead, WriteResult, clip_message
 
 TASK_COLUMNS = frozenset(f.name for f in dc_fields(Task))
 LEASE_COLUMNS = frozenset(f.name for f in dc_fields(Lease))
@@ -60,6 +63,7 @@ class QueueMirror:
         self.seq = 0
         self.full_read_at = -float("inf")  # monotonic time of the last full read
         self.last_granted = ""
+        self.granted_read = False  # last_granted was read (it is kept from the queue's own picks after)
         self.leases: list[Lease] | None = None  # None: never read
         self.leases_stale = True
         self.must_read = True
@@ -106,8 +110,10 @@ class QueueMirror:
         self.changed |= gone | got.keys()
         self.rows.update(got)
         self._entries_read(read, got)
+        if read.last_granted is not None:
+            self.last_granted, self.granted_read = read.last_granted, True
         if full:
-            self.last_granted, self.full_read_at, self.seq = read.last_granted, at, read.seq
+            self.full_read_at, self.seq = at, read.seq
         else:
             self.seq = max(self.seq, read.seq)
         self.wrote.clear()
@@ -249,6 +255,8 @@ class QueueMirror:
             return
         if phase is not None and result.moved and result.at is not None:  # its event row is the phase entry
             self.phase_since[tid] = (phase, result.at)
+        if phase in SLOT_TAKEN and result.moved:  # the store's last granted reads this move's event row
+            self.last_granted = row.actor
         new = replace(row, **{k: v for k, v in result.values.items() if k in TASK_COLUMNS})
         if new.terminal or new.cluster_id != row.cluster_id:
             self.left(tid)

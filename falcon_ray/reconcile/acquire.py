@@ -34,6 +34,7 @@ lease rows for a capacity wait.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from falcon_ray import lifecycle as lc
@@ -83,6 +84,18 @@ def to_dispatching(d: Decision, t: QueueTask, pool: str) -> Transition:
     return Transition(t.id, (t.phase,), lc.DISPATCHING, d.msg("dispatching", pool=pool), {"node_pool_name": pool})
 
 
+def dispatch_with_job(d: Decision, t: QueueTask, pool: str) -> list[Effect]:
+    """The Dispatching move and the Job's submit, in that order in one group: the move
+    writes the Message of the accepted Job (and, the first time, ``dispatched_at``), so an
+    accepted submit writes nothing more (``SubmitJob.recorded``)."""
+    submit = dispatch.submit_effect(d, t, pool)
+    fields: dict[str, Any] = {"node_pool_name": pool}
+    if submit.first:
+        fields["dispatched_at"] = d.now
+    text = submit.message or d.msg("dispatching", pool=pool)
+    return [Transition(t.id, (t.phase,), lc.DISPATCHING, text, fields), dataclasses.replace(submit, recorded=True)]
+
+
 def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
     """Take an idle pool for ``t``: the hand-over (original, section 5). When nothing stands
     between the task and its Job (no Job of it in the cluster, no refused submit to wait
@@ -94,8 +107,7 @@ def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
     if d.job_of(t) is None and t.id not in d.q.submit_errors:
         return [
             MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.IN_USE, fields),
-            to_dispatching(d, t, idle.name),
-            dispatch.submit_effect(d, t, idle.name),
+            *dispatch_with_job(d, t, idle.name),
         ]
     return [MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, fields), to_dispatching(d, t, idle.name)]
 
@@ -371,8 +383,7 @@ def pool_came_up(d: Decision, t: QueueTask, lease: Lease, st: LeaseState) -> lis
     if d.job_of(t) is None and t.id not in d.q.submit_errors:
         return [
             MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE, ready),
-            to_dispatching(d, t, lease.name),
-            dispatch.submit_effect(d, t, lease.name),
+            *dispatch_with_job(d, t, lease.name),
         ]
     return [MoveLease(lease.id, lease.name, (st,), LeaseState.READY, ready), to_dispatching(d, t, lease.name)]
 

@@ -205,13 +205,20 @@ class Decision:
         Job, and a live task with no Job gets a new one: a second Job, seen by the chaos
         soak); a crash after it leaves a terminal task's Job and lease, which rules 6 and
         7 clean up. The Job goes before the pool: a Job that failed or ran out of time may
-        still hold the pool's TPUs. ``keep_pool=False``: the pool is deleted whatever
-        waits (a refused Job)."""
+        still hold the pool's TPUs; when none does (no Job, or one that succeeded), a pool
+        kept Idle moves with the terminal write (one compare-and-set over both rows) and the
+        Job's delete follows. ``keep_pool=False``: the pool is deleted whatever waits (a
+        refused Job)."""
         lease = self.lease_by_task.get(t.id)
         pool: list[Effect] = []
         if lease is not None:
             pool = self.release(lease, t.id) if keep_pool else self.delete_lease(lease, t.id)
         done = Transition(t.id, (t.phase,), to, message)
+        job = self.job_of(t)
+        kept = len(pool) == 1 and isinstance(pool[0], MoveLease) and pool[0].to == LeaseState.IDLE
+        if kept and (job is None or not job.holds_pool):
+            self.add(f"task {t.id}: finish {to}", done, pool[0], *self.delete_job(t))
+            return
         self.add(f"task {t.id}: finish {to}", done, *self.delete_job(t), *pool)
 
     # ---- Jobs ----------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ the cluster and the node-pool timeout has passed does the task give up
 
 from __future__ import annotations
 
+import dataclasses
+
 from falcon_ray import lifecycle as lc
 from falcon_ray import limits, render
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
@@ -67,10 +69,12 @@ def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState,
     """The control plane of a pool that scales from zero is RUNNING: submit the Job now."""
     # its create has finished (ready_at): the pool may be handed over once it goes Idle
     effects.append(MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE, {} if lease.ready_at else {"ready_at": d.now}))
+    submit = submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE)
     if t.phase != lc.WAITING_FOR_NODE:
         text = node_text(d, t, lease.name, pool, None)
         effects.append(Transition(t.id, (t.phase,), lc.WAITING_FOR_NODE, text, {"node_pool_name": lease.name}))
-    effects.append(submit_effect(d, t, lease.name, lc.WAITING_FOR_NODE))
+        submit = dataclasses.replace(submit, recorded=True)  # the move said it all; the uid goes with Running
+    effects.append(submit)
     d.add(f"task {t.id}: Job onto empty pool {lease.name}", *effects)
 
 

@@ -3,7 +3,7 @@
 Contract
 --------
 An effect names one idempotent step: a compare-and-set write (``Transition``,
-``UpdateTask``, ``RefreshMessages``, ``MoveLease``, ``SetLastGranted``,
+``UpdateTask``, ``RefreshMessages``, ``MoveLease``,
 ``CreateLease``, ``RecordOperation``, ``Unassign``) or a call to the edge cluster
 (``EnsurePool``, ``DeletePool``, ``SubmitJob``, ``DeleteJob``); ``MoveTask`` is both
 (a compare-and-set, then the two queues' wake-ups). An ``EffectGroup``
@@ -42,11 +42,6 @@ class UpdateTask:
 @dataclass(frozen=True)
 class RefreshMessages:
     updates: tuple[tuple[int, Phase, str], ...]
-
-
-@dataclass(frozen=True)
-class SetLastGranted:
-    actor: str
 
 
 @dataclass(frozen=True)
@@ -109,6 +104,10 @@ class SubmitJob:
     first: bool  # dispatched_at is written with the Job: the timeout clock starts now
     phase: Phase = lc.DISPATCHING  # the task's phase when the Job's uid is written
     message: str | None = None  # written with the Job's uid (the Message of a Job just accepted)
+    # the group's move into ``phase`` already wrote ``message`` (and dispatched_at when
+    # ``first``): an accepted submit writes nothing more (the uid goes with the Running
+    # move); a refused first one clears dispatched_at, so the clock starts with the Job
+    recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ class MoveTask:
 
 
 Effect = (
-    Transition | UpdateTask | RefreshMessages | SetLastGranted | CreateLease | ClaimReservation | RecordOperation | MarkReady | EnsurePool
+    Transition | UpdateTask | RefreshMessages | CreateLease | ClaimReservation | RecordOperation | MarkReady | EnsurePool
     | MoveLease | DeletePool | SubmitJob | DeleteJob | Unassign | MoveTask | RecordDisruption
 )
 

@@ -8,7 +8,8 @@ cluster of its TPU type exists, every Waiting task is unassigned (Pending, no
 cluster) so the poller ranks it again; they leave the queue's waiting list.
 ``pick(d)``: when no task holds the slot and the cluster is active, the pick rule
 (``scheduling.pick_next`` on the heads of the highest priority: no pass over the
-waiting list) chooses; the last granted actor is written with it; an
+waiting list) chooses; its move out of Waiting (to Provisioning or Dispatching) is
+what records its actor as the last granted (``store.queues``); an
 idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
 becomes Provisioning, with its pool's lease and create in the same group when the create
 needs no other step first (``acquire.create_at_pick``). The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
@@ -20,7 +21,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import scheduling
 from falcon_ray.reconcile.acquire import claim_idle, create_at_pick
 from falcon_ray.reconcile.context import Decision
-from falcon_ray.reconcile.effects import SetLastGranted, Transition, Unassign
+from falcon_ray.reconcile.effects import Transition, Unassign
 
 
 def rerank(d: Decision) -> None:
@@ -39,11 +40,11 @@ def pick(d: Decision) -> None:
     assert nxt is not None
     idle = d.free_idle()
     if idle is not None:
-        d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", SetLastGranted(nxt.actor), *claim_idle(d, nxt, idle))
+        d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
     else:
         mode = scheduling.supply_mode_for(nxt.spec, d.q.cluster.default_reservation)
-        if not create_at_pick(d, nxt, mode, SetLastGranted(nxt.actor)):
+        if not create_at_pick(d, nxt, mode):
             text = d.msg("picked", supply=mode.value)
-            d.add(f"task {nxt.id}: picked", SetLastGranted(nxt.actor), Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
+            d.add(f"task {nxt.id}: picked", Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
     d.holders = [nxt]
     d.leave(nxt)

@@ -24,6 +24,22 @@ from falcon_ray.store import tables as t
 from falcon_ray.store.core import LOST, IllegalTransition, StoreCore, WriteResult, row_value
 
 
+def lease_move_values(expect: Sequence[LeaseState], to: LeaseState, fields: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The columns a lease move from one of ``expect`` to ``to`` writes; ``IllegalTransition``
+    for a move not in ``lifecycle.LEASE_TRANSITIONS``."""
+    for src in expect:
+        if not lc.lease_allowed(src, to):
+            raise IllegalTransition(f"lease {src} -> {to} is not in the lifecycle table")
+    values: dict[str, Any] = dict(state=to.value, updated_at=now)
+    if to == LeaseState.DELETED:
+        values["deleted_at"] = now
+    if to == LeaseState.IDLE:
+        values.setdefault("idle_since", now)
+        values.setdefault("task_id", None)
+    values.update(fields)
+    return values
+
+
 class LeaseStore(StoreCore):
     """The node-pool leases' reads and writes."""
 
@@ -83,17 +99,8 @@ class LeaseStore(StoreCore):
     ) -> WriteResult:
         """Compare-and-set a lease from one of ``expect`` to ``to``; the result says what it wrote."""
         expect = [expect] if isinstance(expect, LeaseState) else list(expect)
-        for src in expect:
-            if not lc.lease_allowed(src, to):
-                raise IllegalTransition(f"lease {src} -> {to} is not in the lifecycle table")
         now = self.clock()
-        values: dict[str, Any] = dict(state=to.value, updated_at=now)
-        if to == LeaseState.DELETED:
-            values["deleted_at"] = now
-        if to == LeaseState.IDLE:
-            values.setdefault("idle_since", now)
-            values.setdefault("task_id", None)
-        values.update(fields)
+        values = lease_move_values(expect, to, fields, now)
         L = t.node_pool_leases
         with self.engine.begin() as c:
             res = self._write(

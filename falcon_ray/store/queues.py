@@ -3,8 +3,16 @@
 Contract: ``queue_snapshot`` reads, in one connection, the registry, the queue's live
 tasks (found through ``falcon_task_queue``, so only this queue's rows; incrementally with
 ``delta``), its leases and its last granted actor, and returns a frozen ``QueueRead``.
-``set_last_granted`` is the one write: an upsert of ``falcon_queue_state`` in one
-statement, fenced, retried on an InnoDB deadlock.
+Nothing here writes.
+
+The last granted actor (the pick rule's round robin) is not a row of its own: it is the
+actor of the queue's task whose move most recently took the queue's slot, that is, the
+newest event row of one of its tasks entering Provisioning or Dispatching (a pick moves
+Waiting to one of them; only the slot's holder moves there afterwards). The pick's own
+event row, written in the pick's transaction, is therefore its durable record; a reader
+that applies its own won moves (the QueueActor's mirror) keeps it without reading it
+again. The read looks back ``GRANTED_LOOKBACK`` at most: a queue that granted nothing
+for that long starts its round robin afresh.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from falcon_ray.model import Cluster, Lease, Task
 from falcon_ray.store import tables as t
 from falcon_ray.store.core import StoreCore, row_value
 
+SLOT_TAKEN = frozenset({lc.PROVISIONING, lc.DISPATCHING})  # a move here takes (or keeps) the queue's slot
+
 
 @dataclasses.dataclass(frozen=True)
 class QueueRead:
@@ -33,7 +43,7 @@ class QueueRead:
     clusters: list[Cluster]
     tasks: list[Task]
     leases: list[Lease] | None
-    last_granted: str
+    last_granted: str | None  # None: not read (``with_granted`` False)
     seq: int
     entries: dict[int, tuple[dt.datetime | None, bool]] = dataclasses.field(default_factory=dict)
 
@@ -70,7 +80,7 @@ class QueueStore(StoreCore):
         caller's earlier slot holders and the tasks it wrote since); the caller keeps the
         other rows it has and drops every task of ``ids`` that is not returned. One
         statement either way (a UNION ALL for the delta), plus one for new specs."""
-        j, q, m = t.jobs, t.queue_state, t.task_queue
+        j, m = t.jobs, t.task_queue
         known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
         cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
@@ -78,7 +88,7 @@ class QueueStore(StoreCore):
                 clusters = [row_value(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
-                return QueueRead(clusters, [], [], "", 0)
+                return QueueRead(clusters, [], [], "" if with_granted else None, 0)
             rows = c.execute(self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
             newest = 0
             if delta is None:  # the queue's newest assignment, live or not (an index's last entry)
@@ -88,14 +98,10 @@ class QueueStore(StoreCore):
             for i in range(0, len(unknown), 1000):
                 specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
             leases = c.execute(self._queue_leases(cluster.id, topology)).all() if with_leases else None
-            granted = None
-            if with_granted:
-                granted = c.execute(
-                    sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster.id, q.c.topology == topology)
-                ).first()
+            granted = (c.execute(self._granted(cluster.id, topology)).scalar() or "") if with_granted else None
         tasks, seq, entries = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
         leases_read = [row_value(Lease, r) for r in leases] if leases is not None else None
-        return QueueRead(clusters, tasks, leases_read, granted[0] if granted else "", seq, entries)
+        return QueueRead(clusters, tasks, leases_read, granted, seq, entries)
 
     def _queue_rows(self, cluster_id: str, topology: str, cols, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
         """``queue_snapshot``'s one statement for the task rows (see there)."""
@@ -214,57 +220,29 @@ class QueueStore(StoreCore):
         with self.engine.connect() as c:
             return c.execute(q).first() is not None
 
-    def last_granted(self, cluster_id: str, topology: str) -> str:
-        q = t.queue_state
-        with self.engine.connect() as c:
-            r = c.execute(
-                sa.select(q.c.last_granted_actor).where(q.c.cluster_id == cluster_id, q.c.topology == topology)
-            ).first()
-        return r[0] if r else ""
+    GRANTED_LOOKBACK = dt.timedelta(days=1)  # how far back the last granted actor is looked for
 
-    def set_last_granted(self, cluster_id: str, topology: str, actor: str) -> None:
-        """Upsert the queue's last-granted actor in one statement.
-
-        An UPDATE-then-INSERT in one transaction deadlocks on InnoDB when two writers
-        race on a missing row (both hold the gap lock), which also drops the savepoint;
-        the dialects' native upserts are atomic."""
-        q = t.queue_state
-        now = self.clock()
-        values = dict(cluster_id=cluster_id, topology=topology, last_granted_actor=actor, updated_at=now)
-        name = self.engine.dialect.name
-        # each dialect's insert is imported for its engine only: PostgreSQL's package alone
-        # costs every process that opens a Store ~0.1 CPU-s at start
-        if name in ("mysql", "mariadb"):
-            from sqlalchemy.dialects.mysql import insert as mysql_insert
-
-            stmt = self._insert(q, values, mysql_insert)
-            stmt = stmt.on_duplicate_key_update(last_granted_actor=actor, updated_at=now)
-        elif name in ("sqlite", "postgresql"):
-            if name == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert as ins
-            else:
-                from sqlalchemy.dialects.postgresql import insert as ins
-            stmt = self._insert(q, values, ins)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[q.c.cluster_id, q.c.topology],
-                set_=dict(last_granted_actor=actor, updated_at=now),
+    def _granted(self, cluster_id: str, topology: str):
+        """The queue's last granted actor (see the module docstring), in one statement: the
+        newest Provisioning or Dispatching entry among the events of ``ix_events_at``'s
+        range, of a task whose queue is this one."""
+        e, j, m = t.task_events, t.jobs, t.task_queue
+        taken = [p.reason.value for p in SLOT_TAKEN]
+        return (
+            sa.select(j.c.actor)
+            .select_from(e.join(m, m.c.task_id == e.c.task_id).join(j, j.c.id == e.c.task_id))
+            .where(
+                e.c.at >= self.clock() - self.GRANTED_LOOKBACK,
+                e.c.status == Status.PENDING.value,
+                e.c.reason.in_(taken),
+                m.c.cluster_id == cluster_id,
+                m.c.topology == topology,
             )
-        else:  # pragma: no cover - the dialects above are the ones Falcon supports
-            with self.engine.begin() as c:
-                res = c.execute(
-                    q.update()
-                    .where(q.c.cluster_id == cluster_id, q.c.topology == topology)
-                    .values(last_granted_actor=actor, updated_at=now)
-                )
-                if res.rowcount == 0:
-                    c.execute(q.insert().values(**values))
-            return
-        for attempt in range(3):
-            try:
-                with self.engine.begin() as c:
-                    if c.execute(stmt).rowcount == 0 and self.epoch is not None:
-                        self._verify_epoch(c)
-                return
-            except sa.exc.OperationalError as e:  # a deadlock victim may simply retry
-                if attempt == 2 or "1213" not in str(getattr(e, "orig", e)):
-                    raise
+            .order_by(e.c.at.desc(), e.c.id.desc())
+            .limit(1)
+        )
+
+    def last_granted(self, cluster_id: str, topology: str) -> str:
+        """The queue's last granted actor, "" when it granted nothing within ``GRANTED_LOOKBACK``."""
+        with self.engine.connect() as c:
+            return c.execute(self._granted(cluster_id, topology)).scalar() or ""

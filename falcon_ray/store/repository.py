@@ -40,7 +40,7 @@ from falcon_ray.store.core import (
 from falcon_ray.store.events import EventStore
 from falcon_ray.store.leader import LeaderStore
 from falcon_ray.store.leases import LeaseStore
-from falcon_ray.store.queues import QueueRead, QueueStore
+from falcon_ray.store.queues import SLOT_TAKEN, QueueRead, QueueStore
 from falcon_ray.store.registry import CLUSTER_STATUSES, RegistryStore
 from falcon_ray.store.task_moves import TaskMoves
 from falcon_ray.store.tasks import TaskStore
@@ -54,6 +54,6 @@ rerun_public_methods(Store, not_rerun=frozenset({"submit_task", "dispose", "ping
 
 __all__ = [
     "CLUSTER_STATUSES", "DEFAULT_DB_URL", "DISCONNECT_RETRIES", "LEADER", "LOST", "Cluster", "DbTimeouts", "Fenced",
-    "IllegalTransition", "Lease", "QueueRead", "Reason", "Store", "Task", "TaskEvent", "WriteResult", "clip_message",
+    "IllegalTransition", "Lease", "QueueRead", "Reason", "SLOT_TAKEN", "Store", "Task", "TaskEvent", "WriteResult", "clip_message",
     "make_engine", "observe_statements", "tls_connect_args", "utcnow",
 ]

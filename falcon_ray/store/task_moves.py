@@ -14,6 +14,9 @@ Contract
   ``update_task`` and a message refresh (``refresh_messages``) write none.
 - A move that gives the task a cluster records its queue (``falcon_task_queue``, a new
   ``seq``) in the same transaction: the queue's incremental read finds it.
+- ``transition_with_lease`` is a task move and a lease move decided together (a
+  hand-over, a pool that came up): one compare-and-set over both rows, both won or both
+  lost, never one without the other.
 - Every write here is fenced (``core``).
 """
 
@@ -27,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.lifecycle import Phase, Status
+from falcon_ray.lifecycle import LeaseState, Phase, Status
 from falcon_ray.store import tables as t
 from falcon_ray.store.core import (
     LEADER,
@@ -38,6 +41,26 @@ from falcon_ray.store.core import (
     WriteResult,
     clip_message,
 )
+from falcon_ray.store.leases import lease_move_values
+
+
+class _PairLost(Exception):
+    """The second compare-and-set of a paired move lost: the transaction rolls back."""
+
+
+def task_move_values(expect: Sequence[Phase], to: Phase, message: str, fields: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The columns a task move from one of ``expect`` to ``to`` writes; ``IllegalTransition``
+    for a move not in ``lifecycle.TASK_TRANSITIONS``."""
+    for src in expect:
+        if not lc.allowed(src, to):
+            raise IllegalTransition(f"{src} -> {to} is not in the lifecycle table")
+    values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=clip_message(message), updated_at=now)
+    if to.status in lc.TERMINAL:
+        values.setdefault("finished_at", now)
+    if to == lc.ABORTED:
+        values["aborted_at"] = now
+    values.update(fields)
+    return values
 
 
 class TaskMoves(StoreCore):
@@ -71,16 +94,8 @@ class TaskMoves(StoreCore):
         that gives the task a cluster (``cluster_id``) records its queue in the same
         transaction (``topology``, read from the spec when not given)."""
         expect = [expect] if isinstance(expect, Phase) else list(expect)
-        for src in expect:
-            if not lc.allowed(src, to):
-                raise IllegalTransition(f"{src} -> {to} is not in the lifecycle table")
         now = self.clock()
-        values: dict[str, Any] = dict(status=to.status.value, reason=to.reason.value, message=clip_message(message), updated_at=now)
-        if to.status in lc.TERMINAL:
-            values.setdefault("finished_at", now)
-        if to == lc.ABORTED:
-            values["aborted_at"] = now
-        values.update(fields)
+        values = task_move_values(expect, to, message, fields, now)
         # A self-loop edge (e.g. ClusterBusy -> ClusterBusy) only refreshes the row: the
         # event log records status/reason changes, so a move out of another phase is tried
         # first and logged, and a row already in ``to`` is updated without an event.
@@ -94,8 +109,8 @@ class TaskMoves(StoreCore):
                 )
                 won = res.rowcount == 1
                 if won and to == lc.ABORTED:
-                    self._record_abort_request(c, task_id, now, self.epoch)
-                if won:
+                    self._aborted_events(c, task_id, now, message)
+                elif won:
                     self._event(c, task_id, now, to, message)
                     if fields.get("cluster_id") is not None:
                         self._enqueue(c, [(task_id, fields["cluster_id"], topology)])
@@ -106,6 +121,55 @@ class TaskMoves(StoreCore):
                 )
                 won = res.rowcount == 1
         return WriteResult(True, values, now, moved) if won else LOST
+
+    def transition_with_lease(
+        self,
+        task_id: int,
+        expect: Phase | Sequence[Phase],
+        to: Phase,
+        message: str,
+        lease_id: int,
+        lease_expect: LeaseState | Sequence[LeaseState],
+        lease_to: LeaseState,
+        lease_fields: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> tuple[WriteResult, WriteResult]:
+        """A ``transition`` and a ``move_lease`` as one compare-and-set: both win or neither.
+        The task's move leaves its phase (no self-loop) and gives no cluster. On MySQL both rows are changed by one multi-table UPDATE (the join of the
+        two guarded rows: one statement fewer); elsewhere by two UPDATEs in one transaction,
+        rolled back when the second loses. The task's event row is in the same transaction.
+        Returns the task's result and the lease's."""
+        expect = [expect] if isinstance(expect, Phase) else list(expect)
+        lease_expect = [lease_expect] if isinstance(lease_expect, LeaseState) else list(lease_expect)
+        if to in expect or "cluster_id" in fields:
+            raise IllegalTransition(f"{expect} -> {to} cannot be paired with a lease move")
+        now = self.clock()
+        values = task_move_values(expect, to, message, fields, now)
+        leased = lease_move_values(lease_expect, lease_to, dict(lease_fields or {}), now)
+        j, L = t.jobs, t.node_pool_leases
+        task_cas = sa.and_(j.c.id == task_id, self._phase_predicate(expect))
+        lease_cas = sa.and_(L.c.id == lease_id, L.c.state.in_([s.value for s in lease_expect]))
+        try:
+            with self._tx() as c:
+                if self.autocommit:  # MySQL: UPDATE jobs, leases SET ... WHERE <both guards>
+                    both = {j.c[k]: v for k, v in values.items()} | {L.c[k]: v for k, v in leased.items()}
+                    changed = self._write(c, j.update().where(task_cas, lease_cas).values(both)).rowcount
+                    if changed not in (0, 2):  # cannot happen for a join of two one-row guards
+                        raise _PairLost
+                    won = changed == 2
+                else:
+                    won = self._write(c, j.update().where(task_cas).values(**values)).rowcount == 1
+                    if won and self._write(c, L.update().where(lease_cas).values(**leased)).rowcount != 1:
+                        raise _PairLost
+                if won and to == lc.ABORTED:
+                    self._aborted_events(c, task_id, now, message)
+                elif won:
+                    self._event(c, task_id, now, to, message)
+        except _PairLost:
+            won = False
+        if not won:
+            return LOST, LOST
+        return WriteResult(True, values, now, True), WriteResult(True, leased, now)
 
     def transition_many(
         self, moves: Sequence[tuple[int, Phase, Phase, str, dict[str, Any]]], topologies: Sequence[str | None] = ()
@@ -200,17 +264,25 @@ class TaskMoves(StoreCore):
             )
         )
 
-    @staticmethod
-    def _record_abort_request(c, task_id: int, now, epoch: int | None) -> None:
-        """The upper layer may set Aborting with its own SQL, writing no event; the audit
-        trail still gets its Aborting step, at ``aborting_at``, before the Aborted one."""
-        e = t.task_events
-        seen = c.execute(
-            sa.select(e.c.id).where(e.c.task_id == task_id, e.c.status == Status.ABORTING.value).limit(1)
-        ).first()
-        if seen is None:
-            at = c.execute(sa.select(t.jobs.c.aborting_at).where(t.jobs.c.id == task_id)).scalar() or now
-            c.execute(e.insert().values(task_id=task_id, at=at, status=Status.ABORTING.value, reason="", message="", epoch=epoch))
+    def _aborted_events(self, c, task_id: int, at: dt.datetime, message: str) -> None:
+        """The Aborted move's event rows, in the move's transaction and one statement: the
+        upper layer may set Aborting with its own SQL, writing no event, so the audit trail
+        gets its Aborting step (at ``aborting_at``) first when the log lacks one, then the
+        Aborted one (an INSERT of a UNION ALL: the rows in that order)."""
+        e, j = t.task_events, t.jobs
+        lacking = (
+            sa.select(
+                j.c.id, sa.func.coalesce(j.c.aborting_at, sa.literal(at, e.c.at.type)), sa.literal(Status.ABORTING.value),
+                sa.literal(""), sa.literal(""), sa.literal(self.epoch, e.c.epoch.type),
+            )
+            .where(j.c.id == task_id, ~sa.exists().where(e.c.task_id == task_id, e.c.status == Status.ABORTING.value))
+        )
+        aborted = sa.select(
+            sa.literal(task_id), sa.literal(at, e.c.at.type), sa.literal(lc.ABORTED.status.value),
+            sa.literal(lc.ABORTED.reason.value), sa.literal(clip_message(message)), sa.literal(self.epoch, e.c.epoch.type),
+        )
+        cols = ["task_id", "at", "status", "reason", "message", "epoch"]
+        c.execute(e.insert().from_select(cols, sa.union_all(lacking, aborted)))
 
     def _enqueue(self, c, placed: Sequence[tuple[int, str, str | None]]) -> None:
         """Record each task's queue (task id, cluster id, topology) in ``falcon_task_queue``,

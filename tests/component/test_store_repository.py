@@ -371,40 +371,27 @@ def test_leader_lease_refuses_a_second_holder_until_expiry(store):
 # --- queue fairness state ------------------------------------------------------------
 
 
-def test_set_last_granted_upserts(store):
+def test_last_granted_is_the_actor_of_the_newest_move_that_took_the_queue_slot(store):
+    """No write of its own: the newest Provisioning or Dispatching entry among the queue's
+    tasks' events names it; Waiting, another topology's picks and other moves do not."""
     assert store.last_granted(CLUSTER, "2x4") == ""
-    store.set_last_granted(CLUSTER, "2x4", "alice")
+
+    def queued(actor: str, topology: str) -> int:
+        tid = store.submit_task(actor, {"tpu_type": "v6e", "topology": topology, "image": "i"})
+        assert store.transition(tid, lc.NEW, lc.WAITING, "w", cluster_id=CLUSTER, topology=topology)
+        return tid
+
+    a, b, c = queued("alice", "2x4"), queued("bob", "2x4"), queued("carol", "4x4")
+    assert store.last_granted(CLUSTER, "2x4") == ""  # Waiting grants nothing
+    assert store.transition(a, lc.WAITING, lc.PROVISIONING, "picked")
     assert store.last_granted(CLUSTER, "2x4") == "alice"
-    store.set_last_granted(CLUSTER, "2x4", "bob")
-    store.set_last_granted(CLUSTER, "2x4", "bob")  # same value again is fine
+    assert store.transition(a, lc.PROVISIONING, lc.DISPATCHING, "pool ready")  # the holder again
+    assert store.transition(c, lc.WAITING, lc.DISPATCHING, "hand-over")  # the other queue's pick
+    assert store.last_granted(CLUSTER, "2x4") == "alice" and store.last_granted(CLUSTER, "4x4") == "carol"
+    assert store.transition(b, lc.WAITING, lc.DISPATCHING, "hand-over")
     assert store.last_granted(CLUSTER, "2x4") == "bob"
-    store.set_last_granted(CLUSTER, "4x4", "carol")
-    assert store.last_granted(CLUSTER, "2x4") == "bob"
-    assert store.last_granted(CLUSTER, "4x4") == "carol"
-
-
-def test_set_last_granted_concurrent_first_writes(store):
-    """Several queues' first grants racing on a missing row: no error, one row each."""
-    errors: list[BaseException] = []
-    topologies = [f"{n}x{n}" for n in range(1, 7)]
-    start = threading.Barrier(6)
-
-    def grant(actor: str) -> None:
-        try:
-            for topology in topologies:
-                start.wait(timeout=30)
-                store.set_last_granted(CLUSTER, topology, actor)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=grant, args=(f"actor-{i}",)) for i in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=60)
-    assert not errors, errors
-    for topology in topologies:
-        assert store.last_granted(CLUSTER, topology) in {f"actor-{i}" for i in range(6)}
+    read = store.queue_snapshot("edge-a", "2x4", with_granted=False)
+    assert read.last_granted is None  # not read
 
 
 # --- clusters --------------------------------------------------------------------------

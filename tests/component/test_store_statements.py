@@ -95,3 +95,62 @@ def test_a_statement_observer_sees_every_statement_of_every_store_with_its_metho
     seen.clear()
     store.get_task(tid)
     assert seen == []
+
+
+def _idle_lease(store: Store, name: str) -> int:
+    lease = store.create_lease(CLUSTER, "2x2", name, "flex-start", None)
+    assert store.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.CREATING)
+    assert store.move_lease(lease.id, LeaseState.CREATING, LeaseState.IDLE, ready_at=store.clock())
+    return lease.id
+
+
+def test_a_task_move_paired_with_a_lease_move_wins_whole_in_one_update_and_one_commit(store):
+    tid, lid = waiting_task(store), _idle_lease(store, "falcon-h1")
+    events = len(store.events(tid))
+    before, counts = store.statements, dict(store.breakdown)
+    task, lease = store.transition_with_lease(
+        tid, lc.WAITING, lc.DISPATCHING, "hand-over", lid, LeaseState.IDLE, LeaseState.IN_USE, {"task_id": tid, "idle_since": None},
+        node_pool_name="falcon-h1",
+    )
+    assert task.won and task.moved and lease.won and lease.values["state"] == "InUse"
+    sent = {k: n - counts.get(k, 0) for k, n in store.breakdown.items() if n != counts.get(k, 0)}
+    if store.autocommit:  # MySQL: one multi-table UPDATE, the event row, one COMMIT
+        assert sent == {"transition_with_lease UPDATE": 1, "transition_with_lease INSERT": 1, "transition_with_lease COMMIT": 1}
+    assert store.statements - before == sum(sent.values())
+    row, l = store.get_task(tid), store.get_lease(CLUSTER, "falcon-h1")
+    assert row.phase == lc.DISPATCHING and row.node_pool_name == "falcon-h1" and l.state == "InUse" and l.task_id == tid
+    assert len(store.events(tid)) == events + 1
+
+
+def test_a_lost_compare_and_set_in_a_paired_move_writes_neither_row(store):
+    """Mid-group loss: the task aborted meanwhile (its CAS loses) leaves the lease Idle; a
+    lease another move took (its CAS loses) leaves the task Waiting, with no event row."""
+    tid, lid = waiting_task(store), _idle_lease(store, "falcon-h2")
+    assert store.request_abort(tid)
+    events = len(store.events(tid))
+    task, lease = store.transition_with_lease(tid, lc.WAITING, lc.DISPATCHING, "hand-over", lid, LeaseState.IDLE, LeaseState.IN_USE)
+    assert not task.won and not lease.won
+    assert store.get_lease(CLUSTER, "falcon-h2").state == "Idle" and len(store.events(tid)) == events
+
+    other, lid2 = waiting_task(store, "bob"), _idle_lease(store, "falcon-h3")
+    assert store.move_lease(lid2, LeaseState.IDLE, LeaseState.DELETING)  # taken away before the pair runs
+    events = len(store.events(other))
+    task, lease = store.transition_with_lease(other, lc.WAITING, lc.DISPATCHING, "hand-over", lid2, LeaseState.IDLE, LeaseState.IN_USE)
+    assert not task.won and not lease.won
+    assert store.get_task(other).phase == lc.WAITING and len(store.events(other)) == events
+    assert store.get_lease(CLUSTER, "falcon-h3").state == "Deleting"
+
+
+def test_an_aborted_move_paired_with_its_pool_release_keeps_the_abort_request_in_the_log(store):
+    """The upper layer's own SQL set Aborting and wrote no event: the paired Aborted move
+    writes the Aborting step (at ``aborting_at``) before the Aborted one, and frees the pool."""
+    from falcon_ray.store import tables as t
+
+    tid, lid = waiting_task(store), _idle_lease(store, "falcon-h4")
+    assert store.move_lease(lid, LeaseState.IDLE, LeaseState.IN_USE, task_id=tid)
+    with store.tx_engine.begin() as c:
+        c.execute(t.jobs.update().where(t.jobs.c.id == tid).values(status="Aborting", aborting_at=store.clock()))
+    task, lease = store.transition_with_lease(tid, lc.ABORTING, lc.ABORTED, "aborted", lid, LeaseState.IN_USE, LeaseState.IDLE)
+    assert task.won and lease.won and lease.values["task_id"] is None
+    assert [e.status for e in store.events(tid)][-2:] == ["Aborting", "Aborted"]
+    assert store.get_lease(CLUSTER, "falcon-h4").state == "Idle"

@@ -60,7 +60,7 @@ ROWS = [
         LeaseState.REQUESTED, op=OpView("create", "running"), recorded=None, absent=(MoveLease, RecordOperation)),
     Row("all nodes Ready: Dispatching, its Job submitted in the same group (Creating -> InUse)", lc.PROVISIONING,
         LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK, expect_to=lc.DISPATCHING, expect_lease=LeaseState.IN_USE,
-        expect=(SubmitJob,), message=f"Node pool {POOL} ready"),
+        expect=(SubmitJob,), message="submitted, waiting for pods"),  # the move says what the group leaves
     Row("all nodes Ready and its Job already there: Dispatching on a Ready pool, no second submit", lc.PROVISIONING,
         LeaseState.CREATING, pool=("RUNNING", 1, 1), op=RUNNING_OK, job=("Pending", 0), expect_to=lc.DISPATCHING,
         expect_lease=LeaseState.READY, absent=(SubmitJob,), message=f"Node pool {POOL} ready"),

@@ -21,7 +21,7 @@ Kubernetes; Aborting tasks go to their queue, or are finished here when they hol
 nothing on a cluster (no cluster assigned, or aborted while Waiting: no pool, no Job).
 A poll with new tasks reads the registry, then the queue depths and the idle pools
 in one statement. One bad row never stops a poll; ``Fenced`` (a newer controller holds the leader lease,
-see ``store.repository``) does, and the shell's loop ends.
+see ``store.core``) does, and the shell's loop ends.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import limits, metrics, reconcile, render, scheduling, tpu
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
-from falcon_ray.lifecycle import LeaseState, Phase
+from falcon_ray.lifecycle import LEASE_UNUSED, LeaseState, Phase
 from falcon_ray.model import (
     Cluster,
     ClusterView,
@@ -84,7 +84,6 @@ from falcon_ray.store import Fenced, Store
 log = logging.getLogger("falcon.queue")
 MAX_ROUNDS = 8
 DESTINATIONS_TTL_S = 1.0  # another cluster's state is read at most this often for a move
-IDLE_LEASE_STATES = (LeaseState.READY, LeaseState.IDLE, LeaseState.DELETING)
 HISTORY_WINDOW_S = 86400.0  # starts older than this are not read back after a restart
 
 
@@ -385,7 +384,7 @@ class QueueReconciler:
             chips = tpu.lookup(tpu_type, self.topology).chips
         except tpu.UnknownShape:
             return
-        idle = sum(1 for l in leases if l.state in IDLE_LEASE_STATES)
+        idle = sum(1 for l in leases if l.state in LEASE_UNUSED)
         if idle:
             metrics.idle_chip_seconds(self.cluster_name, idle * chips * elapsed)
 

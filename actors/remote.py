@@ -25,7 +25,7 @@ Fencing: every actor is created under a leader epoch (the ``epoch`` argument of
 ``ensure_*``, which the supervisor takes from the lease it holds; actors that the
 RayPort creates on demand get their creator's). The epoch goes into the actor's
 ``Store``, so each of its writes loses once a newer controller holds the lease (see
-``store.repository``). Besides, each shell runs a ``fence`` loop that reads the lease
+``store.core``). Besides, each shell runs a ``fence`` loop that reads the lease
 every third of ``leader_ttl_s``: when the epoch is no longer the actor's, the actor
 stops its loops (the ClusterActor also closes its watch and refuses GKE/Kubernetes
 calls), stays alive to be seen, and says so in ``snapshot()["fenced"]``. ``epoch()``

@@ -47,7 +47,7 @@ from falcon_ray.model import Cluster
 from falcon_ray.render import ZONE_RE
 from falcon_ray.spec import SpecError, parse_spec
 from falcon_ray.store import Store, Task, migrate
-from falcon_ray.store.repository import CLUSTER_STATUSES
+from falcon_ray.store.registry import CLUSTER_STATUSES
 
 STATUS_LIMIT = 50
 TABLE_MESSAGE_WIDTH = 60

@@ -104,7 +104,7 @@ def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
     d.claimed.add(idle.id)
     d.demand.discard(t.id)
     fields = {"task_id": t.id, "idle_since": None}
-    if d.job_of(t) is None and t.id not in d.q.submit_errors:
+    if d.job_of(t) is None and t.id not in d.queue.submit_errors:
         return [
             MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.IN_USE, fields),
             *dispatch_with_job(d, t, idle.name),
@@ -125,7 +125,7 @@ def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
 
 def pool_lost_capacity(d: Decision, t: QueueTask, lease: Lease) -> bool:
     """A pool waiting for its nodes that GKE put in ERROR for capacity: a capacity wait."""
-    pool = d.v.pools.get(lease.name)
+    pool = d.cluster.pools.get(lease.name)
     if pool is None or pool.status != PoolStatus.ERROR or pool.error_kind not in CAPACITY_KINDS:
         return False
     capacity.refused(d, t, lease, pool.status_message or f"node pool {lease.name} is in ERROR")
@@ -144,7 +144,7 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
         return
     if capacity.backing_off(d, t):  # first: a backoff needs nothing from GKE
         return
-    if d.v.error:
+    if d.cluster.error:
         unreachable(d, t)
         return
     pending = d.finishing_idle()
@@ -152,7 +152,7 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
         d.claimed.add(pending.id)
         d.say(t, d.msg("waiting_for_abandoned_pool", pool=pending.name), "waiting for an abandoned pool")
         return
-    mode = scheduling.supply_mode_for(t.spec, d.q.cluster.default_reservation)
+    mode = scheduling.supply_mode_for(t.spec, d.queue.cluster.default_reservation)
     if mode == SupplyMode.RESERVATION and not reservation_allows(d, t):
         return
     create_pool(d, t, mode)
@@ -161,20 +161,20 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
 def unreachable(d: Decision, t: QueueTask) -> None:
     """The ClusterActor cannot reach GKE (credentials, IAM, endpoint): say so, and give up
     like a create that never came back once the node-pool timeout has passed."""
-    cluster, age = d.q.cluster.name, d.phase_age_s(t)
-    if gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.v.error}"):
+    cluster, age = d.queue.cluster.name, d.phase_age_s(t)
+    if gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.cluster.error}"):
         return
-    d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.v.error) + d.waited(t), "cluster unreachable")
+    d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.cluster.error) + d.waited(t), "cluster unreachable")
 
 
 def reservation_allows(d: Decision, t: QueueTask) -> bool:
     """Reservation supply: True when a slice fits now; otherwise fail, wait or say why."""
-    name = d.q.cluster.default_reservation
+    name = d.queue.cluster.default_reservation
     failed = lc.failed(Reason.NODE_POOL_FAILED)
     if not name:
-        fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cluster {d.q.cluster.name} has no reservation configured"))
+        fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cluster {d.queue.cluster.name} has no reservation configured"))
         return False
-    r, err = d.v.reservation, d.v.reservation_error
+    r, err = d.cluster.reservation, d.cluster.reservation_error
     if err is not None and err.final:
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cannot read reservation {name}: {err.message}"))
         return False
@@ -193,8 +193,8 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     if move.move(d, t):  # another cluster can start it now with the same supply
         return False
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
-    if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.s, d.phase_age_s(t)):
-        limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.s) or 0)
+    if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.settings, d.phase_age_s(t)):
+        limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.settings) or 0)
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=d.msg("reservation_wait_over", limit=limit) + text))
         return False
     if t.phase == lc.CLUSTER_BUSY:
@@ -209,9 +209,9 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
 def gave_up_creating(d: Decision, t: QueueTask, detail: str) -> bool:
     """No lease yet and the cluster or its reservation cannot be read: past the create's
     limit, counted from the phase (event log), the task fails NodePoolTimeout."""
-    if not limits.passed(Wait.CREATE, d.s, d.phase_age_s(t)):
+    if not limits.passed(Wait.CREATE, d.settings, d.phase_age_s(t)):
         return False
-    text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.CREATE, d.s) or 0), detail=detail)
+    text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.CREATE, d.settings) or 0), detail=detail)
     fail(d, t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), text)
     return True
 
@@ -219,26 +219,26 @@ def gave_up_creating(d: Decision, t: QueueTask, detail: str) -> bool:
 def pool_zone(d: Decision, mode: SupplyMode) -> str | None:
     """A TPU slice lives in one zone: the reservation's for reservation supply, else the
     operator's choice for the cluster, its own zone, or its first node zone."""
-    c = d.q.cluster
+    c = d.queue.cluster
     if mode == SupplyMode.RESERVATION:
-        return d.v.reservation_zone or render.reservation_parts(c.default_reservation)[0] or render.cluster_zone(c)
-    return c.zone or render.cluster_zone(c) or next(iter(d.v.zones), None)
+        return d.cluster.reservation_zone or render.reservation_parts(c.default_reservation)[0] or render.cluster_zone(c)
+    return c.zone or render.cluster_zone(c) or next(iter(d.cluster.zones), None)
 
 
 def pool_request(d: Decision, t: QueueTask, mode: SupplyMode, name: str) -> dict[str, Any]:
     return render.node_pool_request(
         t.spec,
-        d.q.cluster,
+        d.queue.cluster,
         mode,
         name,
         t.id,
-        idle_seconds=d.s.idle_seconds(mode),
-        workload_policy=d.s.workload_policy(t.spec.topology) if t.spec.tpu_type == "v7x" else None,
-        installation=d.s.installation,
+        idle_seconds=d.settings.idle_seconds(mode),
+        workload_policy=d.settings.workload_policy(t.spec.topology) if t.spec.tpu_type == "v7x" else None,
+        installation=d.settings.installation,
         zone=pool_zone(d, mode),
-        oauth_scopes=d.s.node_oauth_scopes,
-        service_account=d.s.node_service_account,
-        node_zones=d.v.zones,
+        oauth_scopes=d.settings.node_oauth_scopes,
+        service_account=d.settings.node_service_account,
+        node_zones=d.cluster.zones,
     )
 
 
@@ -253,10 +253,10 @@ def fresh_pool_name(d: Decision, t: QueueTask) -> str:
     would otherwise be adopted as this create's lease, and the queue would create and
     delete the same pool round after round (found by the database-outage soak)."""
     attempt = capacity.attempt(d, t)
-    name = render.node_pool_name(t.id, d.q.topology, attempt)
-    while name in d.q.pool_names:
+    name = render.node_pool_name(t.id, d.queue.topology, attempt)
+    while name in d.queue.pool_names:
         attempt += 1
-        name = render.node_pool_name(t.id, d.q.topology, attempt)
+        name = render.node_pool_name(t.id, d.queue.topology, attempt)
     return name
 
 
@@ -265,7 +265,7 @@ def create_at_pick(d: Decision, t: QueueTask, mode: SupplyMode, *first: Effect) 
     capacity refusal to wait out, the cluster reachable, no abandoned create to wait for):
     its Waiting -> Provisioning move names the pool, in the pick's group (``first``), as
     the next round's ``no_pool_yet`` would. False (nothing added) otherwise."""
-    if mode == SupplyMode.RESERVATION or capacity.wait_of(d, t) is not None or d.v.error or d.finishing_idle() is not None:
+    if mode == SupplyMode.RESERVATION or capacity.wait_of(d, t) is not None or d.cluster.error or d.finishing_idle() is not None:
         return False
     create_pool(d, t, mode, *first)
     return True
@@ -330,15 +330,15 @@ def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tu
 
 
 def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
-    op, pool = d.v.ops.get(lease.name), d.v.pools.get(lease.name)
+    op, pool = d.cluster.ops.get(lease.name), d.cluster.pools.get(lease.name)
     if create_failed(d, t, lease, op, pool):
         return
     st, effects = confirm_create(lease, op, pool)
     if pool is not None and pool.status.up:
         nodes_coming(d, t, lease, st, pool, effects)
         return
-    age, limit = (d.now - lease.created_at).total_seconds(), limits.seconds(Wait.CREATE, d.s) or 0.0
-    if limits.passed(Wait.CREATE, d.s, age):
+    age, limit = (d.now - lease.created_at).total_seconds(), limits.seconds(Wait.CREATE, d.settings) or 0.0
+    if limits.passed(Wait.CREATE, d.settings, age):
         detail = f"control plane {pool.status if pool else 'not visible'} after {int(age)}s"
         if op is not None and op.error:
             detail += f"; last error: {op.error}"
@@ -356,11 +356,11 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     if render.scales_from_zero(lease.supply_mode):
         dispatch.start_on_empty_pool(d, t, lease, st, pool, effects)
         return
-    limit = limits.seconds(Wait.NODES_CONTESTED, d.s) or 0.0
+    limit = limits.seconds(Wait.NODES_CONTESTED, d.settings) or 0.0
     # counted from when the control plane was seen RUNNING without its nodes (the phase, in
     # the event log): a create that waited behind other operations does not eat the nodes' time
     waited_for_nodes = d.phase_age_s(t) if t.phase == lc.WAITING_FOR_NODE else 0.0
-    if d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, waited_for_nodes):
+    if d.queue.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.settings, waited_for_nodes):
         detail = f"{pool.registered}/{hosts} node(s) registered and another topology is waiting"
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
         return
@@ -380,7 +380,7 @@ def pool_came_up(d: Decision, t: QueueTask, lease: Lease, st: LeaseState) -> lis
     same group (Creating -> InUse), as the next round's ``dispatch.dispatching`` would;
     otherwise the pool is Ready and that round decides."""
     ready = {"ready_at": d.now}
-    if d.job_of(t) is None and t.id not in d.q.submit_errors:
+    if d.job_of(t) is None and t.id not in d.queue.submit_errors:
         return [
             MoveLease(lease.id, lease.name, (st,), LeaseState.IN_USE, ready),
             *dispatch_with_job(d, t, lease.name),
@@ -391,7 +391,7 @@ def pool_came_up(d: Decision, t: QueueTask, lease: Lease, st: LeaseState) -> lis
 def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> list[Effect]:
     """Not RUNNING (or not visible) yet: ask again if the ClusterActor forgot, say why it waits."""
     effects: list[Effect] = []
-    if op is None and pool is None and d.v.synced:
+    if op is None and pool is None and d.cluster.synced:
         # The ClusterActor does not know this create (it restarted): ask again, following the
         # operation GKE accepted before if the lease recorded one; a 409 adopts.
         request = pool_request(d, t, lease.supply_mode, lease.name)
@@ -399,7 +399,7 @@ def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | 
     if pool is None and op is not None and op.state == OpState.DONE and lease.supply_mode == SupplyMode.FLEX_START:
         effects += d.say_effect(t, d.msg("flex_not_visible", pool=lease.name) + d.waited(t))
     elif op is not None and op.busy:
-        effects += d.say_effect(t, d.msg("cluster_busy_ops", cluster=d.q.cluster.name, detail=op.error) + d.waited(t))
+        effects += d.say_effect(t, d.msg("cluster_busy_ops", cluster=d.queue.cluster.name, detail=op.error) + d.waited(t))
     elif t.phase == lc.PROVISIONING:
         text = capacity.retry_text(d, t, lease.name, lease.supply_mode.value)
         effects += d.say_effect(t, text or d.msg("provisioning", pool=lease.name, supply=lease.supply_mode.value) + d.waited(t))

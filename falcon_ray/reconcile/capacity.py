@@ -48,7 +48,7 @@ class CapacityWait:
 
 def wait_of(d: Decision, t: QueueTask) -> CapacityWait | None:
     """The task's refusals so far, from its refused lease rows (None: never refused)."""
-    rows = sorted((l for l in d.q.refused if l.task_id == t.id and l.refused_at is not None), key=lambda l: l.refused_at)
+    rows = sorted((l for l in d.queue.refused if l.task_id == t.id and l.refused_at is not None), key=lambda l: l.refused_at)
     if not rows:
         return None
     return CapacityWait(len(rows), rows[0].refused_at, rows[-1].refused_at, rows[-1].refusal)  # type: ignore[arg-type]
@@ -75,7 +75,7 @@ def refused(d: Decision, t: QueueTask, lease: Lease, detail: str) -> None:
     if budget_spent(d, waited):
         effects.append(give_up(d, t, refusals, waited, detail))
     else:
-        text = wait_text(d, t, refusals, detail, d.s.capacity_retry_after_s(refusals), waited)
+        text = wait_text(d, t, refusals, detail, d.settings.capacity_retry_after_s(refusals), waited)
         effects.append(Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None, "job_uid": None}))
     d.add(f"task {t.id}: create of {lease.name} refused for capacity", *effects)
 
@@ -85,7 +85,7 @@ def backing_off(d: Decision, t: QueueTask) -> bool:
     w = wait_of(d, t)
     if w is None:
         return False
-    retry_at = w.last_at + dt.timedelta(seconds=d.s.capacity_retry_after_s(w.refusals))
+    retry_at = w.last_at + dt.timedelta(seconds=d.settings.capacity_retry_after_s(w.refusals))
     if d.now >= retry_at:
         return False
     waited = (d.now - w.first_at).total_seconds()
@@ -103,7 +103,7 @@ def backing_off(d: Decision, t: QueueTask) -> bool:
 def wait_text(d: Decision, t: QueueTask, refusals: int, detail: str, retry_in_s: float, waited_s: float) -> str:
     """GKE's words, the refusal count, when the create is asked again and how long it has waited
     (coarse durations, so the Message changes about once a minute)."""
-    supply = scheduling.supply_mode_for(t.spec, d.q.cluster.default_reservation).value
+    supply = scheduling.supply_mode_for(t.spec, d.queue.cluster.default_reservation).value
     text = d.msg("capacity_wait", supply=supply, refusals=refusals, detail=detail, retry=fmt_duration(retry_in_s))
     return text + d.msg("waited", waited=fmt_duration(waited_s))
 
@@ -119,12 +119,12 @@ def retry_text(d: Decision, t: QueueTask, pool: str, supply: str) -> str | None:
 
 def budget_spent(d: Decision, waited_s: float) -> bool:
     """The capacity wait's budget (``limits``: Wait.CAPACITY) is used up."""
-    budget = limits.seconds(Wait.CAPACITY, d.s)
+    budget = limits.seconds(Wait.CAPACITY, d.settings)
     return budget is not None and waited_s >= budget
 
 
 def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: str) -> Transition:
-    budget = limits.seconds(Wait.CAPACITY, d.s) or 0.0
+    budget = limits.seconds(Wait.CAPACITY, d.settings) or 0.0
     limit = fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
     text = d.msg("capacity_budget_spent", limit=limit, waited=fmt_duration(waited_s), refusals=refusals, detail=detail)
     return Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=text))

@@ -50,7 +50,6 @@ from falcon_ray.spec import SupplyMode
 _ACQUIRING = frozenset(lc.ACQUIRING_PHASES)
 
 # A lease in one of these belongs to its task.
-HELD = (LeaseState.REQUESTED, LeaseState.CREATING, LeaseState.READY, LeaseState.IN_USE)
 
 
 def fmt_limit(seconds: float) -> str:
@@ -88,10 +87,13 @@ class Demand:
 
 
 class Decision:
-    def __init__(self, q: QueueState, v: ClusterView, now: dt.datetime, s: Settings) -> None:
-        self.q, self.v, self.now, self.s = q, v, now, s
+    """One round's decision over a queue's rows (``queue``) and what its ClusterActor sees
+    (``cluster``) at ``now``: the rules add effect groups to ``groups``."""
+
+    def __init__(self, q: QueueState, cluster: ClusterView, now: dt.datetime, settings: Settings) -> None:
+        self.queue, self.cluster, self.now, self.settings = q, cluster, now, settings
         self.groups: list[EffectGroup] = []
-        self.lease_by_task = {l.task_id: l for l in q.leases if l.state in HELD and l.task_id is not None}
+        self.lease_by_task = {l.task_id: l for l in q.leases if l.state in lc.LEASE_HELD and l.task_id is not None}
         self.idle = [l for l in q.leases if l.state == LeaseState.IDLE]
         self.claimed: set[int] = set()  # idle leases taken (or deleted) this call
         self.kept = 0  # pools moved to Idle this call
@@ -113,7 +115,7 @@ class Decision:
         self.demand = Demand(q.waiting, {t.id for t in self.acquiring if t.phase != lc.DISPATCHING and t.id not in ready})
 
     def is_live(self, task_id: int) -> bool:
-        return task_id in self.held_ids or task_id in self.q.waiting
+        return task_id in self.held_ids or task_id in self.queue.waiting
 
     # ---- the waiting list ----------------------------------------------------------------
 
@@ -126,7 +128,7 @@ class Decision:
 
     def waiting_order(self) -> list[QueueTask]:
         """Every Waiting task still on the list, in pick order (rule 8: once per step)."""
-        return [] if self.all_left else scheduling.queue_order(self.waiting, self.q.last_granted, self.left)
+        return [] if self.all_left else scheduling.queue_order(self.waiting, self.queue.last_granted, self.left)
 
     def leave(self, t: QueueTask) -> None:
         self.left.add(t.id)
@@ -137,7 +139,7 @@ class Decision:
     # ---- output ------------------------------------------------------------------------
 
     def msg(self, key: str, **kw: object) -> str:
-        return messages.text(key, self.s.lang, **kw)
+        return messages.text(key, self.settings.lang, **kw)
 
     def add(self, what: str, *effects: Effect) -> None:
         if effects:
@@ -162,7 +164,7 @@ class Decision:
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
 
     def ready_nodes(self, pool: str) -> int:
-        p = self.v.pools.get(pool)
+        p = self.cluster.pools.get(pool)
         return p.ready if p is not None else 0
 
     def finishing_idle(self) -> Lease | None:
@@ -171,7 +173,7 @@ class Decision:
 
     def handable(self, lease: Lease) -> bool:
         return lease.ready_at is not None and not any(
-            j.node_pool == lease.name and j.holds_pool for j in self.v.jobs.values()
+            j.node_pool == lease.name and j.holds_pool for j in self.cluster.jobs.values()
         )
 
     def unclaimed_idle(self) -> int:
@@ -183,10 +185,10 @@ class Decision:
         """The deprovisioning decision for a pool its task no longer needs: keep it Idle
         while more tasks of its topology wait for a pool than there are idle pools."""
         st = lease.state
-        if st not in HELD:
+        if st not in lc.LEASE_HELD:
             return []
         want = len(self.demand) - (holder in self.demand) - (self.unclaimed_idle() + self.kept)
-        if self.q.cluster_active and want > 0 and st != LeaseState.REQUESTED:
+        if self.queue.cluster_active and want > 0 and st != LeaseState.REQUESTED:
             self.kept += 1
             return [MoveLease(lease.id, lease.name, (st,), LeaseState.IDLE, {"task_id": None})]
         return self.delete_lease(lease, holder)
@@ -224,7 +226,7 @@ class Decision:
     # ---- Jobs ----------------------------------------------------------------------------------
 
     def job_of(self, t: QueueTask) -> JobView | None:
-        j = self.v.jobs.get(t.id)
+        j = self.cluster.jobs.get(t.id)
         return j if j and j.phase != JobPhase.DELETED else None
 
     def delete_job(self, t: QueueTask) -> list[Effect]:
@@ -243,7 +245,7 @@ class Decision:
         elif (
             t.phase == lc.RUNNING
             and job.short_since is not None
-            and (self.now - job.short_since).total_seconds() > self.s.disruption_grace_s
+            and (self.now - job.short_since).total_seconds() > self.settings.disruption_grace_s
         ):
             verdict = self.fleet_fault(t, job, ended=False)
         else:
@@ -271,10 +273,10 @@ class Decision:
         """Whose fault ended (``ended``) or is stalling (not ``ended``) this Job's run."""
         lease = self.lease_by_task.get(t.id)
         pool_name = t.node_pool_name or job.node_pool or (lease.name if lease else "")
-        pool = self.v.pools.get(pool_name)
+        pool = self.cluster.pools.get(pool_name)
         flex = lease is not None and lease.supply_mode == SupplyMode.FLEX_START
         # an absent pool proves something only for a pool the queue asked about (its lease's)
-        known = self.v.synced and lease is not None and lease.name == pool_name
+        known = self.cluster.synced and lease is not None and lease.name == pool_name
         if ended:
             return faults.classify(job.evidence, pool, flex=flex, pools_synced=known, job_message=job.message, hosts=t.spec.shape.hosts)
         return faults.degraded(job, pool, t.spec.shape.hosts, flex=flex, pools_synced=known)
@@ -296,7 +298,7 @@ class Decision:
         return True
 
     def max_recoveries(self, t: QueueTask) -> int:
-        return t.spec.max_recoveries if t.spec.max_recoveries is not None else self.s.max_recoveries
+        return t.spec.max_recoveries if t.spec.max_recoveries is not None else self.settings.max_recoveries
 
     def attempt_text(self, t: QueueTask, last: Disruption | None = None) -> str:
         """"Attempt 2 of 4 after maintenance at ... (detail)": which attempt and why (the

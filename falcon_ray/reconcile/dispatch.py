@@ -37,7 +37,7 @@ def _in_use(lease: Lease | None) -> list[Effect]:
 
 
 def submit_effect(d: Decision, t: QueueTask, pool: str, phase: Phase = lc.DISPATCHING, message: str | None = None) -> SubmitJob:
-    q, s = d.q, d.s
+    q, s = d.queue, d.settings
     manifest = render.job_manifest(t.id, t.spec, q.cluster, pool, render.queue_label(q.cluster.name, q.topology), s.installation, t.attempt)
     service = render.headless_service(t.id, t.spec, q.cluster, s.installation) if t.spec.shape.multi_host else None
     # on a pool with its nodes the timeout clock starts with the Job; on one that scales
@@ -82,7 +82,7 @@ def holds_nodes(d: Decision, lease: Lease) -> bool:
     """A pool that scales from zero holds capacity only once nodes registered: with none it
     keeps nothing from another topology, so giving up on it would free nothing and fail a
     task whose capacity (flex-start's whole point) may come."""
-    pool = d.v.pools.get(lease.name)
+    pool = d.cluster.pools.get(lease.name)
     return pool is not None and pool.registered > 0
 
 
@@ -101,27 +101,27 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         text = d.running_text(t, job.ready)
         fields = {"job_uid": job.uid, "dispatched_at": d.now}  # the timeout clock starts now
         d.add(f"task {t.id}: running", Transition(t.id, (lc.WAITING_FOR_NODE,), lc.RUNNING, text, fields))
-    elif holds_nodes(d, lease) and d.q.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.s, d.phase_age_s(t)):
-        pool = d.v.pools.get(lease.name)
+    elif holds_nodes(d, lease) and d.queue.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.settings, d.phase_age_s(t)):
+        pool = d.cluster.pools.get(lease.name)
         detail = f"{pool.registered if pool else 0}/{t.spec.shape.hosts} node(s) registered and another topology is waiting"
-        text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.s) or 0), detail=detail)
+        text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.settings) or 0), detail=detail)
         # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
         done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
         d.add(f"task {t.id}: gave up on nodes", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
     else:
-        d.say(t, node_text(d, t, lease.name, d.v.pools.get(lease.name), job), "waiting for nodes")
+        d.say(t, node_text(d, t, lease.name, d.cluster.pools.get(lease.name), job), "waiting for nodes")
 
 
 def submit_refused(d: Decision, t: QueueTask) -> bool:
     """No Job, and the Kubernetes API refused it for good or for longer than submit_budget_s:
     JobSubmitFailed (its pool is deleted, original failure table). A refusal for now is
     retried, and the Message says so and since when. True when the task was decided here."""
-    err = d.q.submit_errors.get(t.id)
+    err = d.queue.submit_errors.get(t.id)
     age = d.phase_age_s(t)
     if err is not None and err.kind in PERMANENT_SUBMIT_KINDS:
         detail = err.message
-    elif err is not None and limits.passed(Wait.SUBMIT, d.s, age):
-        detail = f"no Job accepted within {fmt_limit(limits.seconds(Wait.SUBMIT, d.s) or 0)}; last error: {err.message}"
+    elif err is not None and limits.passed(Wait.SUBMIT, d.settings, age):
+        detail = f"no Job accepted within {fmt_limit(limits.seconds(Wait.SUBMIT, d.settings) or 0)}; last error: {err.message}"
     else:
         if err is not None:
             d.say(t, d.msg("submit_retrying", detail=err.message, waited=fmt_duration(age)), "submit retrying")
@@ -143,7 +143,7 @@ def dispatching(d: Decision, t: QueueTask) -> None:
     d.add(f"task {t.id}: lease in use", *_in_use(lease))
     expected = t.spec.shape.hosts
     pool_name = t.node_pool_name or (lease.name if lease else "")
-    pool = d.v.pools.get(pool_name)
+    pool = d.cluster.pools.get(pool_name)
     if job.ready < expected and pool is not None and pool.registered < expected and lease is not None:
         text = node_text(d, t, pool_name, pool, job)
         d.add(f"task {t.id}: nodes scaled away", Transition(t.id, (lc.DISPATCHING,), lc.WAITING_FOR_NODE, text))

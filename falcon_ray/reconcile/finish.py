@@ -36,7 +36,7 @@ def abort(d: Decision, t: QueueTask) -> None:
 
 def timed_out(d: Decision, t: QueueTask) -> bool:
     """dispatched_at + the task's own timeout passed (``limits``: the wait for its pods, and its run)."""
-    limit = limits.seconds(limits.Wait.PODS, d.s, t.spec.timeout_seconds)
+    limit = limits.seconds(limits.Wait.PODS, d.settings, t.spec.timeout_seconds)
     return t.dispatched_at is not None and limit is not None and d.now >= t.dispatched_at + dt.timedelta(seconds=limit)
 
 
@@ -49,7 +49,7 @@ def ended(d: Decision, t: QueueTask) -> bool:
         d.finish(t, *outcome)
     elif timed_out(d, t):
         d.finish(t, lc.failed(Reason.TIMEOUT), d.msg("timeout", seconds=t.spec.timeout_seconds))
-    elif t.phase == lc.RUNNING and job is None and d.v.synced and t.id not in d.v.jobs:
+    elif t.phase == lc.RUNNING and job is None and d.cluster.synced and t.id not in d.cluster.jobs:
         detail = f"Job {render.job_name(t.id, t.attempt)} disappeared from the cluster"
         d.finish(t, lc.failed(Reason.JOB_FAILED), d.msg("job_failed", detail=detail))
     else:

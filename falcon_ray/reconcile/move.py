@@ -30,12 +30,12 @@ from falcon_ray.reconcile.effects import MoveTask, Transition, Unassign
 
 
 def unfit(d: Decision, t: QueueTask) -> bool:
-    r, c = d.v.reservation, d.q.cluster
+    r, c = d.cluster.reservation, d.queue.cluster
     shape = t.spec.shape
     if r is None or not r.machine_type or r.machine_type == shape.machine_type:
         return False
     fields = dict(cluster=c.name, reservation=c.default_reservation, held=r.machine_type, machine_type=shape.machine_type)
-    if d.q.alternatives_exist:
+    if d.queue.alternatives_exist:
         d.add(f"task {t.id}: reservation cannot serve its shape", Unassign(t.id, d.msg("requeued_unfit", **fields), t.phase))
     else:
         detail = d.msg("offer_reservation", cluster=c.name, reservation=c.default_reservation, machine_type=r.machine_type,
@@ -46,19 +46,19 @@ def unfit(d: Decision, t: QueueTask) -> bool:
 
 
 def move(d: Decision, t: QueueTask) -> bool:
-    if t.phase != lc.CLUSTER_BUSY or t.id in d.lease_by_task or not d.q.destinations:
+    if t.phase != lc.CLUSTER_BUSY or t.id in d.lease_by_task or not d.queue.destinations:
         return False
-    target = scheduling.move_target(t.spec, d.q.cluster, d.q.destinations)
+    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations)
     if target is None:
         return False
-    c, origin = target.cluster, d.q.cluster
+    c, origin = target.cluster, d.queue.cluster
     mode = scheduling.supply_mode_for(t.spec, origin.default_reservation)
-    common = dict(origin=origin.name, reservation=origin.default_reservation, cluster=c.name, topology=d.q.topology)
+    common = dict(origin=origin.name, reservation=origin.default_reservation, cluster=c.name, topology=d.queue.topology)
     if mode in target.idle_pools:
         text = d.msg("moved_to_idle", **common)
     else:
         text = d.msg("moved_to_reservation", target_reservation=c.default_reservation, **common)
-    d.add(f"task {t.id}: move to {c.name}", MoveTask(t.id, origin.id, c.id, c.name, d.q.topology, text))
+    d.add(f"task {t.id}: move to {c.name}", MoveTask(t.id, origin.id, c.id, c.name, d.queue.topology, text))
     return True
 
 

@@ -25,7 +25,7 @@ from falcon_ray.reconcile.effects import Transition, Unassign
 
 
 def rerank(d: Decision) -> None:
-    q = d.q
+    q = d.queue
     if q.cluster_active or not d.waiting_count() or not q.alternatives_exist:
         return
     for t in sorted((t for t in d.waiting if t.id not in d.left), key=lambda t: t.id):  # the queue's order
@@ -34,15 +34,15 @@ def rerank(d: Decision) -> None:
 
 
 def pick(d: Decision) -> None:
-    if d.acquiring or not d.q.cluster_active or not d.waiting_count():
+    if d.acquiring or not d.queue.cluster_active or not d.waiting_count():
         return
-    nxt = scheduling.pick_next(d.waiting_heads(), d.q.last_granted)
+    nxt = scheduling.pick_next(d.waiting_heads(), d.queue.last_granted)
     assert nxt is not None
     idle = d.free_idle()
     if idle is not None:
         d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
     else:
-        mode = scheduling.supply_mode_for(nxt.spec, d.q.cluster.default_reservation)
+        mode = scheduling.supply_mode_for(nxt.spec, d.queue.cluster.default_reservation)
         if not create_at_pick(d, nxt, mode):
             text = d.msg("picked", supply=mode.value)
             d.add(f"task {nxt.id}: picked", Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))

@@ -18,9 +18,9 @@ Job whose delete is under way is left to finish).
 from __future__ import annotations
 
 from falcon_ray import render, tpu
-from falcon_ray.lifecycle import LeaseState
+from falcon_ray.lifecycle import LEASE_HELD, LeaseState
 from falcon_ray.model import JobPhase, Lease, OpKind, OpState, PoolStatus
-from falcon_ray.reconcile.context import HELD, Decision
+from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -34,8 +34,8 @@ from falcon_ray.spec import SupplyMode
 
 
 def leases(d: Decision) -> None:
-    for lease in d.q.leases:
-        if lease.state in HELD and (lease.task_id is None or not d.is_live(lease.task_id)):
+    for lease in d.queue.leases:
+        if lease.state in LEASE_HELD and (lease.task_id is None or not d.is_live(lease.task_id)):
             d.add(f"lease {lease.name}: orphaned by task {lease.task_id}", *d.release(lease, lease.task_id))
         elif lease.state == LeaseState.IDLE:
             if lease.ready_at is None and idle_create_ended(d, lease):
@@ -48,25 +48,25 @@ def leases(d: Decision) -> None:
 
 def idle_create_ended(d: Decision, lease: Lease) -> bool:
     """An idle pool whose create was abandoned: True when it was deleted here."""
-    op, pool = d.v.ops.get(lease.name), d.v.pools.get(lease.name)
+    op, pool = d.cluster.ops.get(lease.name), d.cluster.pools.get(lease.name)
     failed = (op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED) or (
         pool is not None and pool.status == PoolStatus.ERROR
     )
-    late = (d.now - lease.created_at).total_seconds() > d.s.node_pool_timeout_s
+    late = (d.now - lease.created_at).total_seconds() > d.settings.node_pool_timeout_s
     if failed or (late and not (pool is not None and pool.status.up)):
         d.claimed.add(lease.id)  # gone: nobody may take or wait for it
         why = "its create failed" if failed else "its create did not finish in time"
         d.add(f"lease {lease.name}: idle, {why}", *d.delete_lease(lease, None))
         return True
     if pool is not None and pool.status.up:
-        hosts = tpu.lookup(d.q.cluster.tpu_type, lease.topology).hosts
+        hosts = tpu.lookup(d.queue.cluster.tpu_type, lease.topology).hosts
         if render.scales_from_zero(lease.supply_mode) or (pool.registered >= hosts and pool.ready >= hosts):
             d.add(f"lease {lease.name}: abandoned create finished", MarkReady(lease.id))
     return False
 
 
 def idle_unwanted(d: Decision, lease: Lease) -> None:
-    if d.q.cluster_active and len(d.demand) >= d.unclaimed_idle():
+    if d.queue.cluster_active and len(d.demand) >= d.unclaimed_idle():
         return
     d.claimed.add(lease.id)  # take it out of the pool of idle ones
     d.add(
@@ -77,9 +77,9 @@ def idle_unwanted(d: Decision, lease: Lease) -> None:
 
 
 def deleting(d: Decision, lease: Lease) -> None:
-    op, pool = d.v.ops.get(lease.name), d.v.pools.get(lease.name)
-    if pool is None and d.v.synced and (op is None or op.state == OpState.DONE):
-        young = (d.now - lease.created_at).total_seconds() < d.s.create_visibility_grace_s
+    op, pool = d.cluster.ops.get(lease.name), d.cluster.pools.get(lease.name)
+    if pool is None and d.cluster.synced and (op is None or op.state == OpState.DONE):
+        young = (d.now - lease.created_at).total_seconds() < d.settings.create_visibility_grace_s
         if not (young and lease.supply_mode == SupplyMode.FLEX_START):
             d.add(f"lease {lease.name}: deleted", MoveLease(lease.id, lease.name, (LeaseState.DELETING,), LeaseState.DELETED))
             return
@@ -105,15 +105,15 @@ def delete_failing(d: Decision, lease: Lease, attempts: int, error: str) -> list
         )
     ]
     holder = lease.task_id
-    if attempts >= d.s.pool_delete_report_after and holder is not None and holder in d.q.terminal_messages:
+    if attempts >= d.settings.pool_delete_report_after and holder is not None and holder in d.queue.terminal_messages:
         suffix = d.msg("pool_not_deleted", pool=lease.name, detail=error or "retrying")
-        phase, base = d.q.terminal_messages[holder]
+        phase, base = d.queue.terminal_messages[holder]
         if suffix.strip() not in base:
             effects.append(UpdateTask(holder, (phase,), base + suffix))
     return effects
 
 
 def stale_jobs(d: Decision) -> None:
-    for task_id, job in d.v.jobs.items():  # a Job whose delete is under way is not asked again
+    for task_id, job in d.cluster.jobs.items():  # a Job whose delete is under way is not asked again
         if job.phase != JobPhase.DELETED and not job.deleting and not d.is_live(task_id):
             d.add(f"job {job.name}: task no longer live", DeleteJob(task_id, job.namespace, job.name))

@@ -45,7 +45,7 @@ def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_in: in
 def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
     """The position part: the same for every task with as many ahead."""
     if not ahead:
-        return d.msg("waiting_first", cluster=d.q.cluster.name, topology=d.q.topology)
+        return d.msg("waiting_first", cluster=d.queue.cluster.name, topology=d.queue.topology)
     names = shown if shown is not None else ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
     if len(ahead) > SHOWN_AHEAD:
         names += f", ... {len(ahead) - SHOWN_AHEAD} more"
@@ -62,10 +62,10 @@ def _expected(d: Decision, start_in: int | None) -> str:
 
 
 def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
-    if not d.q.cluster_active:
+    if not d.queue.cluster_active:
         return {}
     running = d.running
-    return eta.estimate(d.now, d.q.history, d.holders, running, order, d.q.cluster.default_reservation)
+    return eta.estimate(d.now, d.queue.history, d.holders, running, order, d.queue.cluster.default_reservation)
 
 
 def positions(d: Decision) -> None:

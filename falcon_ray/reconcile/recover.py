@@ -44,7 +44,7 @@ def needs_new_pool(d: Decision, t: QueueTask, lease: Lease | None, pool: PoolVie
     back to Waiting, ahead of the queue, for a new one. True when decided here."""
     left = _abandoned_before(t)
     gone = lease is None or pool is None or pool.status in _POOL_DOWN
-    if left is None and not gone and not limits.passed(Wait.RECOVERY, d.s, d.phase_age_s(t)):
+    if left is None and not gone and not limits.passed(Wait.RECOVERY, d.settings, d.phase_age_s(t)):
         return False
     if left is not None:
         # the abandonment is recorded and its move back to Waiting was not made (a crash,
@@ -55,7 +55,7 @@ def needs_new_pool(d: Decision, t: QueueTask, lease: Lease | None, pool: PoolVie
         why = (
             d.msg("pool_gone", pool=name)
             if gone
-            else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0))
+            else d.msg("pool_not_back", pool=name, limit=fmt_limit(limits.seconds(Wait.RECOVERY, d.settings) or 0))
         )
         # this attempt's name stays with the pool it leaves (its Job may exist there, or be
         # about to: a submit whose answer was lost): the next attempt, on a new pool, takes
@@ -94,10 +94,10 @@ def recovering(d: Decision, t: QueueTask) -> None:
     if outcome is not None:
         d.finish(t, *outcome)
         return
-    if not d.v.synced:  # right after a restart an absent Job or pool proves nothing
+    if not d.cluster.synced:  # right after a restart an absent Job or pool proves nothing
         return
     lease = d.lease_by_task.get(t.id)
-    pool = d.v.pools.get(lease.name) if lease is not None else None
+    pool = d.cluster.pools.get(lease.name) if lease is not None else None
     job = d.job_of(t)
     waited = d.phase_age_s(t)
     if needs_new_pool(d, t, lease, pool, head):
@@ -114,7 +114,7 @@ def recovering(d: Decision, t: QueueTask) -> None:
         fields = {"job_uid": job.uid, "dispatched_at": d.now}  # this attempt's timeout clock starts now
         d.add(f"task {t.id}: attempt {t.attempt} running", Transition(t.id, (lc.RECOVERING,), lc.RUNNING, d.running_text(t, job.ready), fields))
         return
-    limit = fmt_limit(limits.seconds(Wait.RECOVERY, d.s) or 0)
+    limit = fmt_limit(limits.seconds(Wait.RECOVERY, d.settings) or 0)
     text = d.msg(
         "recovering_nodes", attempt=head, job=job.name, pool=lease.name, ready=pool.ready, active=job.ready,
         expected=hosts, waited=fmt_duration(waited), limit=limit,

@@ -395,7 +395,7 @@ class Simulation:
     # ---- watching the run -------------------------------------------------------------------------
 
     def _monitor(self) -> None:
-        at = self.clock.monotonic() - self.t0
+        at = round((self.clock.now() - START).total_seconds(), 3)  # as the event log stamps this instant
         live = self.store.live_tasks()
         for t in live:
             seen = self.observed.setdefault(t.id, [])

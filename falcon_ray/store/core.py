@@ -200,9 +200,10 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None, autocommit: bool =
 DISCONNECT_RETRIES = 2
 
 
-def rerun_on_disconnect(fn):
-    """Run a Store method again, whole, when its connection turned out to be dead; the
-    outermost such method of a thread names the statements it sends (``breakdown``)."""
+def rerun_on_disconnect(fn, retries: int = DISCONNECT_RETRIES):
+    """Run a Store method again, whole, when its connection turned out to be dead (at most
+    ``retries`` times); the outermost such method of a thread names the statements it sends
+    (``breakdown``)."""
 
     @functools.wraps(fn)
     def method(self, *args, **kwargs):
@@ -211,11 +212,11 @@ def rerun_on_disconnect(fn):
         if outer:
             calling.method = fn.__name__
         try:
-            for attempt in range(DISCONNECT_RETRIES + 1):
+            for attempt in range(retries + 1):
                 try:
                     return fn(self, *args, **kwargs)
                 except sa.exc.DBAPIError as e:
-                    if not e.connection_invalidated or attempt == DISCONNECT_RETRIES:
+                    if not e.connection_invalidated or attempt == retries:
                         raise
                     self.disconnects += 1
         finally:
@@ -235,26 +236,8 @@ def rerun_public_methods(cls: type, not_rerun: frozenset[str]) -> type:
             if name.startswith("_") or name in seen or not callable(fn) or isinstance(fn, (staticmethod, type)):
                 continue
             seen.add(name)
-            setattr(cls, name, rerun_on_disconnect(fn) if name not in not_rerun else _named(fn))
+            setattr(cls, name, rerun_on_disconnect(fn, 0 if name in not_rerun else DISCONNECT_RETRIES))
     return cls
-
-
-def _named(fn):
-    """``fn`` naming the statements it sends, without reruns."""
-
-    @functools.wraps(fn)
-    def method(self, *args, **kwargs):
-        calling = self._calling
-        outer = getattr(calling, "method", None) is None
-        if outer:
-            calling.method = fn.__name__
-        try:
-            return fn(self, *args, **kwargs)
-        finally:
-            if outer:
-                calling.method = None
-
-    return method
 
 
 StatementObserver = Callable[[Any, str, str], None]

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -38,6 +38,9 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings, load_settings
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
+
+if TYPE_CHECKING:  # the fleet's module loads with the demo's run, not at import
+    from falcon_ray.sim.fleet import FleetConfig
 
 log = logging.getLogger("falcon.demo")
 
@@ -86,6 +89,17 @@ def load_tasks(path: str | None) -> list[dict[str, Any]]:
             continue
         tasks.append(parse_task_line(line, f"{path or 'sample tasks'}:{n}"))
     return tasks
+
+
+def register_clusters(store: Store, fleet: FleetConfig) -> None:
+    """Register every cluster of the fleet file in ``store`` (one already there is kept)."""
+    existing = {c.name for c in store.list_clusters()}
+    for c in fleet.clusters:
+        if c.name not in existing:
+            store.add_cluster(
+                c.name, c.project, c.location, c.tpu_type, gcs_bucket=c.gcs_bucket or "",
+                default_reservation=c.reservation.name if c.reservation else "", status=c.status,
+            )
 
 
 def iso_ms(t: dt.datetime | None) -> str | None:
@@ -181,19 +195,7 @@ class DemoRun:
         use_sim_metadata(ep["metadata"])  # google.auth.default() in this process: the sim's tokens
         upgrade(self.db_url, with_jobs_table=True)
         self.store = Store(self.db_url)
-        existing = {c.name for c in self.store.list_clusters()}
-        for c in self.fleet_config.clusters:
-            if c.name in existing:
-                continue
-            self.store.add_cluster(
-                c.name,
-                c.project,
-                c.location,
-                c.tpu_type,
-                gcs_bucket=c.gcs_bucket or "",
-                default_reservation=c.reservation.name if c.reservation else "",
-                status=c.status,
-            )
+        register_clusters(self.store, self.fleet_config)
         if not ray.is_initialized():
             extra: dict[str, Any] = {}
             if self.dashboard:

@@ -59,17 +59,16 @@ import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 import sqlalchemy as sa
 
-import actors.cluster
 from actors.cluster import OP_IDLE_WAIT_S, ClusterGateway
 from actors.poller import IntakePoller
 from actors.queue import QueueReconciler
 from falcon_ray import lifecycle as lc
 from falcon_ray import reconcile
 from falcon_ray.config import Settings
+from falcon_ray.devtools.demo import register_clusters
 from falcon_ray.lifecycle import TERMINAL
 from falcon_ray.model import OpState
 from falcon_ray.render import POOL_NAME_PREFIX
@@ -188,16 +187,7 @@ class Simulation:
         return s
 
     def _register_clusters(self) -> None:
-        for c in self.fleet_config.clusters:
-            self.store.add_cluster(
-                c.name,
-                c.project,
-                c.location,
-                c.tpu_type,
-                gcs_bucket=c.gcs_bucket or "",
-                default_reservation=c.reservation.name if c.reservation else "",
-                status=c.status,
-            )
+        register_clusters(self.store, self.fleet_config)
         with self.store.engine.begin() as conn:  # ids from the names: a replayable run
             for c in self.fleet_config.clusters:
                 new = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{c.name}.cluster.falcon-simulate"))
@@ -207,13 +197,17 @@ class Simulation:
         return ScheduledLoop(name, step, interval, log, start_after=start_after, scheduler=self.scheduler)
 
     def _gateway(self, name: str) -> ClusterGateway:
-        def ticker(*args: Any, **kwargs: Any) -> ScheduledLoop:
+        def loops(*args: Any, **kwargs: Any) -> ScheduledLoop:
             kwargs.pop("clock", None)
             return ScheduledLoop(*args, scheduler=self.scheduler, **kwargs)
 
-        # the gateway builds its four Tickers in its constructor: here they are loops on the schedule
-        with mock.patch.object(actors.cluster, "Ticker", ticker):
-            g = ClusterGateway(name, self.settings, self._controller_store(), self.port, self.clock, connect=self.fleet.connect)
+        # the gateway's four loops run on the schedule, its jitter from the run's seed
+        return self._schedule_gateway(name, ClusterGateway(
+            name, self.settings, self._controller_store(), self.port, self.clock,
+            connect=self.fleet.connect, rng=random.Random(f"{self.seed}/{name}"), loops=loops,
+        ))
+
+    def _schedule_gateway(self, name: str, g: ClusterGateway) -> ClusterGateway:
         ops = g.tickers["operations"]
         ops.worker = Worker(f"simulate {name}: operations")
         self.workers.append(ops.worker)

@@ -228,6 +228,10 @@ class ReservationState:
     claim_lock: threading.Lock = field(default_factory=threading.Lock)  # one claim weighed at a time
     rows: tuple[float, list | None] = (0.0, None)  # (read at, the lease rows behind the ledger)
     grants: dict[str, ledger.Grant] = field(default_factory=dict)  # pool -> its claim, until a lease row carries it
+    # the registered nodes per pool as listed before the reservation was last read: GKE's
+    # in_use counts at least these, so the ledger subtracts them and no node that in_use
+    # does not count yet (``nodepools.ledger``'s contract)
+    registered: dict[str, int] = field(default_factory=dict)
 
 
 def connect_to_gke(cluster: Cluster, settings: Settings, user_agent: str, stage: Callable[[str], None]) -> Adapters:
@@ -657,6 +661,7 @@ class ClusterGateway:
         project, name = self._reservation_owner()
         zones = self._reservation_zones()
         self.reservation.read_at = self.clock.monotonic()
+        registered = self._registered()  # listed before the read: in_use counts at least these
         for zone in zones:
             try:
                 r = self.conn.compute.reservation(project, zone, name)
@@ -670,6 +675,7 @@ class ClusterGateway:
             self.conn.last_ok["compute"] = self.clock.time()
             self.reservation.error = None
             self.reservation.reading, self.reservation.zone = ReservationView(r.count, r.in_use, machine_type=r.machine_type), zone
+            self.reservation.registered = registered
             metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
             self._record_ledger()
             return
@@ -709,7 +715,7 @@ class ClusterGateway:
         """Hosts of the reservation that Falcon's pools hold and GKE does not count yet."""
         rows = self._lease_rows(fresh=False)
         self._drop_settled_grants(rows)
-        return ledger.claimed_hosts(self.cluster.tpu_type, rows, self._registered(), dict(self.reservation.grants))
+        return ledger.claimed_hosts(self.cluster.tpu_type, rows, self.reservation.registered, dict(self.reservation.grants))
 
     def claim_reservation(self, name: str, hosts: int) -> bool:
         """Grant ``hosts`` of the reservation to pool ``name`` if the ledger has them free
@@ -722,7 +728,7 @@ class ClusterGateway:
             rows = self._lease_rows(fresh=True)  # the claim is the arbiter: read the rows afresh
             self._drop_settled_grants(rows)
             free = None if r is None else r.count - r.in_use
-            decision = ledger.decide_claim(name, hosts, free, self.cluster.tpu_type, rows, self._registered(), dict(self.reservation.grants))
+            decision = ledger.decide_claim(name, hosts, free, self.cluster.tpu_type, rows, self.reservation.registered, dict(self.reservation.grants))
             if decision.outcome == ledger.ClaimOutcome.REFUSED:
                 log.info("cluster %s: claim of %d host(s) for %s refused: %d free", self.name, hosts, name, decision.free)
             elif decision.outcome == ledger.ClaimOutcome.GRANTED:

@@ -10,6 +10,10 @@ state holds the reservation (``lifecycle.LEASE_HOLDS_RESERVATION``), the hosts i
 needs less the nodes it has registered; plus every grant whose lease row is not written
 yet. A claim is granted when the hosts left free after all of that cover it.
 
+The registered nodes must be the ones listed no later than the reservation was read:
+``in_use`` counts at least those, while a node listed after the read may not be in it yet
+(subtracting it would grant hosts GKE still has to give that node).
+
 The inputs are the cluster's live lease rows, the registered nodes per pool, and the
 grants made so far (pool -> hosts and the monotonic time it was granted). A grant whose
 lease row now carries it, or that is older than ``GRANT_TTL_S`` (its lease row was never

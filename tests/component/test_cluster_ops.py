@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from actors.cluster import ClusterGateway
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
-from falcon_ray.model import OpKind, OpState, ReservationView
+from falcon_ray.model import OpKind, OpState, PoolView, ReservationView
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from tests.harness.fakes import FakePort
@@ -140,6 +140,22 @@ def test_two_claims_on_the_last_free_slice_grant_one(gateway):
     assert not gateway.claim_reservation("falcon-t3-2x4", 2)
     assert gateway.claim_reservation("falcon-t2-2x4", 2)  # idempotent: its grant holds
     assert gateway.reservation_view().claimed == 4
+
+
+def test_a_node_registered_after_the_reservation_was_read_still_holds_its_claim(gateway):
+    """GKE's in_use was read before the 1-host pool's node registered: the pool list that
+    shows the node is newer than the figure, so the ledger must not take the node as counted
+    by in_use (it would grant the 2-host claim a full reservation cannot serve)."""
+    cluster = gateway.cluster
+    gateway.reservation.reading = ReservationView(count=2, in_use=0)  # read with no node listed
+    gateway.store.create_lease(cluster.id, "2x2", "falcon-t1-2x2", "reservation", None)
+    gateway.pool_cache.pools["falcon-t1-2x2"] = PoolView("falcon-t1-2x2", "RUNNING", registered=1, ready=1)
+    assert not gateway.claim_reservation("falcon-t2-2x4", 2)
+    assert gateway.reservation_view().claimed == 1
+    # the next read counts the node in in_use and lists it beside: still one host free
+    gateway.reservation.reading, gateway.reservation.registered = ReservationView(count=2, in_use=1), {"falcon-t1-2x2": 1}
+    assert gateway.reservation_view().claimed == 0
+    assert not gateway.claim_reservation("falcon-t2-2x4", 2)
 
 
 def test_a_grant_is_dropped_once_its_lease_row_carries_it(gateway):

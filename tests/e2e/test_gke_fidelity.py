@@ -113,5 +113,5 @@ def test_two_topologies_share_a_small_reservation_through_the_ledger(controller)
     for tid in (small, large):
         assert run.store.get_task(tid).status == "Succeeded", run.store.get_task(tid)
     seen = phases(run, small) + phases(run, large)
-    assert "Pending/ClusterBusy" in seen
+    assert "Pending/ClusterBusy" in seen, [(e.task_id, lc.phase_of(e.status, e.reason), f"{e.at:%H:%M:%S.%f}", e.message) for t in (small, large) for e in run.store.events(t)]
     assert not any("NodePoolFailed" in p for p in seen)

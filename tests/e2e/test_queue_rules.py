@@ -34,6 +34,14 @@ def slot_taken_at(run: DemoRun, tid: int):
     return next(e.at for e in run.store.events(tid) if lc.phase_of(e.status, e.reason) in ACQUIRING)
 
 
+def history(run: DemoRun, ids: dict[str, int]) -> str:
+    """Each task's event log (phase and time), for an assertion's message."""
+    return "\n".join(
+        f"{name}: " + ", ".join(f"{lc.phase_of(e.status, e.reason)}@{e.at:%H:%M:%S.%f}" for e in run.store.events(tid))
+        for name, tid in ids.items()
+    )
+
+
 def position(message: str) -> int | None:
     m = POSITION.search(message or "")
     return int(m.group(1)) if m else None
@@ -97,7 +105,7 @@ def test_priority_order_and_positions_round_robin_within_a_priority(controller):
     assert_clean(run, timeout=120)
     assert all(t.status == "Succeeded" for t in run.tasks()), [(t.name, t.status, t.message) for t in run.tasks()]
     started = sorted(ids, key=lambda n: slot_taken_at(run, ids[n]))
-    assert started == expected, started
+    assert started == expected, (started, history(run, {"holder": holder, **ids}))
     assert slot_taken_at(run, holder) < slot_taken_at(run, ids["c1"])  # no preemption of the holder
 
 

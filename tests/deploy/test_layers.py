@@ -3,7 +3,8 @@
 ``lint-imports`` (import-linter) checks them on the real tree; the other tests plant
 imports that break them in a copy of the tree (a store import in the decisions, Ray in
 the model and the queue; a tool or the simulated fleet imported by the product; a
-lower layer importing a higher one) and show the same command failing on exactly those.
+lower layer importing a higher one), all in one copy and one run, and show the command
+failing on exactly those.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LINT = str(Path(sys.executable).with_name("lint-imports"))
@@ -40,43 +43,51 @@ def plant(tmp_path: Path, module: str, line: str) -> None:
         f.write(f"\n{line}  # noqa\n")
 
 
-def test_a_core_module_that_imports_the_store_or_ray_breaks_the_build(tmp_path):
-    copy_tree(tmp_path)
-    with open(tmp_path / "falcon_ray" / "reconcile" / "pick.py", "a") as f:
-        f.write("\nfrom falcon_ray.store import Store  # noqa\n")
-    with open(tmp_path / "falcon_ray" / "model.py", "a") as f:
-        f.write("\nimport ray  # noqa\n")
-    with open(tmp_path / "actors" / "queue.py", "a") as f:
-        f.write("\nimport ray  # noqa\n")
-    out = run_lint(tmp_path)
-    assert out.returncode != 0
-    text = out.stdout
-    assert "falcon_ray.reconcile.pick -> falcon_ray.store" in text
-    assert "falcon_ray.model -> ray" in text
-    assert "actors.queue -> ray" in text
+# the imports planted in one copy of the tree, one contract each (import-linter reports
+# every broken contract with all its chains, so one run shows them all)
+PLANTED = (
+    ("falcon_ray/reconcile/pick.py", "from falcon_ray.store import Store"),  # the store in the decisions
+    ("falcon_ray/model.py", "import ray"),  # Ray in the values
+    ("actors/queue.py", "import ray"),  # Ray in the queue's plain object
+    ("falcon_ray/health.py", "from falcon_ray.devtools import demo"),  # a tool in the product
+    ("actors/queue.py", "import falcon_ray.sim.fleet"),  # the simulated fleet in an actor
+    ("falcon_ray/cli.py", "import falcon_ray.sim.cli"),
+    ("falcon_ray/cli_shared.py", "from falcon_ray import cli"),  # the command-line cycle again
+    ("falcon_ray/lifecycle.py", "from falcon_ray import scheduling"),  # a value over a decision
+)
 
 
-def test_a_product_module_that_imports_a_tool_or_the_sim_breaks_the_build(tmp_path):
-    copy_tree(tmp_path)
-    plant(tmp_path, "falcon_ray/health.py", "from falcon_ray.devtools import demo")
-    plant(tmp_path, "actors/queue.py", "import falcon_ray.sim.fleet")
-    plant(tmp_path, "falcon_ray/cli.py", "import falcon_ray.sim.cli")
-    out = run_lint(tmp_path)
-    assert out.returncode != 0
-    text = " ".join(out.stdout.split())  # a long contract name is wrapped
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> subprocess.CompletedProcess:
+    """``lint-imports`` on a copy of the tree with every import of ``PLANTED``."""
+    root = tmp_path_factory.mktemp("planted")
+    copy_tree(root)
+    for module, line in PLANTED:
+        plant(root, module, line)
+    return run_lint(root)
+
+
+def broken_text(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode != 0, out.stdout
+    return " ".join(out.stdout.split())  # a long contract name is wrapped
+
+
+def test_a_core_module_that_imports_the_store_or_ray_breaks_the_build(planted):
+    text = broken_text(planted)
+    for chain in ("falcon_ray.reconcile.pick -> falcon_ray.store", "falcon_ray.model -> ray", "actors.queue -> ray"):
+        assert chain in text, chain
+
+
+def test_a_product_module_that_imports_a_tool_or_the_sim_breaks_the_build(planted):
+    text = broken_text(planted)
     assert "The product never imports the tools or the simulated fleet BROKEN" in text
     for chain in ("falcon_ray.health -> falcon_ray.devtools", "actors.queue -> falcon_ray.sim.fleet",
                   "falcon_ray.cli -> falcon_ray.sim.cli"):  # fmt: skip
         assert chain in text, chain
 
 
-def test_a_lower_layer_that_imports_a_higher_one_breaks_the_build(tmp_path):
-    copy_tree(tmp_path)
-    plant(tmp_path, "falcon_ray/cli_shared.py", "from falcon_ray import cli")  # the command-line cycle again
-    plant(tmp_path, "falcon_ray/lifecycle.py", "from falcon_ray import scheduling")  # a value over a decision
-    out = run_lint(tmp_path)
-    assert out.returncode != 0
-    text = " ".join(out.stdout.split())  # a long contract name is wrapped
+def test_a_lower_layer_that_imports_a_higher_one_breaks_the_build(planted):
+    text = broken_text(planted)
     assert "The product's layers: operator surface, supervision, actors, adapters, decisions, values BROKEN" in text
     assert "falcon_ray.cli_shared -> falcon_ray.cli" in text
     assert "falcon_ray.lifecycle -> falcon_ray.scheduling" in text

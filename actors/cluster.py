@@ -137,7 +137,7 @@ class Adapters:
       zone, name)``), called once, at the first read.
     - ``resource_policies()``: builds the client of the workload-policy read (``get(project,
       region, name)``), called once, at the first TPU7x create that names a policy.
-    - ``job_watcher(namespace, label_selector=, timeout_seconds=, clock=)``: a Job watch
+    - ``job_watcher(namespace, label_selector=, timeout_seconds=, clock=, rng=)``: a Job watch
       over ``kube`` (``falcon_ray.kube.JobWatcher``: ``step(on_job, on_resync, stopping)``
       returns the delay before the next step; ``close()``; ``reconnects``, ``relists``,
       ``last_event_at``, ``last_ok_at``).
@@ -450,6 +450,7 @@ class ClusterGateway:
                 label_selector=render.installation_selector(self.settings.installation),
                 timeout_seconds=self.settings.watch_timeout_s,
                 clock=self.clock,
+                rng=self.rng,
             )
             try:  # the poller places by what the reservation holds: read it now, not at the first task
                 self._refresh_reservation()

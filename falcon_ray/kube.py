@@ -514,9 +514,13 @@ class JobWatcher:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         clock: Clock = SYSTEM,
+        rng: random.Random | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
+        # the backoff's jitter; without one given, a generator seeded from the ``random``
+        # module's (a process that seeds ``random`` replays it)
+        self.rng = rng if rng is not None else random.Random(random.getrandbits(64))
         self.namespace = namespace
         self.label_selector = label_selector
         self.timeout_seconds = int(timeout_seconds)
@@ -632,7 +636,7 @@ class JobWatcher:
                 # cluster's token lifetime the new token would be refused again, forever
                 return 0.0
         ceiling = min(self.backoff_max, self.backoff_initial * 2 ** min(self._failures, 30))
-        return random.uniform(ceiling / 2, ceiling)
+        return self.rng.uniform(ceiling / 2, ceiling)
 
     def _emit(self, callback: Callable[[Any], None], value: Any) -> None:
         try:

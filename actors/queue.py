@@ -268,7 +268,8 @@ class QueueReconciler:
 
     def _other_topology_waiting(self, cluster_id: str) -> bool:
         """Read only while a task of this queue has waited for its nodes past the contested
-        limit (``Wait.NODES_CONTESTED``: the only rule that asks), at most once a second."""
+        limit (``Wait.NODES_CONTESTED``) or a reservation pool is kept idle (the two rules
+        that ask), at most once a second."""
         now_dt = self.clock.now()
 
         def contested(v: QueueTask | None) -> bool:
@@ -276,7 +277,10 @@ class QueueReconciler:
                 return False
             return limits.passed(limits.Wait.NODES_CONTESTED, self.s, (now_dt - v.phase_since).total_seconds())
 
-        if not any(contested(self.mirror.values.get(tid)) for tid in self.mirror.not_waiting):
+        kept = self.s.keep_idle_s(SupplyMode.RESERVATION) > 0 and any(
+            l.state == LeaseState.IDLE and l.supply_mode == SupplyMode.RESERVATION for l in self.mirror.leases or ()
+        )  # a reservation pool kept idle is given up when another topology waits (pools.kept_alive)
+        if not kept and not any(contested(self.mirror.values.get(tid)) for tid in self.mirror.not_waiting):
             return False
         now = self.clock.monotonic()
         if now - self.other_waiting_at[0] >= DESTINATIONS_TTL_S:

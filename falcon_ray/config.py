@@ -81,6 +81,27 @@ class Settings(BaseModel):
     submit_budget_s: float = Field(
         600.0, gt=0, description="a Job submission refused for now (5xx, timeouts) is retried this long, then JobSubmitFailed"
     )
+    # --- idle pools: kept after their task ended (docs/bench/keep-alive.md measures the choices)
+    idle_pool_handover: bool = Field(
+        True,
+        description="keep a pool whose task ended while more tasks of its topology wait for a pool than there are "
+        "idle ones (the hand-over); false: every pool is deleted as soon as its task no longer needs it, and the "
+        "keep_idle_* windows are not used",
+    )
+    keep_idle_reservation_s: float = Field(
+        0.0,
+        ge=0,
+        le=86400,
+        description="a reservation pool nobody waits for is kept Idle this many seconds after it went idle, then "
+        "deleted; given up at once when a task of another topology of the cluster waits (0: deleted at once)",
+    )
+    keep_idle_on_demand_s: float = Field(
+        0.0, ge=0, le=86400, description="the same window for on-demand pools (0: deleted at once)"
+    )
+    keep_idle_flex_start_s: float = Field(
+        0.0, ge=0, le=86400, description="the same window for flex-start pools (0: deleted at once)"
+    )
+
     # --- disruptions (the fleet ended a run: maintenance, repair, reclaim)
     max_recoveries: int = Field(
         3, ge=0, le=100, description="new attempts after the fleet disrupted a task's run, unless its spec says max_recoveries; past them Failed/Disrupted"
@@ -151,6 +172,16 @@ class Settings(BaseModel):
             SupplyMode.RESERVATION: self.reservation_idle_s,
             SupplyMode.ON_DEMAND: self.on_demand_idle_s,
             SupplyMode.FLEX_START: self.flex_start_idle_s,
+        }[SupplyMode(mode)]
+
+    def keep_idle_s(self, mode: SupplyMode | str) -> float:
+        """How long a pool nobody waits for is kept Idle, by its supply mode (0: not kept)."""
+        if not self.idle_pool_handover:
+            return 0.0
+        return {
+            SupplyMode.RESERVATION: self.keep_idle_reservation_s,
+            SupplyMode.ON_DEMAND: self.keep_idle_on_demand_s,
+            SupplyMode.FLEX_START: self.keep_idle_flex_start_s,
         }[SupplyMode(mode)]
 
     def capacity_retry_after_s(self, refusals: int) -> float:

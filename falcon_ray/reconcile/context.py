@@ -45,6 +45,7 @@ from falcon_ray.reconcile.effects import (
     Transition,
     UpdateTask,
 )
+from falcon_ray.reconcile.pools import kept_alive
 from falcon_ray.spec import SupplyMode
 
 _ACQUIRING = frozenset(lc.ACQUIRING_PHASES)
@@ -183,12 +184,16 @@ class Decision:
 
     def release(self, lease: Lease, holder: int | None) -> list[Effect]:
         """The deprovisioning decision for a pool its task no longer needs: keep it Idle
-        while more tasks of its topology wait for a pool than there are idle pools."""
+        while more tasks of its topology wait for a pool than there are idle pools (unless
+        ``idle_pool_handover`` is off), or for its keep-alive window (``pools.kept_alive``)."""
         st = lease.state
         if st not in lc.LEASE_HELD:
             return []
         want = len(self.demand) - (holder in self.demand) - (self.unclaimed_idle() + self.kept)
-        if self.queue.cluster_active and want > 0 and st != LeaseState.REQUESTED:
+        q, s = self.queue, self.settings
+        wanted = want > 0 and s.idle_pool_handover
+        alive = kept_alive(s, lease, self.now, active=q.cluster_active, other_topology_waiting=q.other_topology_waiting)
+        if q.cluster_active and st != LeaseState.REQUESTED and (wanted or alive):
             self.kept += 1
             return [MoveLease(lease.id, lease.name, (st,), LeaseState.IDLE, {"task_id": None})]
         return self.delete_lease(lease, holder)

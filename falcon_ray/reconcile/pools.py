@@ -6,21 +6,31 @@ Contract
 goes through keep-or-delete; an idle pool whose create its task abandoned is followed
 until the create finishes (then it may be handed over) or fails or times out (then it
 is deleted); an idle pool is deleted when fewer tasks would take one than there are
-idle pools, or when the cluster left service; a Deleting lease is
+idle pools and its keep-alive window has passed (``kept_alive``), or when the cluster left
+service; a Deleting lease is
 followed until GKE says the pool is gone (never before the create-visibility grace
 for flex-start pools, which may read as 404 for a while after their create), and a
 delete that keeps failing is counted on the lease and, past
 ``pool_delete_report_after`` attempts, reported in its last holder's Message.
+``kept_alive(settings, lease, now, ...)``: the keep-alive rule, a function of its arguments
+alone: a pool that was Ready once and that nobody waits for stays Idle until its supply
+mode's window (``Settings.keep_idle_s``), counted from the lease's ``idle_since`` (``now``
+for a pool going Idle in this call), has passed; never on a cluster out of service, and a
+reservation pool never while a task of another topology of the cluster waits (its hosts
+count against the reservation that task may need).
 ``stale_jobs(d)``: a Job of this queue whose task is no longer live is deleted (once: a
 Job whose delete is under way is left to finish).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import TYPE_CHECKING
+
 from falcon_ray import render, tpu
+from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LEASE_HELD, LeaseState
 from falcon_ray.model import JobPhase, Lease, OpKind, OpState, PoolStatus
-from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -31,6 +41,9 @@ from falcon_ray.reconcile.effects import (
     UpdateTask,
 )
 from falcon_ray.spec import SupplyMode
+
+if TYPE_CHECKING:  # context.py asks kept_alive when a pool goes Idle
+    from falcon_ray.reconcile.context import Decision
 
 
 def leases(d: Decision) -> None:
@@ -66,7 +79,10 @@ def idle_create_ended(d: Decision, lease: Lease) -> bool:
 
 
 def idle_unwanted(d: Decision, lease: Lease) -> None:
-    if d.queue.cluster_active and len(d.demand) >= d.unclaimed_idle():
+    q = d.queue
+    if q.cluster_active and len(d.demand) >= d.unclaimed_idle():
+        return
+    if kept_alive(d.settings, lease, d.now, active=q.cluster_active, other_topology_waiting=q.other_topology_waiting):
         return
     d.claimed.add(lease.id)  # take it out of the pool of idle ones
     d.add(
@@ -74,6 +90,17 @@ def idle_unwanted(d: Decision, lease: Lease) -> None:
         MoveLease(lease.id, lease.name, (LeaseState.IDLE,), LeaseState.DELETING),
         DeletePool(lease.name),
     )
+
+
+def kept_alive(settings: Settings, lease: Lease, now: dt.datetime, *, active: bool, other_topology_waiting: bool) -> bool:
+    """Whether an idle pool nobody waits for is kept for now (the module's keep-alive rule)."""
+    window = settings.keep_idle_s(lease.supply_mode)
+    if window <= 0 or not active or lease.ready_at is None:
+        return False
+    if lease.supply_mode == SupplyMode.RESERVATION and other_topology_waiting:
+        return False
+    since = lease.idle_since if lease.state == LeaseState.IDLE and lease.idle_since is not None else now
+    return (now - since).total_seconds() < window
 
 
 def deleting(d: Decision, lease: Lease) -> None:

@@ -39,7 +39,16 @@ class Settings(BaseModel):
     )
     # --- node pools
     node_pool_timeout_s: float = Field(
-        600.0, gt=0, description="control plane not RUNNING within this many seconds -> Failed/NodePoolTimeout"
+        600.0,
+        gt=0,
+        description="control plane not RUNNING within this many seconds of GKE accepting the create -> Failed/NodePoolTimeout",
+    )
+    # --- a create waiting its turn among the cluster's node-pool operations (GKE runs one at a time)
+    create_queue_limit_s: float = Field(
+        10800.0,
+        gt=0,
+        description="a create not yet accepted by GKE (queued behind the cluster's other node-pool operations, or "
+        "refused because one runs) this long -> Failed/NodePoolFailed, saying the cluster's operations were saturated",
     )
     create_visibility_grace_s: float = Field(
         120.0, ge=0, description="a new pool that reads as 404 is kept (never deleted as an orphan) this long"
@@ -162,7 +171,9 @@ class Settings(BaseModel):
         None, gt=0, description="ClusterBusy for reservation headroom this long -> Failed/NodePoolFailed (null: no limit)"
     )
     waiting_for_node_limit_s: float = Field(
-        21600.0, gt=0, description="health: a task in WaitingForNode this long (nobody else waiting) is listed"
+        21600.0,
+        gt=0,
+        description="not read: WaitingForNode is bounded by capacity_budget_s (kept so settings files that set it still load)",
     )
     aborting_limit_s: float = Field(600.0, gt=0, description="health: a task Aborting this long is listed")
 

@@ -45,6 +45,7 @@ class Wait(StrEnum):
     INTAKE = "intake"
     QUEUE = "queue"
     OUT_OF_SERVICE = "out-of-service"
+    CREATE_QUEUED = "create-queued"
     CREATE = "create"
     RESERVATION = "reservation"
     CAPACITY = "capacity"
@@ -92,8 +93,11 @@ LIMITS: tuple[WaitLimit, ...] = (
               "waiting_limit_s", ENTERED, Action.REPORT, ""),
     WaitLimit(Wait.OUT_OF_SERVICE, lc.WAITING, "its cluster left service and another active cluster of its TPU type exists",
               None, ENTERED, Action.RERANK, "pick.rerank"),
-    WaitLimit(Wait.CREATE, lc.PROVISIONING, "its node pool is being created, or the cluster or its reservation cannot be read (also from ClusterBusy)",
-              "node_pool_timeout_s", "the pool's lease row (or the phase, before there is one)", Action.FAIL,
+    WaitLimit(Wait.CREATE_QUEUED, lc.PROVISIONING, "its create waits its turn among the cluster's node-pool operations (GKE runs one at a time per cluster), or was refused because another one runs; the fleet's load, not the task",
+              "create_queue_limit_s", "the pool's lease row (created_at)", Action.FAIL,
+              "acquire.create_queued", Reason.NODE_POOL_FAILED),
+    WaitLimit(Wait.CREATE, lc.PROVISIONING, "GKE accepted its create and the control plane is not RUNNING yet, or the cluster or its reservation cannot be read (also from ClusterBusy)",
+              "node_pool_timeout_s", "GKE's acceptance of the create (the lease's accepted_at; or the phase, before there is a lease)", Action.FAIL,
               "acquire.creating, acquire.unreachable, acquire.reservation_allows", Reason.NODE_POOL_TIMEOUT),
     WaitLimit(Wait.RESERVATION, lc.CLUSTER_BUSY, "the reservation has no free slice for it (no limit by default, as the original)",
               "reservation_wait_limit_s", ENTERED, Action.FAIL, "acquire.reservation_allows", Reason.NODE_POOL_FAILED),
@@ -103,8 +107,9 @@ LIMITS: tuple[WaitLimit, ...] = (
     WaitLimit(Wait.NODES_CONTESTED, lc.WAITING_FOR_NODE, "its nodes are not all there, the pool holds capacity (a pool that scales from zero: once a node registered) and a task of another topology waits on the cluster",
               "node_pool_timeout_s", ENTERED, Action.FAIL,
               "acquire.nodes_coming, dispatch.waiting_for_pods", Reason.NODE_POOL_TIMEOUT),
-    WaitLimit(Wait.NODES, lc.WAITING_FOR_NODE, "its nodes are not all there, nobody else waits on the cluster",
-              "waiting_for_node_limit_s", ENTERED, Action.REPORT, ""),
+    WaitLimit(Wait.NODES, lc.WAITING_FOR_NODE, "its nodes are not all there (GKE has not delivered the capacity), nobody else waits on the cluster; the pool and Job are deleted and the task moves to another cluster that can start it now, or fails",
+              "capacity_budget_s", "the first capacity refusal, else entering the phase (event log)", Action.FAIL,
+              "capacity.nodes_not_delivered", Reason.NODE_POOL_FAILED),
     WaitLimit(Wait.SUBMIT, lc.DISPATCHING, "the Kubernetes API refuses its Job for now (5xx, timeouts)",
               "submit_budget_s", ENTERED, Action.FAIL, "dispatch.submit_refused", Reason.JOB_SUBMIT_FAILED),
     WaitLimit(Wait.PODS, lc.DISPATCHING, "its Job was accepted; its pods are starting",
@@ -143,9 +148,12 @@ def wait_of(
     contested: bool = False,
     capacity_refused: bool = False,
     degraded: bool = False,
+    create_accepted: bool = False,
 ) -> Wait | None:
     """Which row a live task is in, from facts its row and its cluster's show; None for a
-    phase no row covers (Running is bounded by its own timeout, terminal phases by nothing)."""
+    phase no row covers (Running is bounded by its own timeout, terminal phases by nothing).
+    A Provisioning task is in the create's queue wait unless GKE is known to have accepted
+    its create (the lease's ``accepted_at``): the longer limit, so no false alarm."""
     if phase == lc.WAITING:
         return Wait.OUT_OF_SERVICE if out_of_service else Wait.QUEUE
     if phase == lc.WAITING_FOR_NODE:
@@ -156,6 +164,8 @@ def wait_of(
         return Wait.CAPACITY if capacity_refused else Wait.RESERVATION
     if phase == lc.RUNNING:
         return Wait.DEGRADED if degraded else None
+    if phase == lc.PROVISIONING:
+        return Wait.CREATE if create_accepted else Wait.CREATE_QUEUED
     return next((row.wait for row in LIMITS if row.phase == phase), None)
 
 

@@ -90,6 +90,15 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "GKE is busy with another operation on cluster {cluster}; retrying: {detail}",
         "集群 {cluster} 正在执行其他 GKE 操作,稍后重试: {detail}",
     ),
+    "create_queued": (
+        "Waiting to send the create of node pool {pool}: cluster {cluster} runs one node-pool operation at a time and others go first{ahead}; queued since {since} UTC",
+        "等待发送 node pool {pool} 的创建请求: 集群 {cluster} 一次只执行一个 node pool 操作,其他操作在前{ahead};自 {since} UTC 起排队",
+    ),
+    "create_queued_own": (" ({count} of them this queue's own)", " (其中 {count} 个属于本队列)"),
+    "create_refused_busy": (
+        "Waiting to send the create of node pool {pool} again: GKE refused it while cluster {cluster} runs another operation ({detail}); queued since {since} UTC",
+        "等待再次发送 node pool {pool} 的创建请求: 集群 {cluster} 正在执行其他操作,GKE 拒绝了该请求 ({detail});自 {since} UTC 起排队",
+    ),
     "flex_not_visible": (
         "node pool {pool} created (flex-start), not yet visible in the GKE API; rechecking...",
         "node pool {pool} 已创建 (flex-start),GKE API 暂不可见,稍后复查...",
@@ -184,6 +193,18 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
     "reservation_wait_over": (
         "no free slice in the reservation for {limit} (reservation_wait_limit_s); ",
         "reservation 在 {limit} 内没有可用 slice (reservation_wait_limit_s); ",
+    ),
+    "create_queue_over": (
+        "GKE did not accept the create of node pool {pool} within {limit} (create_queue_limit_s): it waited behind cluster {cluster}'s other node-pool operations since {since} UTC. The cluster's node-pool operations are saturated; the task itself did nothing wrong and may be submitted again",
+        "node pool {pool} 的创建请求在 {limit} (create_queue_limit_s) 内未被 GKE 接受: 自 {since} UTC 起一直排在集群 {cluster} 的其他 node pool 操作之后。集群的 node pool 操作已饱和,任务本身没有问题,可重新提交",
+    ),
+    "nodes_not_delivered": (
+        "GKE did not deliver the nodes of node pool {pool} ({registered}/{expected} registered, supply: {supply}) within capacity_budget_s={limit} (waited {waited}); the capacity was not there, not a fault of the task",
+        "GKE 在 capacity_budget_s={limit} 内没有提供 node pool {pool} 的节点 (已注册 {registered}/{expected},supply: {supply},已等待 {waited});是容量不足,不是任务本身的问题",
+    ),
+    "nodes_not_delivered_moving": (
+        "{detail}; its Job and node pool are deleted; moving it to another cluster that can start it now, else asking this cluster once more...",
+        "{detail};已删除其 Job 和 node pool;若有可立即启动它的其他集群则转过去,否则在本集群再请求一次...",
     ),
     "node_pool_failed": ("Node pool creation failed: {detail}", "node pool 创建失败: {detail}"),
     "job_submit_failed": ("Kubernetes Job submission failed: {detail}", "K8s Job 提交失败: {detail}"),

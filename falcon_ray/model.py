@@ -232,6 +232,10 @@ class Lease:
     deleted_at: dt.datetime | None
     refused_at: dt.datetime | None = None  # GKE refused this pool for capacity (a stockout), then
     refusal: str = ""  # ... with these words; the task's capacity wait is read from such rows
+    # GKE accepted the create (written with the Requested -> Creating move): the create's
+    # timeout counts from here, not from the row, which was written before the create
+    # waited its turn among the cluster's node-pool operations
+    accepted_at: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))

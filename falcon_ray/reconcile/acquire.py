@@ -35,13 +35,24 @@ lease rows for a capacity wait.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from typing import Any
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import limits, render, scheduling
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.limits import Wait
-from falcon_ray.model import CAPACITY_KINDS, Lease, OpKind, OpState, OpView, PoolStatus, PoolView, QueueTask
+from falcon_ray.model import (
+    CAPACITY_KINDS,
+    OP_IN_FLIGHT,
+    Lease,
+    OpKind,
+    OpState,
+    OpView,
+    PoolStatus,
+    PoolView,
+    QueueTask,
+)
 from falcon_ray.reconcile import capacity, dispatch, finish, move
 from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import (
@@ -311,8 +322,9 @@ def create_failed(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, po
     return True
 
 
-def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tuple[LeaseState, list[Effect]]:
-    """Requested -> Creating once GKE accepted the create; the operation's name on the lease."""
+def confirm_create(d: Decision, lease: Lease, op: OpView | None, pool: PoolView | None) -> tuple[LeaseState, list[Effect]]:
+    """Requested -> Creating once GKE accepted the create, with when (``accepted_at``: the
+    create's timeout counts from it) and the operation's name, in the move's one write."""
     effects: list[Effect] = []
     st = lease.state
     # a RUNNING operation without its GKE name has not been answered yet: the call may still
@@ -320,8 +332,9 @@ def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tu
     accepted = op is not None and (op.state == OpState.DONE or (op.state == OpState.RUNNING and bool(op.operation)))
     record = op is not None and bool(op.operation) and op.operation != lease.operation
     if st == LeaseState.REQUESTED and (accepted or pool is not None):
-        # the operation's name, when known, is written with the move (one write)
-        fields = {"operation": op.operation} if record and op is not None else {}
+        fields: dict[str, Any] = {"accepted_at": d.now}
+        if record and op is not None:
+            fields["operation"] = op.operation
         effects.append(MoveLease(lease.id, lease.name, (LeaseState.REQUESTED,), LeaseState.CREATING, fields))
         return LeaseState.CREATING, effects
     if record and op is not None:
@@ -329,22 +342,63 @@ def confirm_create(lease: Lease, op: OpView | None, pool: PoolView | None) -> tu
     return st, effects
 
 
+def create_started(d: Decision, lease: Lease, st: LeaseState) -> dt.datetime:
+    """Where the create's timeout (``Wait.CREATE``) counts from: GKE's acceptance, recorded
+    on the lease (now, when it is being recorded in this group); a row written before the
+    column existed, or a create the cluster cannot be asked about, from the row itself."""
+    if st == LeaseState.CREATING and lease.state == LeaseState.REQUESTED:
+        return d.now
+    return lease.accepted_at or lease.created_at
+
+
 def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
     op, pool = d.cluster.ops.get(lease.name), d.cluster.pools.get(lease.name)
     if create_failed(d, t, lease, op, pool):
         return
-    st, effects = confirm_create(lease, op, pool)
+    st, effects = confirm_create(d, lease, op, pool)
     if pool is not None and pool.status.up:
         nodes_coming(d, t, lease, st, pool, effects)
         return
-    age, limit = (d.now - lease.created_at).total_seconds(), limits.seconds(Wait.CREATE, d.settings) or 0.0
+    if st == LeaseState.REQUESTED and not d.cluster.error:  # not accepted yet: it waits its turn
+        create_queued(d, t, lease, op, effects)
+        return
+    age = (d.now - create_started(d, lease, st)).total_seconds()
     if limits.passed(Wait.CREATE, d.settings, age):
-        detail = f"control plane {pool.status if pool else 'not visible'} after {int(age)}s"
-        if op is not None and op.error:
+        limit = limits.seconds(Wait.CREATE, d.settings) or 0.0
+        detail = f"control plane {pool.status if pool else 'not visible'} {int(age)}s after GKE accepted the create"
+        if st == LeaseState.REQUESTED:
+            detail = f"GKE API of cluster {d.queue.cluster.name} unreachable for {int(age)}s: {d.cluster.error}"
+        elif op is not None and op.error:
             detail += f"; last error: {op.error}"
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
         return
     d.add(f"task {t.id}: creating {lease.name}", *effects, *control_plane_pending(d, t, lease, op, pool))
+
+
+def create_queued(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, effects: list[Effect]) -> None:
+    """The create is not accepted yet: it waits in the ClusterActor's FIFO behind the
+    cluster's other node-pool operations (GKE runs one at a time per cluster), or GKE
+    refused it because one runs. Not the task's time: ``Wait.CREATE`` starts at GKE's
+    acceptance. Its own limit (``Wait.CREATE_QUEUED``, from the lease row) ends it
+    NodePoolFailed with a Message that puts it on the cluster's load."""
+    cluster, since = d.queue.cluster.name, lease.created_at.strftime("%H:%M:%S")
+    waited = (d.now - lease.created_at).total_seconds()
+    if limits.passed(Wait.CREATE_QUEUED, d.settings, waited):
+        limit = fmt_limit(limits.seconds(Wait.CREATE_QUEUED, d.settings) or 0)
+        detail = d.msg("create_queue_over", pool=lease.name, cluster=cluster, limit=limit, since=since)
+        fail(d, t, lease, lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=detail))
+        return
+    if op is not None and op.busy:
+        text = d.msg("create_refused_busy", pool=lease.name, cluster=cluster, detail=op.error, since=since)
+    else:
+        # the view holds this queue's own operations only: the other queues' are not counted
+        own = sum(1 for n, o in d.cluster.ops.items() if n != lease.name and o.state in OP_IN_FLIGHT)
+        ahead = d.msg("create_queued_own", count=own) if own else ""
+        text = d.msg("create_queued", pool=lease.name, cluster=cluster, ahead=ahead, since=since)
+    if op is None and d.cluster.synced and d.cluster.pools.get(lease.name) is None:
+        # The ClusterActor does not know this create (it restarted): ask again
+        effects.append(EnsurePool(lease.name, pool_request(d, t, lease.supply_mode, lease.name), operation=lease.operation))
+    d.add(f"task {t.id}: create of {lease.name} queued", *effects, *d.say_effect(t, text))
 
 
 def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: PoolView, effects: list[Effect]) -> None:
@@ -363,6 +417,8 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     if d.queue.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.settings, waited_for_nodes):
         detail = f"{pool.registered}/{hosts} node(s) registered and another topology is waiting"
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
+        return
+    if t.phase == lc.WAITING_FOR_NODE and st == lease.state and capacity.nodes_not_delivered(d, t, lease, pool):
         return
     text = d.msg("waiting_for_node", pool=lease.name, registered=pool.registered, expected=hosts, ready=pool.ready)
     if t.phase == lc.WAITING_FOR_NODE:

@@ -20,8 +20,20 @@ failed operation and a pool in ERROR. Capacity comes back, so the task does not 
   (``QueueState.refused``, Deleted ones included), never from memory: a restarted
   QueueActor continues the same backoff and the same budget.
 
+- ``nodes_not_delivered(d, t, lease, pool)``: a task in WaitingForNode whose pool GKE
+  created but whose nodes do not come (a flex-start slice the zone cannot give) is in a
+  capacity wait too, from its first refusal or else its entering WaitingForNode, under the
+  same budget. Once spent, its Job and pool are deleted and the lease row records the
+  non-delivery as a refusal (now). Without another active cluster of its TPU type the
+  task ends NodePoolFailed at once; with one it goes to ClusterBusy, where the next round
+  moves it there if that cluster can start it now (``move.move``), else it waits out the
+  backoff and asks once more here, with the budget now counted from that refusal, so a
+  second non-delivery (or a refusal past the budget) ends it NodePoolFailed. The Message
+  says the capacity was not delivered, never that the task failed.
+
 A wait for reservation headroom (``acquire.reservation_allows``) is not a refusal and
-has no limit; the budget is checked when GKE refuses and while a backoff runs.
+has no limit; the budget is checked when GKE refuses, while a backoff runs, and while a
+pool's nodes do not come.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import limits, scheduling
 from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.limits import Wait
-from falcon_ray.model import Lease, QueueTask
+from falcon_ray.model import Lease, PoolView, QueueTask
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, Transition
 
@@ -128,3 +140,42 @@ def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: s
     limit = fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
     text = d.msg("capacity_budget_spent", limit=limit, waited=fmt_duration(waited_s), refusals=refusals, detail=detail)
     return Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=text))
+
+
+def nodes_wait_since(d: Decision, t: QueueTask) -> dt.datetime | None:
+    """When the task's wait for capacity began, for a task in WaitingForNode: its first
+    refusal, else its entering the phase (event log); None when neither is known."""
+    w = wait_of(d, t)
+    starts = [x for x in (w.first_at if w else None, t.phase_since) if x is not None]
+    return min(starts) if starts else None
+
+
+def nodes_not_delivered(d: Decision, t: QueueTask, lease: Lease, pool: PoolView | None) -> bool:
+    """WaitingForNode, its pool short of Ready nodes: GKE has not delivered the capacity, a
+    capacity wait like a refusal, under the same ``capacity_budget_s`` (``Wait.NODES``),
+    and ends as the module's contract says. True when it was decided here."""
+    hosts = t.spec.shape.hosts
+    since = nodes_wait_since(d, t)
+    if since is None or (pool is not None and pool.ready >= hosts):
+        return False
+    waited = (d.now - since).total_seconds()
+    if not budget_spent(d, waited):
+        return False
+    budget = limits.seconds(Wait.CAPACITY, d.settings) or 0.0
+    registered = pool.registered if pool else 0
+    detail = d.msg("nodes_not_delivered", pool=lease.name, registered=registered, expected=hosts, supply=lease.supply_mode.value,
+                   limit=fmt_duration(budget) if budget >= 3600 else fmt_limit(budget), waited=fmt_duration(waited))
+    mark = {"task_id": t.id, "refused_at": d.now, "refusal": detail[:1000]}
+    effects: list[Effect] = [
+        *d.delete_job(t),
+        MoveLease(lease.id, lease.name, (lease.state,), LeaseState.DELETING, mark),
+        DeletePool(lease.name),
+    ]
+    if d.queue.alternatives_exist:
+        text = d.msg("nodes_not_delivered_moving", detail=detail)
+        move = Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None, "job_uid": None})
+    else:
+        move = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=detail))
+    # the task's move first, as in Decision.finish: a live task whose Job is gone gets a new one
+    d.add(f"task {t.id}: nodes of {lease.name} not delivered", move, *effects)
+    return True

@@ -12,9 +12,11 @@ otherwise its Message counts the ready pods.
 (flex-start) gets its nodes only for the Job's pending Pods, so its Job is submitted
 as soon as the control plane is RUNNING and the task waits in WaitingForNode, its
 Message saying for how long, until every pod is ready (Running; the timeout clock
-starts then). The pool is kept while it waits; only when another topology waits on
-the cluster and the node-pool timeout has passed does the task give up
-(NodePoolTimeout, its Job and pool deleted).
+starts then). The pool is kept while it waits. Nodes that do not come are a capacity
+wait (``capacity.nodes_not_delivered``): once ``capacity_budget_s`` is spent the Job and
+pool are deleted and the task moves to another cluster or ends NodePoolFailed. When
+another topology waits on the cluster, the pool holds nodes already and the node-pool
+timeout has passed, the task gives up sooner (NodePoolTimeout, its Job and pool deleted).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from falcon_ray import limits, render
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.limits import Wait
 from falcon_ray.model import PERMANENT_SUBMIT_KINDS, JobView, Lease, PoolView, QueueTask
+from falcon_ray.reconcile import capacity
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
 from falcon_ray.reconcile.effects import Effect, MoveLease, SubmitJob, Transition, UpdateTask
 
@@ -108,6 +111,8 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
         done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
         d.add(f"task {t.id}: gave up on nodes", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
+    elif capacity.nodes_not_delivered(d, t, lease, d.cluster.pools.get(lease.name)):
+        return
     else:
         d.say(t, node_text(d, t, lease.name, d.cluster.pools.get(lease.name), job), "waiting for nodes")
 

@@ -60,12 +60,24 @@ def leases(d: Decision) -> None:
 
 
 def idle_create_ended(d: Decision, lease: Lease) -> bool:
-    """An idle pool whose create was abandoned: True when it was deleted here."""
+    """An idle pool whose create was abandoned: True when it was deleted here. Late, as a
+    held create (``acquire``): ``node_pool_timeout_s`` after GKE accepted it (``accepted_at``;
+    a create accepted after its task left gets its operation's name recorded once, and that
+    write's ``updated_at`` dates the acceptance), or ``create_queue_limit_s`` after the row
+    while it still waits its turn among the cluster's node-pool operations."""
     op, pool = d.cluster.ops.get(lease.name), d.cluster.pools.get(lease.name)
     failed = (op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED) or (
         pool is not None and pool.status == PoolStatus.ERROR
     )
-    late = (d.now - lease.created_at).total_seconds() > d.settings.node_pool_timeout_s
+    queued = op is not None and (op.state == OpState.QUEUED or (op.state == OpState.RUNNING and not op.operation))
+    if queued:
+        late = (d.now - lease.created_at).total_seconds() > d.settings.create_queue_limit_s
+    elif lease.accepted_at is None and op is not None and op.operation and op.operation != lease.operation:
+        d.add(f"lease {lease.name}: idle, create accepted", RecordOperation(lease.id, op.operation))
+        late = False
+    else:
+        started = lease.accepted_at or (lease.updated_at if lease.operation else lease.created_at)
+        late = (d.now - started).total_seconds() > d.settings.node_pool_timeout_s
     if failed or (late and not (pool is not None and pool.status.up)):
         d.claimed.add(lease.id)  # gone: nobody may take or wait for it
         why = "its create failed" if failed else "its create did not finish in time"

@@ -67,7 +67,7 @@ class LeaseStore(StoreCore):
                 if res.rowcount == 1 and res.lastrowid:  # the row as written: no read back
                     lease = Lease(
                         id=int(res.lastrowid), operation=None, delete_attempts=0, last_error="",
-                        ready_at=None, idle_since=None, deleted_at=None, refused_at=None, refusal="", **row,
+                        ready_at=None, idle_since=None, deleted_at=None, refused_at=None, refusal="", accepted_at=None, **row,
                     )
         except sa.exc.IntegrityError:
             pass  # the same name was written before a crash: adopt it

@@ -125,6 +125,7 @@ node_pool_leases = sa.Table(
     sa.Column("deleted_at", Timestamp, nullable=True),
     sa.Column("refused_at", Timestamp, nullable=True, comment="GKE refused the create for capacity (stockout)"),
     sa.Column("refusal", sa.String(1024), nullable=False, server_default="", comment="GKE's words for that refusal"),
+    sa.Column("accepted_at", Timestamp, nullable=True, comment="GKE accepted the create (the create's timeout counts from here)"),
     sa.UniqueConstraint("cluster_id", "name", name="uq_lease_cluster_name"),
     sa.Index("ix_lease_cluster_state", "cluster_id", "state"),
 )

@@ -63,7 +63,7 @@ def test_db_upgrade_creates_every_table_then_is_a_noop(db_url):
 
 
 def test_db_upgrade_adds_jobs_later(db_url):
-    assert json.loads(ok("db", "upgrade", "--json", db=db_url).stdout)["applied"] == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005", "falcon_0006", "falcon_0007", "falcon_0008"]
+    assert json.loads(ok("db", "upgrade", "--json", db=db_url).stdout)["applied"] == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005", "falcon_0006", "falcon_0007", "falcon_0008", "falcon_0009"]
     assert migrate.missing_tables(db_url) == ["jobs"]
     assert json.loads(ok("db", "upgrade", "--with-jobs-table", "--json", db=db_url).stdout)["applied"] == [
         "jobs_0001"

@@ -252,6 +252,31 @@ def test_the_lease_records_the_operation_and_a_restarted_cluster_actor_follows_i
     assert bench.port.took("ensure_pool") == [("ensure_pool", name, "operation-123")]
 
 
+def test_a_create_queued_behind_other_operations_keeps_its_timeout_across_a_restart(bench):
+    """An hour in the ClusterActor's FIFO is not the task's time: the create's timeout counts
+    from GKE's acceptance, which the lease row keeps (``accepted_at``) for a restarted queue."""
+    tid = bench.submit()
+    bench.step(ClusterView(reservation=RES))
+    name = f"falcon-t{tid}-2x2"
+    queued = OpView("create", "queued")
+    for _ in range(6):  # an hour of ten-minute rounds behind the cluster's other operations
+        bench.step(ClusterView(ops={name: queued}, reservation=RES), advance=600)
+        assert bench.phase(tid) == "Pending/Provisioning"
+    assert "Waiting to send the create of node pool" in bench.task(tid).message
+    assert "queued since 12:00:00 UTC" in bench.task(tid).message
+    accepted = OpView("create", "running", operation="operation-9")
+    bench.step(ClusterView(pools=pool(tid, "PROVISIONING", 0), ops={name: accepted}, reservation=RES), advance=1)
+    (lease,) = bench.store.leases()
+    assert lease.state == LeaseState.CREATING and lease.accepted_at == bench.clock.now()
+    bench.clock.advance(599)
+    bench.restart()
+    bench.step(ClusterView(pools=pool(tid, "PROVISIONING", 0), ops={name: accepted}, reservation=RES))
+    assert bench.phase(tid) == "Pending/Provisioning"  # 599 s since GKE accepted it
+    bench.step(ClusterView(pools=pool(tid, "PROVISIONING", 0), ops={name: accepted}, reservation=RES), advance=2)
+    t = bench.task(tid)
+    assert str(t.phase) == "Failed/NodePoolTimeout" and "601s after GKE accepted the create" in t.message
+
+
 def test_a_refused_job_fails_the_task_and_deletes_its_pool_through_keep_or_delete(bench):
     tid = bench.submit()
     bench.port.submit_result = {"error_kind": "permanent", "error": "admission webhook denied the request"}

@@ -30,7 +30,7 @@ def _exec(url: str, sql: str) -> None:
 
 def test_full_upgrade_matches_metadata(db_url):
     applied = migrate.upgrade(db_url, with_jobs_table=True)
-    assert applied == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005", "falcon_0006", "falcon_0007", "falcon_0008", "jobs_0001"]  # every revision, in order
+    assert applied == ["falcon_0001", "falcon_0002", "falcon_0003", "falcon_0004", "falcon_0005", "falcon_0006", "falcon_0007", "falcon_0008", "falcon_0009", "jobs_0001"]  # every revision, in order
     assert set(migrate.heads().values()) <= set(applied)
     assert _tables(db_url) == FALCON | {"jobs", migrate.VERSION_TABLE}
     assert migrate.drift(db_url) == []

@@ -324,6 +324,23 @@ def test_lease_compare_and_set(store):
     assert [x.id for x in store.leases(CLUSTER, live_only=False)] == [lease.id]
 
 
+def test_gke_acceptance_is_written_with_the_creating_move_and_read_back(store):
+    """``accepted_at`` (the create's timeout counts from it) goes with the Requested ->
+    Creating move, in its one statement, and a restarted queue reads it from the row."""
+    lease = store.create_lease(CLUSTER, "2x4", "falcon-2x4-acc", "flex-start", task_id=7)
+    assert lease.accepted_at is None
+    plain = store.create_lease(CLUSTER, "2x4", "falcon-2x4-plain", "flex-start", task_id=8)
+    before = store.statements
+    assert store.move_lease(plain.id, LeaseState.REQUESTED, LeaseState.CREATING, operation="op-0")
+    cost = store.statements - before
+    at = lease.created_at + dt.timedelta(hours=1)  # it waited an hour behind other operations
+    before = store.statements
+    assert store.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.CREATING, operation="op-1", accepted_at=at)
+    assert store.statements - before == cost  # no statement more than the move without it
+    read = store.get_lease(CLUSTER, "falcon-2x4-acc")
+    assert read.accepted_at == at and read.created_at == lease.created_at and read.operation == "op-1"
+
+
 def test_same_pool_name_on_two_clusters_is_two_leases(store):
     a = store.create_lease(CLUSTER, "2x4", "falcon-x", "reservation", None)
     b = store.create_lease("other-cluster", "2x4", "falcon-x", "reservation", None)

@@ -39,6 +39,7 @@ UNITS: dict[str, str] = {
     "queue_idle_tick_s": "seconds",
     "queue_full_read_s": "seconds",
     "node_pool_timeout_s": "seconds",
+    "create_queue_limit_s": "seconds",
     "create_visibility_grace_s": "seconds",
     "reservation_idle_s": "seconds",
     "on_demand_idle_s": "seconds",

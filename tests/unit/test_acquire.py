@@ -49,6 +49,8 @@ class Row:
     recorded: str | None = "op-1"  # the operation name already on the lease
     job: tuple | None = None  # (phase, ready pods) of the task's Job
     in_phase_s: float = 0.0
+    accepted_s: float | None = None  # GKE accepted the create this long ago (the lease's accepted_at)
+    alternatives: bool = False  # another active cluster of the TPU type exists
 
 
 RUNNING_OK = OpView("create", "done", operation="op-1")
@@ -78,7 +80,7 @@ ROWS = [
     Row("control plane not RUNNING in time: NodePoolTimeout", lc.PROVISIONING, LeaseState.CREATING,
         pool=("PROVISIONING", 0, 0), op=OpView("create", "running"), created_s=601,
         expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
-        message="control plane PROVISIONING after 601s"),
+        message="control plane PROVISIONING 601s after GKE accepted the create"),
     Row("control plane not RUNNING yet: wait", lc.PROVISIONING, LeaseState.CREATING,
         pool=("PROVISIONING", 0, 0), op=OpView("create", "running"), created_s=599, absent=(Transition, DeletePool)),
     Row("create refused: NodePoolFailed with GKE's words", lc.PROVISIONING, LeaseState.REQUESTED,
@@ -117,6 +119,43 @@ ROWS = [
     Row("flex-start with no node yet holds nothing: another topology waiting does not end the capacity wait",
         lc.WAITING_FOR_NODE, LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0),
         in_phase_s=3700, other_waiting=True, absent=(Transition, DeletePool, DeleteJob)),
+    # the create's timeout counts from GKE's acceptance, not from the lease row (issue 24)
+    Row("create queued behind the cluster's other operations for an hour: not failed, says what it waits for and since when",
+        lc.PROVISIONING, LeaseState.REQUESTED, op=OpView("create", "queued"), created_s=3600, recorded=None,
+        absent=(Transition, DeletePool, MoveLease), message="Waiting to send the create of node pool falcon-t1-2x2"),
+    Row("create refused for an hour because another operation runs: not failed, says so and since when",
+        lc.PROVISIONING, LeaseState.REQUESTED, recorded=None, created_s=3600,
+        op=OpView("create", "queued", 9, "incompatible_operation", "Cluster is running incompatible operation"),
+        absent=(Transition, DeletePool), message="while cluster edge-a runs another operation"),
+    Row("create still queued past create_queue_limit_s: NodePoolFailed, the Message puts it on the cluster's load",
+        lc.PROVISIONING, LeaseState.REQUESTED, op=OpView("create", "queued"), created_s=10801, recorded=None,
+        expect_to=lc.failed(Reason.NODE_POOL_FAILED), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
+        message="the task itself did nothing wrong"),
+    Row("create accepted after an hour in the queue: Creating, its timeout starts now", lc.PROVISIONING,
+        LeaseState.REQUESTED, op=OpView("create", "running", operation="op-1"), created_s=3600, recorded=None,
+        expect_lease=LeaseState.CREATING, absent=(Transition, DeletePool)),
+    Row("accepted 599s ago, row written an hour ago: the control plane still has time", lc.PROVISIONING,
+        LeaseState.CREATING, pool=("PROVISIONING", 0, 0), op=OpView("create", "running", operation="op-1"),
+        created_s=3600, accepted_s=599, absent=(Transition, DeletePool)),
+    Row("accepted 601s ago, control plane not RUNNING: NodePoolTimeout", lc.PROVISIONING, LeaseState.CREATING,
+        pool=("PROVISIONING", 0, 0), op=OpView("create", "running", operation="op-1"), created_s=3600, accepted_s=601,
+        expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT), expect=(DeletePool,), message="601s after GKE accepted"),
+    # nodes that never come are a capacity wait under capacity_budget_s (issue 24)
+    Row("flex-start nodes not delivered within capacity_budget_s, no other cluster: NodePoolFailed, Job and pool deleted",
+        lc.WAITING_FOR_NODE, LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0),
+        in_phase_s=21601, created_s=22000, expect_to=lc.failed(Reason.NODE_POOL_FAILED), expect_lease=LeaseState.DELETING,
+        expect=(DeleteJob, DeletePool), message="not a fault of the task"),
+    Row("flex-start nodes not delivered within capacity_budget_s, another cluster exists: ClusterBusy to move or ask again",
+        lc.WAITING_FOR_NODE, LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0),
+        in_phase_s=21601, created_s=22000, alternatives=True, expect_to=lc.CLUSTER_BUSY, expect_lease=LeaseState.DELETING,
+        expect=(DeleteJob, DeletePool), message="moving it to another cluster that can start it now"),
+    Row("flex-start nodes 5h59m late: still within the budget", lc.WAITING_FOR_NODE, LeaseState.IN_USE,
+        pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0), in_phase_s=21540, created_s=22000,
+        absent=(Transition, DeletePool, DeleteJob)),
+    Row("nodes of a reservation pool not registered within capacity_budget_s: NodePoolFailed", lc.WAITING_FOR_NODE,
+        LeaseState.CREATING, pool=("RUNNING", 0, 0), op=RUNNING_OK, in_phase_s=21601, created_s=22000,
+        expect_to=lc.failed(Reason.NODE_POOL_FAILED), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
+        message="GKE did not deliver the nodes"),
     Row("flex-start Job lost while waiting: submit again (409 adopts)", lc.WAITING_FOR_NODE, LeaseState.IN_USE,
         pool=("RUNNING", 0, 0), mode="flex-start", expect=(SubmitJob,), absent=(Transition,)),
 ]
@@ -131,12 +170,15 @@ def situation(row: Row) -> tuple[QueueState, ClusterView]:
     leases = ()
     if row.lease is not None:
         created = now - dt.timedelta(seconds=row.created_s)
-        leases = (Lease(1, "c1", "2x2", POOL, row.mode, row.lease, 1, row.recorded, 0, "", created, created, None, None, None),)
+        accepted = None if row.accepted_s is None else now - dt.timedelta(seconds=row.accepted_s)
+        leases = (Lease(1, "c1", "2x2", POOL, row.mode, row.lease, 1, row.recorded, 0, "", created, created, None, None, None,
+                        accepted_at=accepted),)
     others = row.other_waiting
     pools = {POOL: PoolView(POOL, *row.pool)} if row.pool else {}
     jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", row.job[0], row.job[1], row.job[1], 1)} if row.job else {}
     view = ClusterView(pools=pools, ops={POOL: row.op} if row.op else {}, jobs=jobs, synced=True)
-    return QueueState(cluster, "2x2", (t,), leases, "", other_topology_waiting=others), view
+    state = QueueState(cluster, "2x2", (t,), leases, "", other_topology_waiting=others, alternatives_exist=row.alternatives)
+    return state, view
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
@@ -156,6 +198,7 @@ def test_acquisition_rule(row: Row):
     if row.expect_lease == LeaseState.CREATING and row.op is not None and row.op.operation:
         move = next(e for e in out if isinstance(e, MoveLease) and e.to == LeaseState.CREATING)
         assert move.fields.get("operation") == row.op.operation, move
+        assert move.fields.get("accepted_at") == CLOCK(), "GKE's acceptance is written with the move"
     for kind in row.absent:
         assert not any(isinstance(e, kind) for e in out), (kind.__name__, out)
     if row.message:

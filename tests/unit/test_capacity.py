@@ -16,6 +16,7 @@ from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.model import (
     Cluster,
     ClusterView,
+    Destination,
     JobView,
     Lease,
     OpView,
@@ -31,11 +32,12 @@ from falcon_ray.reconcile import (
     DeletePool,
     EnsurePool,
     MoveLease,
+    MoveTask,
     Transition,
     UpdateTask,
     decide,
 )
-from falcon_ray.spec import parse_spec
+from falcon_ray.spec import SupplyMode, parse_spec
 from tests.harness.fakes import FakeClock
 
 S = Settings()  # production defaults: 60 s first retry, x2, 1800 s cap, 6 h budget
@@ -242,3 +244,59 @@ def test_an_unreachable_gke_during_the_backoff_does_not_end_the_wait():
     t = replace(task(lc.CLUSTER_BUSY, pool=None), phase_since=ago(1200))  # past node_pool_timeout_s
     out = run(t, refused=refused_rows(1300, 1000, 100), view=ClusterView(error="connect timeout", synced=True))
     assert not moves(out) and any("asking GKE again" in m for m in texts(out))
+
+
+# ---- nodes that never come: a capacity wait under the same budget (issue 24) -----------------
+
+
+def flex_waiting(in_phase_s: float, refused=(), alternatives: bool = False, destinations=()):
+    t = replace(task(lc.WAITING_FOR_NODE, mode="flex-start"), phase_since=ago(in_phase_s))
+    held = Lease(1, "c1", "2x2", POOL, "flex-start", LeaseState.IN_USE, 1, "op-1", 0, "", ago(in_phase_s + 500),
+                 ago(in_phase_s), ago(in_phase_s), None, None)
+    view = ClusterView(pools={POOL: PoolView(POOL, "RUNNING", 0, 0)},
+                       jobs={1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", "Pending", 0, 0, 1)}, synced=True)
+    state = QueueState(cluster(), "2x2", (t,), (held,), "", refused=tuple(refused), alternatives_exist=alternatives,
+                       destinations=tuple(destinations))
+    return [e for g in decide(state, view, NOW, S) for e in g.effects]
+
+
+def test_nodes_within_the_budget_keep_waiting():
+    assert not moves(flex_waiting(S.capacity_budget_s - 60))
+
+
+def test_nodes_not_delivered_with_no_other_cluster_end_node_pool_failed_as_the_fleets():
+    out = flex_waiting(S.capacity_budget_s + 1)
+    assert moves(out) == [FAILED]
+    assert "did not deliver the nodes" in texts(out)[0] and "not a fault of the task" in texts(out)[0]
+    mark = next(e for e in out if isinstance(e, MoveLease))
+    assert mark.to == LeaseState.DELETING and mark.fields["refused_at"] == NOW  # recorded as a refusal
+    assert any(isinstance(e, DeleteJob) for e in out) and any(isinstance(e, DeletePool) for e in out)
+
+
+def test_nodes_not_delivered_counts_from_an_earlier_refusal():
+    """Refused at first, then created and waiting for nodes: one capacity wait, one budget."""
+    out = flex_waiting(3600, refused=refused_rows(S.capacity_budget_s + 1))
+    assert moves(out) == [FAILED]
+
+
+def test_nodes_not_delivered_with_another_cluster_goes_cluster_busy_then_moves_or_asks_once_more():
+    out = flex_waiting(S.capacity_budget_s + 1, alternatives=True)
+    assert moves(out) == [WAIT]
+    # the next round reads the non-delivery from the lease row as a refusal made now
+    undelivered = replace(lease(POOL, LeaseState.DELETING, mode="flex-start", refused_s=1), refusal="GKE did not deliver")
+    busy = replace(task(lc.CLUSTER_BUSY, mode="flex-start", pool=None), phase_since=ago(1))
+    target = Destination(replace(cluster(), id="c2", name="edge-b"), idle_pools=(SupplyMode.FLEX_START,))
+    state = QueueState(cluster(), "2x2", (busy,), (undelivered,), "", refused=(undelivered,), alternatives_exist=True,
+                       destinations=(target,))
+    moved = [e for g in decide(state, ClusterView(synced=True), NOW, S) for e in g.effects]
+    assert any(isinstance(e, MoveTask) and e.to_cluster == "edge-b" for e in moved), moved
+    # no cluster can start it now: it waits out the backoff, then asks this cluster once more
+    alone = [e for g in decide(replace(state, destinations=()), ClusterView(synced=True), NOW, S) for e in g.effects]
+    assert not moves(alone) and any("asking GKE again" in m for m in texts(alone))
+    # a second non-delivery: the budget counts from the first one, so it ends NodePoolFailed
+    again = flex_waiting(600, refused=(replace(undelivered, refused_at=ago(S.capacity_budget_s + 1)),), alternatives=True)
+    assert moves(again) == [WAIT]
+    later = replace(state, refused=(replace(undelivered, refused_at=ago(S.capacity_budget_s + 700)), undelivered),
+                    destinations=())
+    ended = [e for g in decide(later, ClusterView(synced=True), NOW, S) for e in g.effects]
+    assert moves(ended) == [FAILED] and "capacity_budget_s" in texts(ended)[0]

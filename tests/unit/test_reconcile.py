@@ -29,6 +29,7 @@ from falcon_ray.reconcile import (
     EnsurePool,
     MarkReady,
     MoveLease,
+    RecordOperation,
     RefreshMessages,
     SubmitJob,
     Transition,
@@ -467,3 +468,35 @@ def test_the_idle_pool_with_ready_nodes_is_handed_over_before_an_emptied_one():
     g = decide(state([task(2, "bob")], idle), view, NOW, S)
     (taken,) = [e for e in effects(g, MoveLease) if e.to == LeaseState.IN_USE]
     assert taken.name == full and taken.fields["task_id"] == 2
+
+
+# ---- an idle pool whose create its task abandoned: its timeout counts from GKE's acceptance ----
+
+
+def abandoned(age_s: float, accepted_s: float | None = None, operation: str | None = None) -> Lease:
+    t = NOW - dt.timedelta(seconds=age_s)
+    accepted = None if accepted_s is None else NOW - dt.timedelta(seconds=accepted_s)
+    return Lease(1, "c1", "2x2", "falcon-t1-2x2", "reservation", LeaseState.IDLE.value, None, operation, 0, "", t, t, None, t,
+                 None, accepted_at=accepted)
+
+
+@pytest.mark.parametrize(
+    "name, pool, op, deleted, recorded",
+    [
+        ("still queued behind the cluster's operations an hour after its row: kept", abandoned(3600),
+         OpView("create", "queued"), False, False),
+        ("queued past create_queue_limit_s: deleted (cancels the queued create)", abandoned(S.create_queue_limit_s + 1),
+         OpView("create", "queued"), True, False),
+        ("accepted after it went idle: the acceptance is recorded, not late", abandoned(3600),
+         OpView("create", "running", operation="op-7"), False, True),
+        ("accepted 599s ago, row an hour old: kept", abandoned(3600, accepted_s=599),
+         OpView("create", "running", operation="op-7"), False, False),
+        ("accepted 601s ago, control plane not up: deleted", abandoned(3600, accepted_s=601),
+         OpView("create", "running", operation="op-7"), True, False),
+    ],
+)
+def test_abandoned_create_is_late_from_gke_acceptance(name, pool, op, deleted, recorded):
+    g = decide(state([task(2)], [pool]), ClusterView(ops={"falcon-t1-2x2": op}), NOW, S)  # task 2 waits for it
+    assert any("did not finish in time" in x.what for x in g) == deleted, name
+    assert bool(effects(g, DeletePool)) == deleted, name
+    assert bool(effects(g, RecordOperation)) == recorded, name

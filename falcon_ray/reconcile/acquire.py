@@ -395,6 +395,9 @@ def create_queued(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, ef
         own = sum(1 for n, o in d.cluster.ops.items() if n != lease.name and o.state in OP_IN_FLIGHT)
         ahead = d.msg("create_queued_own", count=own) if own else ""
         text = d.msg("create_queued", pool=lease.name, cluster=cluster, ahead=ahead, since=since)
+    retry = capacity.retry_text(d, t, lease.name, lease.supply_mode.value)
+    if retry is not None:  # asked again after capacity refusals: say that too
+        text = f"{retry}; {text}"
     if op is None and d.cluster.synced and d.cluster.pools.get(lease.name) is None:
         # The ClusterActor does not know this create (it restarted): ask again
         effects.append(EnsurePool(lease.name, pool_request(d, t, lease.supply_mode, lease.name), operation=lease.operation))

@@ -28,6 +28,7 @@ from typing import Any
 from falcon_ray import lifecycle as lc
 from falcon_ray import limits
 from falcon_ray.clock import SYSTEM, Clock
+from falcon_ray.lifecycle import LeaseState
 from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
 
 
@@ -55,6 +56,7 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
             waiting_topologies.setdefault(t.cluster_id, set()).add(str(fields[t.id].get("topology")))
     entered = store.phase_entered([t.id for t in tasks])
     refused = store.capacity_refused_since([t.id for t in tasks if t.phase == lc.CLUSTER_BUSY])
+    creates = _creates(store, tasks)
     out = []
     for t in tasks:
         c = clusters.get(t.cluster_id or "")
@@ -65,16 +67,34 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
             out_of_service=c is not None and not c.active and c.tpu_type in active_types,
             contested=bool(waiting_topologies.get(t.cluster_id, set()) - {topology}),
             capacity_refused=t.id in refused,
+            create_accepted=t.id in creates and creates[t.id].state != LeaseState.REQUESTED,
         )
         if wait is not None:
-            row = _overdue_row(t, wait, fields[t.id], settings, now, _wait_since(t, wait, entered, refused))
+            since = _wait_since(t, wait, entered, refused, creates.get(t.id))
+            row = _overdue_row(t, wait, fields[t.id], settings, now, since)
             if row is not None:
                 out.append(row)
     return out
 
 
-def _wait_since(t, wait: limits.Wait, entered: dict, refused: dict) -> Any:
-    """When a task's wait began: the record the limit of ``wait`` is counted from."""
+def _creates(store, tasks) -> dict[int, Any]:
+    """The lease of each Provisioning task's pool (by its cluster and name), when it has one:
+    whether GKE accepted the create decides which of the create's waits the task is in.
+    A Provisioning task without a lease (the cluster or its reservation cannot be read) is
+    in the create's wait, counted from the phase, as the queue counts it."""
+    named = {(t.cluster_id, t.node_pool_name): t.id for t in tasks if t.phase == lc.PROVISIONING and t.node_pool_name}
+    if not named:
+        return {}
+    return {named[(x.cluster_id, x.name)]: x for x in store.leases() if (x.cluster_id, x.name) in named}
+
+
+def _wait_since(t, wait: limits.Wait, entered: dict, refused: dict, lease: Any = None) -> Any:
+    """When a task's wait began: the record the limit of ``wait`` is counted from (for the
+    create's waits, its lease row: written for the queued wait, GKE's acceptance after)."""
+    if lease is not None and wait == limits.Wait.CREATE_QUEUED:
+        return lease.created_at
+    if lease is not None and wait == limits.Wait.CREATE:
+        return lease.accepted_at or lease.created_at
     if wait == limits.Wait.PODS:
         return t.dispatched_at
     if wait == limits.Wait.CAPACITY:

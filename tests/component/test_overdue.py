@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from falcon_ray.health import overdue_tasks
-from falcon_ray.model import ClusterView, ReservationView
+from falcon_ray.model import ClusterView, OpView, ReservationView
 from falcon_ray.store.migrate import upgrade
 from tests.component.test_queue import job, pool
 from tests.harness.fakes import QueueBench
@@ -58,6 +58,26 @@ def test_waiting_and_provisioning_tasks_are_listed_past_their_own_limits(bench):
     row = _overdue(bench)[first]
     assert row["wait"] == "create-queued" and row["action"] == "fail" and row["limit_s"] == 10800
     assert row["since"] == "2026-12-01T12:00:00" and row["age_s"] == 10804
+
+
+def test_a_create_gke_accepted_is_listed_past_node_pool_timeout_from_its_acceptance(bench):
+    """Once GKE accepted the create (the lease's accepted_at), the task is in the create's
+    wait proper: listed past node_pool_timeout_s counted from the acceptance, not from the
+    lease row (the create waited its turn first) and not after the queued wait's 3 h."""
+    task = bench.submit("alice")
+    bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0)))
+    bench.clock.advance(1000)  # queued behind other operations for 1,000 s: not the task's time
+    name = f"falcon-t{task}-2x2"
+    accepted = ClusterView(ops={name: OpView("create", "running", operation="operation-1")}, reservation=ReservationView(count=4, in_use=0))
+    bench.step(accepted)
+    assert bench.phase(task) == "Pending/Provisioning"
+    assert _overdue(bench) == {}
+    bench.clock.advance(600 + 2)  # past the limit, within the grace of 3 ticks
+    assert _overdue(bench) == {}
+    bench.clock.advance(3)
+    row = _overdue(bench)[task]
+    assert row["wait"] == "create" and row["action"] == "fail" and row["limit_s"] == 600
+    assert row["age_s"] == 605 and row["since"] == "2026-12-01T12:16:40"
 
 
 def test_reservation_headroom_wait_is_listed_only_when_it_has_a_limit(bench):

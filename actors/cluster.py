@@ -63,7 +63,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -273,7 +273,8 @@ class ClusterGateway:
     (``OperationQueue``) and ``reservation`` (``ReservationState``); ``lock`` guards the
     caches and the operation queue. The read-only properties (``gke``, ``watcher``,
     ``watch_delay``, ``ops``, ``op_fifo``, ``pool_topology``, ``pools_listed_at``,
-    ``reservation_read_at``) show what a scheduler of the loops reads.
+    ``reservation_read_at``, ``view_listed_at``, ``pool_owner``, ``op_views``,
+    ``next_operation_due``) show what a scheduler of the loops reads.
 
     ``connect``, when given, replaces the real clients (a simulator hands in-process ones):
     ``connect(cluster, settings, user_agent, stage)`` is called by every connect attempt,
@@ -364,6 +365,32 @@ class ClusterGateway:
     @property
     def reservation_read_at(self) -> float:
         return self.reservation.read_at
+
+    @property
+    def view_listed_at(self) -> float:
+        """When ``observe``'s cached view was last read (pools and reservation, the later of the two)."""
+        return max(self.pool_cache.listed_at, self.reservation.read_at)
+
+    def pool_owner(self, pool: str) -> str | None:
+        """The topology of the queue that observed ``pool`` (None: not known)."""
+        with self.lock:
+            return self.op_queue.pool_topology.get(pool)
+
+    def op_views(self, names: Iterable[str] = ()) -> dict[str, OpView]:
+        """The operations of ``names`` and every queued one, as ``observe`` shows them. Read-only."""
+        with self.lock:
+            ops = self.op_queue.ops
+            wanted = {op.name for op in self.op_queue.fifo}.union(names)
+            return {n: ops[n].view() for n in wanted if n in ops}
+
+    def next_operation_due(self) -> float | None:
+        """When the operation loop can next start anything (monotonic): the earliest retry
+        time of a queued operation, None with none queued or not connected. Read-only."""
+        if self.conn.gke is None:
+            return None
+        with self.lock:
+            due = [op.next_at for op in self.op_queue.fifo if op.state == OpState.QUEUED and self.op_queue.ops.get(op.name) is op]
+        return min(due) if due else None
 
     def _start_loops(self, loop: LoopFactory) -> dict[str, Loop]:
         """Start the four loops (the class's contract for ``loops``)."""

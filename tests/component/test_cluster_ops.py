@@ -203,3 +203,28 @@ def test_the_connect_backoff_draws_its_jitter_from_the_given_rng(tmp_path):
     first, second = drawn.random(), drawn.random()
     assert delays == [1.0 + first, 2.0 + second]
     store.dispose()
+
+
+def test_the_read_only_views_a_scheduler_reads_say_when_the_operations_can_next_run(gateway):
+    """``next_operation_due``, ``op_views``, ``pool_owner`` and ``view_listed_at`` (the
+    simulator's seams) read the FIFO and caches and change nothing."""
+    assert gateway.next_operation_due() is None  # not connected
+    gateway.conn.gke = object()
+    assert gateway.next_operation_due() is None  # nothing queued
+    gateway.ensure_pool("falcon-a", {"name": "falcon-a"})
+    gateway.ensure_pool("falcon-b", {"name": "falcon-b"})
+    gateway.ops["falcon-a"].next_at = 50.0  # a retry later than b's
+    gateway.ops["falcon-b"].next_at = 20.0
+    assert gateway.next_operation_due() == 20.0
+    gateway.delete_pool("falcon-b")  # cancels b's create: its delete is the one queued
+    gateway.ops["falcon-b"].next_at = 70.0
+    assert gateway.next_operation_due() == 50.0
+    views = gateway.op_views()
+    assert set(views) == {"falcon-a", "falcon-b"} and views["falcon-b"].kind == OpKind.DELETE
+    gateway.op_fifo.clear()  # taken out to run: only asked for by name
+    assert gateway.op_views() == {} and gateway.op_views(["falcon-a", "falcon-x"])["falcon-a"].state == OpState.QUEUED
+    assert gateway.next_operation_due() is None
+    gateway.observe("edge-a.2x2", ["falcon-a"], want_reservation=False)
+    assert gateway.pool_owner("falcon-a") == "2x2" and gateway.pool_owner("falcon-x") is None
+    gateway.pool_cache.listed_at, gateway.reservation.read_at = 10.0, 12.0
+    assert gateway.view_listed_at == 12.0

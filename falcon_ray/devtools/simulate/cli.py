@@ -78,7 +78,8 @@ def _progress(stream):
 @click.option("--days", default=7.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="With --generate: days of arrivals.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr.")
 @click.option("--exact", is_flag=True, help="Step every queue at every tick, as the Tickers would (slow; to check the left-out rounds).")
-def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet, exact):
+@click.option("--seeds", default=None, help="Run once per seed, e.g. 1-20 or 1,4,7-9: one line per seed; exit 1 when any seed breaks an invariant.")
+def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet, exact, seeds):
     """Run the controller's poller, queues and cluster gateways in virtual time against a
     modelled fleet, play a tasks file, and report what users waited and what the fleet
     held idle. The same inputs and seed give the same report (wall_s aside)."""
@@ -106,6 +107,13 @@ def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, gen
     except (ValueError, OSError) as e:
         raise InvalidInput(f"tasks: {e}") from None
     settings = settings_or_exit(config)
+    if seeds is not None:
+        if db_url:
+            raise InvalidInput("--seeds runs on SQLite in memory (a --db must be fresh for each run)")
+        seed_list = parse_seeds(seeds)
+        pin_hash_seed()
+        _run_seeds(fleet_config, tasks, settings, seed_list, until_s, exact, as_json, out, (fleet, tasks_path, config))
+        return
     pin_hash_seed()
     replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url, exact)
     t0 = time.perf_counter()
@@ -147,3 +155,64 @@ def summary(report: dict) -> str:
         f"digest {report['digest']}",
     ]
     return "\n".join(lines)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``1-20``, ``3`` or ``1,4,7-9``: the seeds in the order given."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            a, b = int(lo), int(hi or lo)
+            if b < a:
+                raise ValueError(part)
+            out.extend(range(a, b + 1))
+    except ValueError:
+        raise InvalidInput(f"--seeds: {text!r} is not a list of seeds such as 1-20 or 1,4,7-9") from None
+    return out
+
+
+def _run_seeds(fleet_config, tasks, settings, seeds, until_s, exact, as_json, out, paths) -> None:
+    """One run per seed, one after the other in this process; a line per seed on stdout (the
+    reports as a JSON list with ``--json`` / ``--out``), the replay command of each seed that
+    broke an invariant on stderr, exit 1 when one did."""
+    from .driver import Simulation
+    from .report import build_report
+
+    fleet, tasks_path, config = paths
+    reports, broken = [], []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        sim = Simulation(fleet_config, tasks, settings, seed, until_s=until_s, exact=exact)
+        try:
+            sim.run()
+            report = build_report(sim, time.perf_counter() - t0)
+        finally:
+            sim.dispose()
+        reports.append(report)
+        if any(report["invariants"].values()):
+            broken.append(_replay_command(fleet, tasks_path, config, seed, until_s, None, exact))
+        if not as_json:
+            click.echo(seed_line(report))
+    text = json.dumps(reports, indent=2)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    if as_json:
+        click.echo(text)
+    for replay in broken:
+        click.echo(f"simulate: invariants broken; replay with: {replay}", err=True)
+    if broken:
+        sys.exit(1)
+
+
+def seed_line(report: dict) -> str:
+    """One seed's run in a line: outcomes, time to Running, invariants."""
+    ttr = report["time_to_running_s"]["all"]
+    bad = {k: v for k, v in report["invariants"].items() if v}
+    return (
+        f"seed {report['seed']}: {report['simulated_s'] / 3600:.1f} h in {report['wall_s']:.1f} s; "
+        + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items())
+        + f"; to Running p50 {ttr['p50']} s p99 {ttr['p99']} s; invariants "
+        + (", ".join(f"{k}={v}" for k, v in bad.items()) if bad else "all 0")
+    )

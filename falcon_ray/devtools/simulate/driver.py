@@ -35,12 +35,17 @@ there, live). What runs when:
   (metrics, the ledger's figures on the cluster row: no decision reads them) run every
   ``GAUGES_EVERY_S``; an orphan scan is skipped while it would find what the last one
   found, nothing (``_orphans_idle``);
-- a queue whose step acted on nothing steps next at the first tick at which
-  ``reconcile.decide``, on what it last observed, acts (``_first_active_tick``: doubling
-  then bisection, on the assumption that a wait once run out stays run out), at most
-  ``QUIET_MAX_S`` away; and at once on a hint, at its next tick when another queue of its
-  cluster acted or (holding a ClusterBusy task) any queue acted, and when the fleet
-  changed one of its pools or its reservation's use, at the first tick at which the
+- a queue steps next at the first tick at which ``reconcile.decide``, on what its last
+  round observed, asks for something that round did not (``reconcile.due.next_due``: the
+  round's own writes are in the rows, so a step before that tick would repeat them), at
+  most ``QUIET_MAX_S`` away; at its next tick when its last step lost, was refused or
+  failed an effect, failed, or ended at ``MAX_ROUNDS`` still moving. Besides: at once on
+  a hint; at its next tick when another queue of its cluster acted while it waits,
+  acquires or holds an unused pool (``_shares_cluster``: the reservation ledger, which
+  topologies wait), when any queue acted while it holds a ClusterBusy task (it may move
+  it), and when the ClusterActor started, failed or ended one of its operations (what
+  ``observe`` shows of it is not what the queue last saw); and when the fleet changed
+  one of its pools or its reservation's use, at the first tick at which the
   ClusterActor's cached view is due for a refresh. ``exact=True`` steps every queue at
   every tick instead (docs/simulate.md compares the two).
 
@@ -64,13 +69,13 @@ import sqlalchemy as sa
 
 from actors.cluster import OP_IDLE_WAIT_S, ClusterGateway
 from actors.poller import IntakePoller
-from actors.queue import QueueReconciler
+from actors.queue import MAX_ROUNDS, QueueReconciler
 from falcon_ray import lifecycle as lc
-from falcon_ray import reconcile
 from falcon_ray.config import Settings
 from falcon_ray.devtools.demo import register_clusters
 from falcon_ray.lifecycle import TERMINAL
 from falcon_ray.model import OpState
+from falcon_ray.reconcile.due import next_due
 from falcon_ray.render import POOL_NAME_PREFIX
 from falcon_ray.sim.fleet import FleetConfig
 from falcon_ray.store import Store
@@ -83,7 +88,7 @@ log = logging.getLogger("falcon.simulate")
 START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
 GAUGES_EVERY_S = 600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
 DEFAULT_TAIL_S = 8 * 86400.0  # without until_s: the run ends at the latest this long after the last submission
-QUIET_MAX_S = 600.0  # a quiet queue steps at least this often (virtual seconds)
+QUIET_MAX_S = 3600.0  # a quiet queue steps at least this often (virtual seconds): a safety net
 MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages
 END_CHECK_S = 10.0  # once every task is submitted: virtual seconds between two checks for the end
 
@@ -135,6 +140,7 @@ class Simulation:
         self.progress = progress
         self.exact = exact
         self.probes = 0
+        self.rounds_cut: dict[int, bool] = {}  # id(queue) -> its last step ended at MAX_ROUNDS, still moving
         self.clock = VirtualClock(START)
         self.t0 = self.clock.monotonic()
         self.scheduler = Scheduler(self.clock)
@@ -153,6 +159,7 @@ class Simulation:
         self._changed_since_check = True
         self._scanned: dict[str, tuple[str, ...]] = {}  # cluster -> its Falcon pools at a scan that found nothing
         self._acted: set[str] = set()  # clusters one of whose queues acted since their last orphan scan
+        self._op_seen: dict[str, set[str]] = {}  # cluster -> its operations queued or running at the last look
         self.poller = IntakePoller(settings, self._controller_store(), self.port, self.clock)
         self.poller_loop = self._loop("poller", self.poller.poll_once, self.poller.interval)
         self.poller_loop.next_after = self._poller_next
@@ -212,6 +219,8 @@ class Simulation:
         ops.worker = Worker(f"simulate {name}: operations")
         self.workers.append(ops.worker)
         ops.next_after = lambda loop, g=g: _next_operation(g, loop.clock.monotonic())
+        if not self.exact:
+            ops.on_settle = lambda loop, name=name: self._operations_moved(name)
         g.tickers["watch"].next_after = lambda loop, g=g: self._watch_next(g, loop)
         if not self.exact:
             g.tickers["gauges"].next_after = lambda loop: loop.clock.monotonic() + GAUGES_EVERY_S
@@ -272,12 +281,20 @@ class Simulation:
         if key not in self.queues:
             q = QueueReconciler(cluster, topology, self.settings, self._controller_store(), self.port, self.clock)
             q.read_every_step = False  # as the QueueActor runs it
-            loop = self._loop(f"queue {cluster}/{topology}", q.step, q.interval)
+            loop = self._loop(f"queue {cluster}/{topology}", lambda q=q: self._step_queue(q), q.interval)
             loop.on_step = self._queue_stepped
             if not self.exact:
                 loop.next_after = lambda loop, q=q: self._queue_next(q, loop)
             self.queues[key] = (q, loop)
         return self.queues[key]
+
+    def _step_queue(self, q: QueueReconciler) -> int:
+        """The queue's step; ``rounds_cut`` says whether it ended at ``MAX_ROUNDS`` with its
+        last round still moving (what that round decided is not in its observations)."""
+        before = q.rounds
+        applied = q.step()
+        self.rounds_cut[id(q)] = q.rounds - before >= MAX_ROUNDS
+        return applied
 
     # ---- the port's wake-ups --------------------------------------------------------------------
 
@@ -299,9 +316,10 @@ class Simulation:
         if self.exact:
             return
         for (c, _topology), (q, other) in self.queues.items():
-            # the same cluster's queues share its reservation ledger and its capacity; a queue
-            # with a ClusterBusy task may move it to a cluster that now has room
-            if other is not loop and (c == cluster or _holds_busy(q)):
+            # the same cluster's queues that wait or acquire share its reservation ledger and
+            # its capacity (a queue of Running tasks reads neither); a queue with a ClusterBusy
+            # task may move it to a cluster that now has room
+            if other is not loop and ((c == cluster and _shares_cluster(q)) or _holds_busy(q)):
                 other.wake_on_tick()
 
     def _fleet_changed(self, cluster: str, pools: set[str], capacity: bool) -> None:
@@ -313,46 +331,47 @@ class Simulation:
         if self.exact:
             return
         g = self.gateways[cluster]
-        owners = {g.pool_topology.get(p) for p in pools}
+        owners = {g.pool_owner(p) for p in pools}
         every = capacity or None in owners
-        due = _view_listed_at(g) + self.settings.pool_refresh_s
+        due = g.view_listed_at + self.settings.pool_refresh_s
         for (c, topology), (_q, loop) in self.queues.items():
             if c == cluster and (every or topology in owners):
                 loop.wake_on_tick(due)
 
+    def _operations_moved(self, cluster: str) -> None:
+        """The operation loop gave control back: a queue whose operation it started, failed or
+        followed to its end (what ``observe`` shows of it is not what the queue last saw)
+        steps at its next tick, as a queue stepped at every tick would see it."""
+        g = self.gateways[cluster]
+        names = set(self._op_seen.get(cluster, ()))
+        for (c, _topology), (q, _loop) in self.queues.items():  # the running one is out of the FIFO
+            if c == cluster and q.last_view is not None:
+                names.update(n for n, v in q.last_view.ops.items() if v.state in (OpState.QUEUED, OpState.RUNNING))
+        views = g.op_views(names)
+        self._op_seen[cluster] = {n for n, v in views.items() if v.state in (OpState.QUEUED, OpState.RUNNING)}
+        for name, v in views.items():
+            topology = g.pool_owner(name)
+            if topology is None or (cluster, topology) not in self.queues:
+                continue
+            q, loop = self.queues[(cluster, topology)]
+            if q.last_view is None or q.last_view.ops.get(name) != v:
+                loop.wake_on_tick()
+
     def _queue_next(self, q: QueueReconciler, loop: ScheduledLoop) -> float | None:
-        """A quiet queue's next step: the first tick at which ``decide`` acts on what it last
-        observed (probed, not stepped), at most ``QUIET_MAX_S`` away; a queue that acted,
-        failed or has not observed yet steps at its next tick."""
+        """A queue's next step: the first tick at which ``decide``, on what its last round
+        observed, asks for something that round did not (``reconcile.due.next_due``; that
+        round's own writes are in the rows, the earlier rounds' in its observations: a
+        step's rounds go on while they move something), at most ``QUIET_MAX_S`` away. A
+        queue that lost, was refused or failed an effect (its next round reads), whose
+        step failed, ended at ``MAX_ROUNDS`` still moving or has not observed yet steps at
+        its next tick."""
         now = self.clock.monotonic()
         tick = q.interval()
         state, view = q.last_state, q.last_view
-        if loop.result != 0 or state is None or view is None:
+        if not isinstance(loop.result, int) or state is None or view is None or q.mirror.must_read or self.rounds_cut.get(id(q)):
             return now + tick
-        return now + self._first_active_tick(state, view, tick) * tick
-
-    def _first_active_tick(self, state, view, tick: float) -> int:
-        """The smallest k >= 1 (at most QUIET_MAX_S / tick) whose tick ``decide`` acts at,
-        found by doubling then bisection (a wait that has run out stays run out)."""
-        wall = self.clock.now()
-        k_max = max(1, int(QUIET_MAX_S // tick))
-
-        def acts(k: int) -> bool:
-            self.probes += 1
-            return bool(reconcile.decide(state, view, wall + dt.timedelta(seconds=k * tick), self.settings))
-
-        lo, hi = 0, 1  # decide does not act at lo
-        while not acts(hi):
-            if hi == k_max:
-                return k_max
-            lo, hi = hi, min(2 * hi, k_max)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if acts(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        self.probes += 1
+        return now + next_due(state, view, self.clock.now(), self.settings, tick, max(1, int(QUIET_MAX_S // tick))) * tick
 
     # ---- the poller's cadence -------------------------------------------------------------------
 
@@ -447,9 +466,18 @@ class Simulation:
             self._keeper = None
 
 
-def _view_listed_at(g: ClusterGateway) -> float:
-    """When the gateway last listed its pools and read its reservation (the later of the two)."""
-    return max(getattr(g, "pools_listed_at", 0.0), getattr(g, "reservation_read_at", 0.0))
+def _shares_cluster(q: QueueReconciler) -> bool:
+    """The queue's decisions read what its cluster's other queues change (the reservation
+    ledger, which topologies wait): it has a Waiting or acquiring task or an unused pool,
+    or has not observed yet."""
+    state = q.last_state
+    if state is None:
+        return True
+    return (
+        bool(state.waiting)
+        or any(t.phase in lc.ACQUIRING_PHASES for t in state.held)
+        or any(x.state in lc.LEASE_UNUSED for x in state.leases)
+    )
 
 
 def _holds_busy(q: QueueReconciler) -> bool:
@@ -461,13 +489,8 @@ def _next_operation(g: ClusterGateway, now: float) -> float | None:
     """When the operation loop can next do anything: when its first queued operation is due
     (its retry time), never before the loop's own idle wait; None with nothing queued (a
     new operation, a connect wake it)."""
-    if g.gke is None:
-        return None
-    with g.lock:
-        due = [op.next_at for op in g.op_fifo if op.state == OpState.QUEUED and g.ops.get(op.name) is op]
-    if not due:
-        return None
-    return max(min(due), now + OP_IDLE_WAIT_S)
+    due = g.next_operation_due()
+    return None if due is None else max(due, now + OP_IDLE_WAIT_S)
 
 
 def _database(db_url: str | None, seed: int) -> tuple[str, sqlite3.Connection | None]:

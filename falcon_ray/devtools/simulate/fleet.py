@@ -18,6 +18,9 @@ clients of one connection, each with the methods and results of the real one:
   through ``falcon_ray.errors.classify``, as the real client maps them. A read or
   delete refused as transient or rate-limited is tried again at once (the real client
   retries it after a back-off, up to ``api_retry_timeout_s``), at most ``RETRIES`` times.
+  A read's 503 or 429 is drawn from the cluster's stream of read faults, a create's or
+  delete's from the model's own: how often the controller reads (a queue stepped at every
+  tick or only when it can act) does not change which of its creates and deletes fail.
 - ``SimCompute`` (``ComputeApi.reservation``) and ``SimResourcePolicies``
   (``ResourcePolicyApi.get``).
 - ``SimKube``: ``falcon_ray.kube.KubeApi`` itself, every method of it, with its
@@ -37,6 +40,7 @@ lost), 410 after ``compact_history``.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -128,9 +132,22 @@ class VirtualFleet:
             c.disruptions.tick_s = DISRUPTION_TICK_S
             self.clusters[cfg.name] = c
         self.calls: dict[str, int] = {}
+        self.read_rngs: dict[str, random.Random] = {}
 
     def count(self, api: str) -> None:
         self.calls[api] = self.calls.get(api, 0) + 1
+
+    def read_fault(self, c: SimCluster) -> None:
+        """``inject_api_fault`` for a read, drawn from the cluster's own stream of read faults:
+        how often the controller reads does not shift the draws of its creates and deletes."""
+        rng = self.read_rngs.get(c.config.name)
+        if rng is None:
+            rng = self.read_rngs[c.config.name] = random.Random(f"{self.config.seed}:{c.config.name}:read-faults")
+        kept, c.fault_rng = c.fault_rng, rng
+        try:
+            c.inject_api_fault()
+        finally:
+            c.fault_rng = kept
 
     def connect(self, cluster, settings, user_agent: str, stage: Callable[[str], None]):
         """An ``actors.cluster.Connect``: the in-process clients of one cluster."""
@@ -163,11 +180,14 @@ class SimGke:
             raise CloudError(ErrorKind.NOT_FOUND, f"Not found: projects/{project}/locations/{location}/clusters/{name}.", 404)
         return c
 
-    def _call(self, c: SimCluster, fn: Callable[[], Any], retry: bool = True) -> Any:
+    def _call(self, c: SimCluster, fn: Callable[[], Any], retry: bool = True, read: bool = True) -> Any:
         self.fleet.count("gke")
         for attempt in range(RETRIES):
             try:
-                c.inject_api_fault()
+                if read:
+                    self.fleet.read_fault(c)
+                else:
+                    c.inject_api_fault()
                 return fn()
             except GoogleError as e:
                 err = _google(e)
@@ -211,7 +231,7 @@ class SimGke:
     def delete_node_pool(self, project: str, location: str, cluster: str, name: str) -> str | None:
         c = self._cluster(project, location, cluster)
         try:
-            return self._call(c, lambda: c.pools.delete(name).name)
+            return self._call(c, lambda: c.pools.delete(name).name, read=False)
         except CloudError as e:
             if e.kind == ErrorKind.NOT_FOUND:
                 return None
@@ -284,7 +304,7 @@ class SimCompute:
             raise CloudError(ErrorKind.NOT_FOUND, f"The resource 'projects/{project}/zones/{zone}/reservations/{name}' was not found", 404)
         for attempt in range(RETRIES):
             try:
-                owners[0].inject_api_fault()
+                self.fleet.read_fault(owners[0])
                 break
             except GoogleError as e:
                 if attempt == RETRIES - 1:

@@ -22,7 +22,8 @@ the one worker it handed control to), so a run is deterministic.
 logged and kept in ``last_error``; ``halted``; ``stop``; ``status``) on the scheduler
 instead of a thread. ``next_after``, when set, replaces ``now + interval()`` after a step
 with the time the loop can next change anything (None: only a ``wake()``); it is where
-the driver leaves out steps that cannot do anything.
+the driver leaves out steps that cannot do anything. ``on_step`` is called after each step,
+``on_settle`` each time a worker's step gives control back (parked in a wait, or done).
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ class ScheduledLoop:
         self.next_after: Callable[[ScheduledLoop], float | None] | None = None
         self.worker: Worker | None = None
         self.on_step: Callable[[ScheduledLoop, object], None] | None = None  # the driver's hook
+        self.on_settle: Callable[[ScheduledLoop], None] | None = None  # a worker gave control back
         self.due: float | None = None
         self._gen = 0
         self._running = False
@@ -289,6 +291,8 @@ class ScheduledLoop:
         or its step is done."""
         w = self.worker
         assert w is not None
+        if self.on_settle is not None:
+            self.on_settle(self)
         if w.parked:
             if w.resume_at is not None:
                 self.scheduler.at(w.resume_at, self._resume)

@@ -1,0 +1,69 @@
+"""When a queue's decision next differs: the step a scheduler may not leave out.
+
+Contract
+--------
+``next_due(queue, view, now, settings, tick, horizon_ticks) -> int`` answers, for a queue
+that has just carried out ``decide(queue, view, now, settings)`` (every group of it won),
+at which of its next ticks ``now + k * tick`` (k = 1 .. ``horizon_ticks``) the decision on
+the same observations asks for something it did not ask for at ``now``: a group that is
+not one of ``now``'s. Time alone changes a decision (a limit or a backoff runs out, a
+Message's counter or start estimate moves on), so before that tick a step on unchanged
+observations would only repeat what was done (each effect is idempotent and its write is
+in the rows already) and a scheduler may leave it out. It returns ``horizon_ticks`` when
+nothing new comes within the horizon.
+
+The search is doubling then bisection, so it asks ``decide`` about 2 log2(horizon) times.
+That rests on one property of the rules: once a wait has run out it stays run out (a
+decision that asks for something new at a tick asks for something new at every later
+one, until the observations change). The function is pure: it reads no clock and does
+no I/O; ``decide`` may be given (a test's) and is ``reconcile.decide`` otherwise.
+
+What it does not know is what changes the observations (another writer's rows, the
+cluster's pools, operations and Jobs): whoever calls it steps the queue when those
+change as well.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+from falcon_ray.config import Settings
+from falcon_ray.model import ClusterView, QueueState
+from falcon_ray.reconcile.effects import EffectGroup
+
+Decide = Callable[[QueueState, ClusterView, dt.datetime, Settings], list[EffectGroup]]
+
+
+def next_due(
+    queue: QueueState,
+    view: ClusterView,
+    now: dt.datetime,
+    settings: Settings,
+    tick: float,
+    horizon_ticks: int,
+    decide: Decide | None = None,
+) -> int:
+    """The first tick (1 .. ``horizon_ticks``) whose decision has a group ``now``'s lacks (the module's contract)."""
+    if decide is None:
+        from falcon_ray.reconcile import decide as decide_rules
+
+        decide = decide_rules
+    done = decide(queue, view, now, settings)
+    horizon_ticks = max(1, horizon_ticks)
+
+    def new_at(k: int) -> bool:
+        return any(g not in done for g in decide(queue, view, now + dt.timedelta(seconds=k * tick), settings))
+
+    lo, hi = 0, 1  # nothing new at lo
+    while not new_at(hi):
+        if hi == horizon_ticks:
+            return horizon_ticks
+        lo, hi = hi, min(2 * hi, horizon_ticks)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if new_at(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

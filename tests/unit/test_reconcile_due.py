@@ -1,0 +1,64 @@
+"""reconcile.due.next_due: the first tick at which a decision asks for something new."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from falcon_ray.config import Settings
+from falcon_ray.reconcile.due import next_due
+from falcon_ray.reconcile.effects import EffectGroup, UpdateTask
+
+T0 = dt.datetime(2026, 1, 5)
+
+
+def _decide_with_minute_counter(limit_s: float | None = None):
+    """A decision that writes a wait counter that moves once a minute and, past ``limit_s``,
+    fails the task: what the acquisition rules do to a task waiting for its pool."""
+
+    def decide(queue, view, now, settings):
+        waited = (now - T0).total_seconds()
+        groups = [EffectGroup("task 1: counter", (UpdateTask(1, (), f"waiting {int(waited // 60)}m"),))]
+        if limit_s is not None and waited >= limit_s:
+            groups.append(EffectGroup("task 1: timeout", (UpdateTask(1, (), "failed"),)))
+        return groups
+
+    return decide
+
+
+@pytest.mark.parametrize(
+    ("now_s", "limit_s", "expected"),
+    [
+        (0.0, None, 60),  # the counter moves at the next minute
+        (59.0, None, 1),
+        (60.0, None, 60),
+        (0.0, 30.0, 30),  # the limit runs out before the minute
+        (30.0, 30.0, 30),  # run out already: asked for at now, nothing new until the minute
+    ],
+)
+def test_the_first_tick_that_asks_for_something_new(now_s, limit_s, expected):
+    got = next_due(None, None, T0 + dt.timedelta(seconds=now_s), Settings(), 1.0, 600, decide=_decide_with_minute_counter(limit_s))
+    assert got == expected
+
+
+def test_nothing_new_within_the_horizon_returns_the_horizon():
+    def constant(queue, view, now, settings):
+        return [EffectGroup("task 1: same", (UpdateTask(1, (), "same"),))]
+
+    assert next_due(None, None, T0, Settings(), 1.0, 600, decide=constant) == 600
+    assert next_due(None, None, T0, Settings(), 5.0, 0, decide=constant) == 1
+
+
+def test_the_ticks_are_counted_in_the_given_tick():
+    # a 5 s tick: the minute's counter moves at the 12th tick
+    assert next_due(None, None, T0, Settings(), 5.0, 720, decide=_decide_with_minute_counter()) == 12
+
+
+def test_the_default_decide_is_the_rules(monkeypatch):
+    import falcon_ray.reconcile as reconcile
+
+    calls = []
+    monkeypatch.setattr(reconcile, "decide", lambda *a: calls.append(a) or [])
+    assert next_due(None, None, T0, Settings(), 1.0, 4) == 4
+    assert calls and calls[0][2] == T0

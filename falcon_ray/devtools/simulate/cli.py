@@ -1,7 +1,9 @@
 """``falcon-ray simulate``: run the controller in virtual time and print the report.
 
 Exit codes: 0 when every invariant is 0, 1 when one is not (the command that replays the
-run goes to stderr), 2 for invalid input (one line on stderr).
+run goes to stderr), 2 for invalid input (one line on stderr). With ``--seeds`` the run is
+made once per seed, a line each: 1 when any seed broke an invariant (each one's replay
+command on stderr).
 """
 
 from __future__ import annotations

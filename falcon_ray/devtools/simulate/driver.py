@@ -86,7 +86,7 @@ from .schedule import ScheduledLoop, Scheduler, VirtualClock, Worker
 
 log = logging.getLogger("falcon.simulate")
 START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
-GAUGES_EVERY_S = 600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
+GAUGES_EVERY_S = 3600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
 DEFAULT_TAIL_S = 8 * 86400.0  # without until_s: the run ends at the latest this long after the last submission
 QUIET_MAX_S = 3600.0  # a quiet queue steps at least this often (virtual seconds): a safety net
 MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages

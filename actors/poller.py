@@ -145,6 +145,9 @@ class IntakePoller:
         for o in offers:
             if o.unfit == scheduling.Unfit.NO_RESERVATION:
                 parts.append(self.msg("offer_no_reservation", cluster=o.cluster))
+            elif o.unfit == scheduling.Unfit.RESERVATION_SIZE:
+                parts.append(self.msg("offer_reservation_size", cluster=o.cluster, reservation=o.reservation, count=o.count,
+                                      hosts=spec.shape.hosts, topology=spec.topology))
             elif o.unfit == scheduling.Unfit.FLEX_START_MAX_RUN:
                 parts.append(self.msg("offer_flex_start_max_run", cluster=o.cluster, seconds=spec.timeout_seconds, limit=f"{FLEX_START_MAX_RUN_SECONDS // 86400} days"))
             elif o.mode == SupplyMode.RESERVATION:

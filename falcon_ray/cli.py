@@ -610,6 +610,8 @@ def _print_rendered(out: dict[str, Any], mode: Any, parent: str, namespace: str)
 def _unfit_text(offer: scheduling.Offer, spec: Any) -> str:
     if offer.unfit == scheduling.Unfit.NO_RESERVATION:
         return "the task asks for reservation supply and no --reservation is given"
+    if offer.unfit == scheduling.Unfit.RESERVATION_SIZE:
+        return f"reservation {offer.reservation} holds {offer.count} VM(s), fewer than the {spec.shape.hosts} a {spec.topology} slice needs"
     if offer.unfit == scheduling.Unfit.FLEX_START_MAX_RUN:
         return (
             f"flex-start VMs run at most {render.FLEX_START_MAX_RUN_SECONDS // 86400} days (maxRunDuration), "

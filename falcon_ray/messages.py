@@ -25,6 +25,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Reservation {reservation} of cluster {cluster} holds {held}, not {machine_type}; choosing another cluster...",
         "集群 {cluster} 的 reservation {reservation} 只有 {held},没有 {machine_type},正在重新选择集群...",
     ),
+    "requeued_too_small": (
+        "Reservation {reservation} of cluster {cluster} holds {count} VM(s), fewer than the {hosts} a {topology} slice needs; choosing another cluster...",
+        "集群 {cluster} 的 reservation {reservation} 只有 {count} 台 VM,少于 {topology} slice 所需的 {hosts} 台,正在重新选择集群...",
+    ),
     "moved_to_idle": (
         "Moved from {origin} (reservation {reservation} busy) to {cluster}, which has an idle {topology} node pool; next to acquire resources there",
         "已从 {origin} (reservation {reservation} 容量不足) 转到有空闲 {topology} node pool 的 {cluster},下一个在该集群获取资源",
@@ -171,6 +175,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
     "offer_reservation": (
         "{cluster}: reservation {reservation} holds {machine_type} ({topologies})",
         "{cluster}: reservation {reservation} 只有 {machine_type} ({topologies})",
+    ),
+    "offer_reservation_size": (
+        "{cluster}: reservation {reservation} holds {count} VM(s), fewer than the {hosts} a {topology} slice needs",
+        "{cluster}: reservation {reservation} 只有 {count} 台 VM,少于 {topology} slice 所需的 {hosts} 台",
     ),
     "offer_no_reservation": (
         "{cluster}: no reservation",

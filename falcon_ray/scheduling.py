@@ -267,6 +267,7 @@ class RankableCluster(Protocol):
     status: str
     default_reservation: str
     reservation_machine_type: str  # what its reservation holds, as last read ("" not read yet)
+    reservation_count: int | None  # how many VMs its reservation holds, as last read (None: not read)
 
 
 class Unfit(StrEnum):
@@ -274,6 +275,7 @@ class Unfit(StrEnum):
 
     NO_RESERVATION = "no_reservation"  # reservation supply, and the cluster has no reservation
     MACHINE_TYPE = "machine_type"  # its reservation holds VMs of another machine type
+    RESERVATION_SIZE = "reservation_size"  # its whole reservation holds fewer VMs than one slice needs
     TOPOLOGY = "topology"  # the topology is not in the cluster's TPU catalogue
     FLEX_START_MAX_RUN = "flex_start_max_run"  # flex-start, and the task's timeout exceeds its run limit
 
@@ -291,6 +293,7 @@ class Offer:
     machine_type: str = ""  # the reservation's; "" when not read yet or no reservation
     topologies: tuple[str, ...] = ()
     unfit: Unfit | None = None
+    count: int | None = None  # the reservation's VMs, when read
 
     @property
     def serves(self) -> bool:
@@ -310,8 +313,9 @@ def outlives_flex_start(spec: TaskSpec, mode: SupplyMode, max_run_s: int = FLEX_
 
 def offer(spec: TaskSpec, c: RankableCluster, machine_type: str | None = None) -> Offer:
     """Can ``c`` serve ``spec``? A reservation serves only the shapes of the machine type it
-    holds (``machine_type``: a fresher reading than the cluster row's); a reservation not
-    read yet is taken to serve (the queue checks again before it creates anything)."""
+    holds (``machine_type``: a fresher reading than the cluster row's), and only slices of
+    at most as many hosts as it holds VMs; a reservation not read yet is taken to serve (the
+    queue checks again before it creates anything)."""
     mode = supply_mode_for(spec, c.default_reservation)
     catalogue = tuple(tpu.topologies(c.tpu_type))
     if spec.topology not in catalogue:
@@ -325,8 +329,17 @@ def offer(spec: TaskSpec, c: RankableCluster, machine_type: str | None = None) -
     held = machine_type if machine_type is not None else (c.reservation_machine_type or "")
     if not held:
         return Offer(c.name, c.tpu_type, mode, c.default_reservation, "", catalogue)
+    count = getattr(c, "reservation_count", None)
     unfit = None if spec.shape.machine_type == held else Unfit.MACHINE_TYPE
-    return Offer(c.name, c.tpu_type, mode, c.default_reservation, held, reservation_topologies(c.tpu_type, held), unfit)
+    if unfit is None and too_small(count, spec.shape.hosts):
+        unfit = Unfit.RESERVATION_SIZE
+    return Offer(c.name, c.tpu_type, mode, c.default_reservation, held, reservation_topologies(c.tpu_type, held), unfit, count)
+
+
+def too_small(count: int | None, hosts: int) -> bool:
+    """A reservation of ``count`` VMs (None: not read) can never hold a slice of ``hosts``:
+    whatever frees up, the slice does not fit (GKE would leave its pool without nodes)."""
+    return count is not None and count < hosts
 
 
 # --- cluster ranking ------------------------------------------------------------------

@@ -8,7 +8,8 @@ nothing was claimed or created for it yet on this cluster), and by ``acquire.no_
 for a task in a capacity wait (GKE refused its pool for capacity, of any supply mode):
 
 - ``unfit(d, t)``: the reservation, as just read, holds another machine type than the
-  task's slice. With another active cluster of the TPU type the task goes back to the
+  task's slice, or fewer VMs in all than the slice has hosts (it could never fit, whatever
+  frees up). With another active cluster of the TPU type the task goes back to the
   poller (Pending, no cluster), which places it where its shape can be served;
   without one it fails NodePoolFailed with the reason instead of a create GKE refuses.
 - ``move(d, t)``: the task is ClusterBusy and ``scheduling.move_target`` finds another
@@ -30,19 +31,32 @@ from falcon_ray.reconcile.effects import MoveTask, Transition, Unassign
 
 
 def unfit(d: Decision, t: QueueTask) -> bool:
+    """The reservation holds another machine type, or fewer VMs in all than one slice needs:
+    the task can never start here. Back to the poller when another active cluster of its TPU
+    type exists, else Failed/NodePoolFailed naming what the reservation holds."""
     r, c = d.cluster.reservation, d.queue.cluster
     shape = t.spec.shape
-    if r is None or not r.machine_type or r.machine_type == shape.machine_type:
+    if r is None:
         return False
-    fields = dict(cluster=c.name, reservation=c.default_reservation, held=r.machine_type, machine_type=shape.machine_type)
-    if d.queue.alternatives_exist:
-        d.add(f"task {t.id}: reservation cannot serve its shape", Unassign(t.id, d.msg("requeued_unfit", **fields), t.phase))
-    else:
+    if r.machine_type and r.machine_type != shape.machine_type:
+        fields = dict(cluster=c.name, reservation=c.default_reservation, held=r.machine_type, machine_type=shape.machine_type)
         detail = d.msg("offer_reservation", cluster=c.name, reservation=c.default_reservation, machine_type=r.machine_type,
                        topologies=", ".join(scheduling.reservation_topologies(c.tpu_type, r.machine_type)) or "-")
+        cannot_serve(d, t, d.msg("requeued_unfit", **fields), detail)
+        return True
+    if scheduling.too_small(r.count, shape.hosts):
+        fields = dict(cluster=c.name, reservation=c.default_reservation, count=r.count, hosts=shape.hosts, topology=d.queue.topology)
+        cannot_serve(d, t, d.msg("requeued_too_small", **fields), d.msg("offer_reservation_size", **fields))
+        return True
+    return False
+
+
+def cannot_serve(d: Decision, t: QueueTask, requeued: str, detail: str) -> None:
+    if d.queue.alternatives_exist:
+        d.add(f"task {t.id}: reservation cannot serve its shape", Unassign(t.id, requeued, t.phase))
+    else:
         failed = lc.failed(Reason.NODE_POOL_FAILED)
         d.add(f"task {t.id}: reservation cannot serve its shape", Transition(t.id, (t.phase,), failed, d.msg("node_pool_failed", detail=detail)))
-    return True
 
 
 def move(d: Decision, t: QueueTask) -> bool:

@@ -13,6 +13,7 @@ PLAUSIBLE = {
     "attempt": "Attempt 2 of 4 after maintenance at 2026-12-01 10:42:00 UTC (node gke-n-1: drained)",
     "attempts": 4,
     "count": 2,
+    "hosts": 16,
     "history": "#1 maintenance on node gke-n-1 at 2026-12-01 10:42:00 UTC (drained)",
     "kind": "maintenance",
     "n": 1,

@@ -21,10 +21,12 @@ S = Settings(node_pool_timeout_s=600, create_visibility_grace_s=120)
 FLEX, RES = SupplyMode.FLEX_START, SupplyMode.RESERVATION
 
 
-def cluster(name: str, reservation: str = "", holds: str = "", status: str = "active", tpu_type: str = "v6e") -> Cluster:
+def cluster(
+    name: str, reservation: str = "", holds: str = "", status: str = "active", tpu_type: str = "v6e", count: int | None = None
+) -> Cluster:
     return Cluster(
         f"id-{name}", name, "proj", "us-east5-b", tpu_type, "logs", reservation, status, "falcon-jobs", "falcon-job", NOW, NOW,
-        reservation_machine_type=holds,
+        reservation_machine_type=holds, reservation_count=count,
     )  # fmt: skip
 
 
@@ -49,6 +51,9 @@ EDGE_C = cluster("edge-c", "res-c", holds="ct6e-standard-4t")
         (EDGE_B, spec("1x1"), FLEX, None),
         (EDGE_B, spec("2x2", supply_mode="reservation"), RES, Unfit.NO_RESERVATION),
         (cluster("edge-n", "res-n"), spec("1x1"), RES, None),  # reservation not read yet: taken to serve
+        (cluster("edge-r", "res-r", "ct6e-standard-4t", count=8), spec("8x8"), RES, Unfit.RESERVATION_SIZE),  # 16 hosts > 8 VMs
+        (cluster("edge-r", "res-r", "ct6e-standard-4t", count=16), spec("8x8"), RES, None),  # fits when all of it is free
+        (cluster("edge-r", "res-r", "ct6e-standard-4t", count=8), spec("8x8", supply_mode="flex-start"), FLEX, None),
     ],
 )
 def test_offer_is_the_supply_the_task_gets_there_and_whether_it_serves_the_shape(c, task, mode, unfit):
@@ -196,6 +201,30 @@ def test_a_reservation_of_another_machine_type_with_nowhere_else_fails_before_an
     [t] = all_effects(g, Transition)
     assert t.to == lc.failed(Reason.NODE_POOL_FAILED) and "res-a holds ct6e-standard-4t" in t.message
     assert not all_effects(g, CreateLease)
+
+
+def test_a_slice_larger_than_the_whole_reservation_goes_back_to_the_poller_or_fails():
+    """An 8x8 slice (16 hosts) on a reservation of 8 VMs can never fit, whatever frees up:
+    back to the poller (which places it by the same rule) when another cluster of its type
+    exists, else NodePoolFailed saying what the reservation holds; never a ClusterBusy wait."""
+    res8 = ClusterView(reservation=ReservationView(8, 0, machine_type="ct6e-standard-4t"))
+    q = qstate([qtask(7, lc.PROVISIONING, "8x8")], topology="8x8", alternatives_exist=True)
+    g = decide(q, res8, NOW, S)
+    [u] = all_effects(g, Unassign)
+    assert u.task_id == 7 and "holds 8 VM(s), fewer than the 16 a 8x8 slice needs" in u.message
+    assert not all_effects(g, ClaimReservation) and not all_effects(g, CreateLease)
+    q = qstate([qtask(7, lc.CLUSTER_BUSY, "8x8")], topology="8x8", alternatives_exist=False)
+    [t] = all_effects(decide(q, res8, NOW, S), Transition)
+    assert t.to == lc.failed(Reason.NODE_POOL_FAILED) and "res-a holds 8 VM(s)" in t.message
+
+
+def test_no_reservation_large_enough_for_the_slice_is_no_candidate():
+    small = [cluster("edge-r", "res-r", "ct6e-standard-4t", count=8), cluster("edge-s", "res-s", "ct6e-standard-4t", count=4)]
+    p = scheduling.place(spec("8x8"), small, FleetLoad())
+    assert p.verdict == "no_candidate" and [o.unfit for o in p.offers] == [Unfit.RESERVATION_SIZE] * 2
+    assert [o.count for o in p.offers] == [8, 4]
+    p = scheduling.place(spec("8x8"), [*small, cluster("edge-t", "res-t", "ct6e-standard-4t", count=16)], FleetLoad())
+    assert [c.name for c in p.clusters] == ["edge-t"]
 
 
 def test_moving_is_an_edge_of_the_lifecycle_table():

@@ -144,7 +144,7 @@ def pools(store: Store) -> list[dict[str, Any]]:
 
 
 def idle_pools(store: Store) -> list[dict[str, Any]]:
-    """The live pools kept idle for a waiting task, longest idle first."""
+    """The live pools kept idle (for a waiting task, or within a keep-alive window), longest idle first."""
     return sorted((p for p in pools(store) if p["state"] == "Idle"), key=lambda p: -(p["idle_s"] or 0))
 
 

@@ -229,7 +229,7 @@ class LeaseState(StrEnum):
     CREATING = "Creating"  # create accepted by GKE; waiting for RUNNING and nodes
     READY = "Ready"  # RUNNING with every node registered, not yet given to a Job
     IN_USE = "InUse"  # a task's Job runs on it
-    IDLE = "Idle"  # kept after a task ended for a waiting same-topology task
+    IDLE = "Idle"  # kept after a task ended: for a waiting same-topology task, or within its keep-alive window
     DELETING = "Deleting"  # delete requested (or retried)
     DELETED = "Deleted"  # GKE says it is gone
 
@@ -243,13 +243,13 @@ LEASE_TRANSITIONS: dict[tuple[LeaseState, LeaseState], str] = {
     (L.CREATING, L.DELETING): f"{QUEUE}: create failed, timed out or its task aborted with nobody waiting",
     (L.CREATING, L.IDLE): f"{QUEUE}: its task aborted while creating and a same-topology task waits",
     (L.READY, L.IN_USE): f"{QUEUE}: a Job was submitted on it",
-    (L.READY, L.IDLE): f"{QUEUE}: its task ended before dispatch; kept for a waiting task",
+    (L.READY, L.IDLE): f"{QUEUE}: its task ended before dispatch; kept for a waiting task or its keep-alive window",
     (L.READY, L.DELETING): f"{QUEUE}: its task ended before dispatch and nobody waits",
-    (L.IN_USE, L.IDLE): f"{QUEUE}: its task ended and a same-topology task waits (hand-over)",
+    (L.IN_USE, L.IDLE): f"{QUEUE}: its task ended and a same-topology task waits (hand-over), or its keep-alive window keeps it",
     (L.IN_USE, L.DELETING): f"{QUEUE}: its task ended and nobody waits",
     (L.IDLE, L.IN_USE): f"{QUEUE}: handed over to the next task",
     (L.IDLE, L.READY): f"{QUEUE}: claimed by an acquiring task",
-    (L.IDLE, L.DELETING): f"{QUEUE}: nobody waits any more, or the cluster left service",
+    (L.IDLE, L.DELETING): f"{QUEUE}: nobody waits and its keep-alive window (if any) is over or another topology needs the reservation, or the cluster left service",
     (L.DELETING, L.DELETING): f"{QUEUE}: delete retried with backoff",
     (L.DELETING, L.DELETED): "ClusterActor / QueueActor: GKE returned NotFound for the pool",
 }

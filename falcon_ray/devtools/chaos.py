@@ -211,6 +211,7 @@ class Limits:
     margin: float = 30.0
     waiting: float = 240.0  # Waiting / ClusterBusy / New: a queue ahead of them may be long
     recovery_wait: float = 0.0  # recovery_pool_wait_s: Recovering waits this long for its nodes
+    capacity_budget: float = 0.0  # capacity_budget_s: nodes that do not come are waited for this long
 
     def of(self, phase: lc.Phase, timeout_seconds: float | None) -> float | None:
         if phase.status in lc.TERMINAL:
@@ -219,8 +220,9 @@ class Limits:
             return self.waiting
         if phase == lc.RUNNING:
             return float(timeout_seconds or DEFAULT_TASK_TIMEOUT) + self.margin
-        if phase == lc.WAITING_FOR_NODE:  # its Message says how long it waited, once a minute
-            return max(self.node_pool_timeout, 60.0) + self.margin
+        if phase == lc.WAITING_FOR_NODE:  # its Message says how long it waited, once a minute;
+            # nodes that do not come are a capacity wait, ended at the capacity budget
+            return max(self.node_pool_timeout, self.capacity_budget, 60.0) + self.margin
         if phase == lc.ABORTING:
             return self.margin
         if phase == lc.RECOVERING:  # the old Job deleted, the next submitted, the nodes back

@@ -89,6 +89,17 @@ def test_stuck_is_a_quiet_stretch_longer_than_the_phase_limit():
     assert r["details"]["stuck"][0]["id"] == 1 and r["details"]["stuck"][0]["phase"] == "Pending/Dispatching"
 
 
+def test_waiting_for_nodes_is_stuck_only_past_the_capacity_budget():
+    """Nodes that do not come are a capacity wait the queue ends at capacity_budget_s: a
+    WaitingForNode whose Message only counts the minutes is stuck past that, not before."""
+    waits = obs((0, "Pending", "WaitingForNode", "0/16 nodes (waiting 1m)"), (95, "Pending", "WaitingForNode", "0/16 nodes (waiting 95m)"),
+                (100, "Failed", "NodePoolFailed", "GKE did not deliver the nodes"))  # fmt: skip
+    tasks = [task(1, "Failed", "NodePoolFailed")]
+    budget = Limits(node_pool_timeout=20, margin=10, waiting=100, capacity_budget=95)
+    assert check(tasks, {}, {1: waits}, 200, FLEET_CLEAN, budget)["invariants"]["stuck"] == 0
+    assert check(tasks, {}, {1: waits}, 200, FLEET_CLEAN, LIMITS)["invariants"]["stuck"] == 1  # no budget: node_pool_timeout
+
+
 def test_a_message_change_resets_the_quiet_clock_and_running_uses_the_task_timeout():
     # Provisioning 50 s, but its Message changed every 15 s: not stuck
     chatty = obs(*[(i * 15, "Pending", "Provisioning", f"m{i}") for i in range(4)], (50, "Failed", "NodePoolTimeout", "x"))

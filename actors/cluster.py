@@ -271,9 +271,8 @@ class ClusterGateway:
     Its state comes in five parts: ``conn`` (``Connection``: the clients and how connecting
     goes), ``pool_cache`` (``PoolCache``), ``job_cache`` (``JobCache``), ``op_queue``
     (``OperationQueue``) and ``reservation`` (``ReservationState``); ``lock`` guards the
-    caches and the operation queue. The read-only properties (``gke``, ``watcher``,
-    ``watch_delay``, ``ops``, ``op_fifo``, ``pool_topology``, ``pools_listed_at``,
-    ``reservation_read_at``, ``view_listed_at``, ``pool_owner``, ``op_views``,
+    caches and the operation queue. The read-only views (``gke``, ``watcher``,
+    ``watch_delay``, ``view_listed_at``, ``pool_owner``, ``op_views``,
     ``next_operation_due``) show what a scheduler of the loops reads.
 
     ``connect``, when given, replaces the real clients (a simulator hands in-process ones):
@@ -345,26 +344,6 @@ class ClusterGateway:
     @property
     def watch_delay(self) -> float:
         return self.conn.watch_delay
-
-    @property
-    def ops(self) -> dict[str, PoolOp]:
-        return self.op_queue.ops
-
-    @property
-    def op_fifo(self) -> deque[PoolOp]:
-        return self.op_queue.fifo
-
-    @property
-    def pool_topology(self) -> dict[str, str]:
-        return self.op_queue.pool_topology
-
-    @property
-    def pools_listed_at(self) -> float:
-        return self.pool_cache.listed_at
-
-    @property
-    def reservation_read_at(self) -> float:
-        return self.reservation.read_at
 
     @property
     def view_listed_at(self) -> float:

@@ -290,6 +290,12 @@ class OpView:
         object.__setattr__(self, "error_kind", ErrorKind(self.error_kind) if self.error_kind else None)
 
     @property
+    def accepted(self) -> bool:
+        """GKE accepted the call: it ended, or it runs and GKE named its operation (a RUNNING
+        operation without a name has not been answered yet: the call may still be refused)."""
+        return self.state == OpState.DONE or (self.state == OpState.RUNNING and bool(self.operation))
+
+    @property
     def busy(self) -> bool:
         """Refused because the cluster runs another operation, and still waiting to retry."""
         return self.error_kind in BUSY_KINDS and self.state != OpState.DONE

@@ -327,9 +327,7 @@ def confirm_create(d: Decision, lease: Lease, op: OpView | None, pool: PoolView 
     create's timeout counts from it) and the operation's name, in the move's one write."""
     effects: list[Effect] = []
     st = lease.state
-    # a RUNNING operation without its GKE name has not been answered yet: the call may still
-    # be refused, so the pool is not the create's until GKE returned the operation
-    accepted = op is not None and (op.state == OpState.DONE or (op.state == OpState.RUNNING and bool(op.operation)))
+    accepted = op is not None and op.accepted  # the pool is not the create's until GKE answered
     record = op is not None and bool(op.operation) and op.operation != lease.operation
     if st == LeaseState.REQUESTED and (accepted or pool is not None):
         fields: dict[str, Any] = {"accepted_at": d.now}
@@ -398,9 +396,7 @@ def create_queued(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, ef
     retry = capacity.retry_text(d, t, lease.name, lease.supply_mode.value)
     if retry is not None:  # asked again after capacity refusals: say that too
         text = f"{retry}; {text}"
-    if op is None and d.cluster.synced and d.cluster.pools.get(lease.name) is None:
-        # The ClusterActor does not know this create (it restarted): ask again
-        effects.append(EnsurePool(lease.name, pool_request(d, t, lease.supply_mode, lease.name), operation=lease.operation))
+    effects += ensure_again(d, t, lease, op, d.cluster.pools.get(lease.name))
     d.add(f"task {t.id}: create of {lease.name} queued", *effects, *d.say_effect(t, text))
 
 
@@ -447,14 +443,17 @@ def pool_came_up(d: Decision, t: QueueTask, lease: Lease, st: LeaseState) -> lis
     return [MoveLease(lease.id, lease.name, (st,), LeaseState.READY, ready), to_dispatching(d, t, lease.name)]
 
 
+def ensure_again(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> list[Effect]:
+    """The ClusterActor does not know this create (it restarted) and GKE shows no pool: ask
+    again, following the operation GKE accepted before if the lease recorded one; a 409 adopts."""
+    if op is not None or pool is not None or not d.cluster.synced:
+        return []
+    return [EnsurePool(lease.name, pool_request(d, t, lease.supply_mode, lease.name), operation=lease.operation)]
+
+
 def control_plane_pending(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, pool: PoolView | None) -> list[Effect]:
     """Not RUNNING (or not visible) yet: ask again if the ClusterActor forgot, say why it waits."""
-    effects: list[Effect] = []
-    if op is None and pool is None and d.cluster.synced:
-        # The ClusterActor does not know this create (it restarted): ask again, following the
-        # operation GKE accepted before if the lease recorded one; a 409 adopts.
-        request = pool_request(d, t, lease.supply_mode, lease.name)
-        effects.append(EnsurePool(lease.name, request, operation=lease.operation))
+    effects = ensure_again(d, t, lease, op, pool)
     if pool is None and op is not None and op.state == OpState.DONE and lease.supply_mode == SupplyMode.FLEX_START:
         effects += d.say_effect(t, d.msg("flex_not_visible", pool=lease.name) + d.waited(t))
     elif op is not None and op.busy:

@@ -135,9 +135,14 @@ def budget_spent(d: Decision, waited_s: float) -> bool:
     return budget is not None and waited_s >= budget
 
 
-def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: str) -> Transition:
+def budget_text(d: Decision) -> str:
+    """The capacity budget as a Message shows it (hours and minutes from an hour up)."""
     budget = limits.seconds(Wait.CAPACITY, d.settings) or 0.0
-    limit = fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
+    return fmt_duration(budget) if budget >= 3600 else fmt_limit(budget)
+
+
+def give_up(d: Decision, t: QueueTask, refusals: int, waited_s: float, detail: str) -> Transition:
+    limit = budget_text(d)
     text = d.msg("capacity_budget_spent", limit=limit, waited=fmt_duration(waited_s), refusals=refusals, detail=detail)
     return Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=text))
 
@@ -161,10 +166,9 @@ def nodes_not_delivered(d: Decision, t: QueueTask, lease: Lease, pool: PoolView 
     waited = (d.now - since).total_seconds()
     if not budget_spent(d, waited):
         return False
-    budget = limits.seconds(Wait.CAPACITY, d.settings) or 0.0
     registered = pool.registered if pool else 0
     detail = d.msg("nodes_not_delivered", pool=lease.name, registered=registered, expected=hosts, supply=lease.supply_mode.value,
-                   limit=fmt_duration(budget) if budget >= 3600 else fmt_limit(budget), waited=fmt_duration(waited))
+                   limit=budget_text(d), waited=fmt_duration(waited))
     mark = {"task_id": t.id, "refused_at": d.now, "refusal": detail[:1000]}
     effects: list[Effect] = [
         *d.delete_job(t),

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from falcon_ray import render, tpu
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LEASE_HELD, LeaseState
-from falcon_ray.model import JobPhase, Lease, OpKind, OpState, PoolStatus
+from falcon_ray.model import OP_IN_FLIGHT, JobPhase, Lease, OpKind, OpState, PoolStatus
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -69,7 +69,7 @@ def idle_create_ended(d: Decision, lease: Lease) -> bool:
     failed = (op is not None and op.kind == OpKind.CREATE and op.state == OpState.FAILED) or (
         pool is not None and pool.status == PoolStatus.ERROR
     )
-    queued = op is not None and (op.state == OpState.QUEUED or (op.state == OpState.RUNNING and not op.operation))
+    queued = op is not None and op.state in OP_IN_FLIGHT and not op.accepted
     if queued:
         late = (d.now - lease.created_at).total_seconds() > d.settings.create_queue_limit_s
     elif lease.accepted_at is None and op is not None and op.operation and op.operation != lease.operation:

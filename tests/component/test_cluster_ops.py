@@ -213,15 +213,15 @@ def test_the_read_only_views_a_scheduler_reads_say_when_the_operations_can_next_
     assert gateway.next_operation_due() is None  # nothing queued
     gateway.ensure_pool("falcon-a", {"name": "falcon-a"})
     gateway.ensure_pool("falcon-b", {"name": "falcon-b"})
-    gateway.ops["falcon-a"].next_at = 50.0  # a retry later than b's
-    gateway.ops["falcon-b"].next_at = 20.0
+    gateway.op_queue.ops["falcon-a"].next_at = 50.0  # a retry later than b's
+    gateway.op_queue.ops["falcon-b"].next_at = 20.0
     assert gateway.next_operation_due() == 20.0
     gateway.delete_pool("falcon-b")  # cancels b's create: its delete is the one queued
-    gateway.ops["falcon-b"].next_at = 70.0
+    gateway.op_queue.ops["falcon-b"].next_at = 70.0
     assert gateway.next_operation_due() == 50.0
     views = gateway.op_views()
     assert set(views) == {"falcon-a", "falcon-b"} and views["falcon-b"].kind == OpKind.DELETE
-    gateway.op_fifo.clear()  # taken out to run: only asked for by name
+    gateway.op_queue.fifo.clear()  # taken out to run: only asked for by name
     assert gateway.op_views() == {} and gateway.op_views(["falcon-a", "falcon-x"])["falcon-a"].state == OpState.QUEUED
     assert gateway.next_operation_due() is None
     gateway.observe("edge-a.2x2", ["falcon-a"], want_reservation=False)

@@ -89,9 +89,7 @@ def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, gen
     from falcon_ray.devtools.demo import load_tasks
     from falcon_ray.sim.fleet import FleetConfigError, load_fleet
 
-    from .driver import Simulation
     from .generate import generate_tasks, write_tasks
-    from .report import build_report
 
     try:
         fleet_config = load_fleet(fleet)
@@ -118,32 +116,45 @@ def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, gen
         return
     pin_hash_seed()
     replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url, exact)
+    progress = None if quiet else _progress(sys.stderr)
+    report = _play(fleet_config, tasks, settings, seed, until_s, exact, replay, db_url=db_url, progress=progress)
+    if not quiet:
+        click.echo("", err=True)
+    _write(report, out, as_json)
+    if not as_json:
+        click.echo(summary(report))
+    if any(report["invariants"].values()):
+        broken = ", ".join(f"{k}={v}" for k, v in report["invariants"].items() if v)
+        click.echo(f"simulate: invariants broken ({broken}); replay with: {replay}", err=True)
+        sys.exit(1)
+
+
+def _play(fleet_config, tasks, settings, seed, until_s, exact, replay, db_url=None, progress=None) -> dict:
+    """One run of the tasks on the fleet with ``seed``, and its report; a run that raises
+    prints the command that replays it first."""
+    from .driver import Simulation
+    from .report import build_report
+
     t0 = time.perf_counter()
-    sim = Simulation(
-        fleet_config, tasks, settings, seed, db_url=db_url, until_s=until_s, progress=None if quiet else _progress(sys.stderr), exact=exact
-    )
+    sim = Simulation(fleet_config, tasks, settings, seed, db_url=db_url, until_s=until_s, progress=progress, exact=exact)
     try:
         sim.run()
-        report = build_report(sim, time.perf_counter() - t0)
+        return build_report(sim, time.perf_counter() - t0)
     except Exception:
         click.echo(f"\nsimulate: the run failed; replay it with: {replay}", err=True)
         raise
     finally:
         sim.dispose()
-    if not quiet:
-        click.echo("", err=True)
+
+
+def _write(report: dict | list, out: str | None, as_json: bool) -> None:
+    """The report as JSON: to ``out`` when given, on stdout with ``--json``."""
     text = json.dumps(report, indent=2)
     if out:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
     if as_json:
         click.echo(text)
-    else:
-        click.echo(summary(report))
-    if any(report["invariants"].values()):
-        broken = ", ".join(f"{k}={v}" for k, v in report["invariants"].items() if v)
-        click.echo(f"simulate: invariants broken ({broken}); replay with: {replay}", err=True)
-        sys.exit(1)
 
 
 def summary(report: dict) -> str:
@@ -178,30 +189,17 @@ def _run_seeds(fleet_config, tasks, settings, seeds, until_s, exact, as_json, ou
     """One run per seed, one after the other in this process; a line per seed on stdout (the
     reports as a JSON list with ``--json`` / ``--out``), the replay command of each seed that
     broke an invariant on stderr, exit 1 when one did."""
-    from .driver import Simulation
-    from .report import build_report
-
     fleet, tasks_path, config = paths
     reports, broken = [], []
     for seed in seeds:
-        t0 = time.perf_counter()
-        sim = Simulation(fleet_config, tasks, settings, seed, until_s=until_s, exact=exact)
-        try:
-            sim.run()
-            report = build_report(sim, time.perf_counter() - t0)
-        finally:
-            sim.dispose()
+        replay = _replay_command(fleet, tasks_path, config, seed, until_s, None, exact)
+        report = _play(fleet_config, tasks, settings, seed, until_s, exact, replay)
         reports.append(report)
         if any(report["invariants"].values()):
-            broken.append(_replay_command(fleet, tasks_path, config, seed, until_s, None, exact))
+            broken.append(replay)
         if not as_json:
             click.echo(seed_line(report))
-    text = json.dumps(reports, indent=2)
-    if out:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    if as_json:
-        click.echo(text)
+    _write(reports, out, as_json)
     for replay in broken:
         click.echo(f"simulate: invariants broken; replay with: {replay}", err=True)
     if broken:

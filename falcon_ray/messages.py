@@ -48,7 +48,6 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "expected_start": (", expected to start in {eta}", ",预计 {eta} 后开始"),
     "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
-    "waited": (" (waiting {waited})", " (已等待 {waited})"),
     "waiting_first": (
         "Queue position #1, next to acquire resources on {cluster} ({topology})",
         "队列位置 #1,下一个在 {cluster} ({topology}) 上获取资源",
@@ -71,8 +70,8 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed},等待 reservation {reservation} 容量释放...",
     ),
     "capacity_wait": (
-        "No capacity for the node pool right now (supply: {supply}, refusal {refusals}), asking GKE again in {retry}: {detail}",
-        "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒),{retry} 后再次向 GKE 请求: {detail}",
+        "No capacity for the node pool right now (supply: {supply}, refusal {refusals}), asking GKE again at {retry} UTC: {detail}",
+        "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒),{retry} UTC 再次向 GKE 请求: {detail}",
     ),
     "capacity_retrying": (
         "Creating node pool {pool} again (supply: {supply}) after {refusals} capacity refusal(s); last: {detail}",
@@ -112,16 +111,16 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready})...",
     ),
     "waiting_for_node_job": (
-        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready}); Job {job} submitted, its pods are pending until the nodes come (waiting {waited})...",
-        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready});Job {job} 已提交,Pod 等待节点加入 (已等待 {waited})...",
+        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready}); Job {job} submitted, its pods are pending until the nodes come (waiting since {since} UTC)...",
+        "node pool {pool} control-plane RUNNING but {registered}/{expected} expected node(s) registered (Ready={ready});Job {job} 已提交,Pod 等待节点加入 (自 {since} UTC 起等待)...",
     ),
     "waiting_for_abandoned_pool": (
         "Waiting for node pool {pool}, whose create an aborted task started, to finish before it is handed over...",
         "等待 node pool {pool} 创建完成 (由已中止的任务发起),完成后交接使用...",
     ),
     "submit_retrying": (
-        "Kubernetes Job submission refused for now, retrying (waiting {waited}): {detail}",
-        "K8s Job 提交暂时被拒绝,重试中 (已等待 {waited}): {detail}",
+        "Kubernetes Job submission refused for now, retrying (waiting since {since} UTC): {detail}",
+        "K8s Job 提交暂时被拒绝,重试中 (自 {since} UTC 起等待): {detail}",
     ),
     "dispatching": (
         "Node pool {pool} ready, submitting the Kubernetes Job...",
@@ -137,16 +136,16 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "第 {attempt}/{attempts} 次尝试,上次运行因 {kind} 于 {at} UTC 中断 ({detail})",
     ),
     "recovering_job_gone": (
-        "{attempt}: waiting for Job {job} of the disrupted run to be deleted (waiting {waited})...",
-        "{attempt}: 等待被中断运行的 Job {job} 删除 (已等待 {waited})...",
+        "{attempt}: waiting for Job {job} of the disrupted run to be deleted (waiting since {since} UTC)...",
+        "{attempt}: 等待被中断运行的 Job {job} 删除 (自 {since} UTC 起等待)...",
     ),
     "recovering_submit": (
         "{attempt}: submitting Job {job} on node pool {pool}...",
         "{attempt}: 正在 node pool {pool} 上提交 Job {job}...",
     ),
     "recovering_nodes": (
-        "{attempt}: Job {job} submitted on node pool {pool}, waiting for its nodes to come back ({ready}/{expected} Ready, {active}/{expected} pods active; waiting {waited}, at most {limit})...",
-        "{attempt}: Job {job} 已提交到 node pool {pool},等待节点恢复 ({ready}/{expected} Ready,{active}/{expected} Pod active;已等待 {waited},最多 {limit})...",
+        "{attempt}: Job {job} submitted on node pool {pool}, waiting for its nodes to come back ({ready}/{expected} Ready, {active}/{expected} pods active; waiting since {since} UTC, at most {limit})...",
+        "{attempt}: Job {job} 已提交到 node pool {pool},等待节点恢复 ({ready}/{expected} Ready,{active}/{expected} Pod active;自 {since} UTC 起等待,最多 {limit})...",
     ),
     "recovering_new_pool": (
         "{attempt}: {why}; acquiring a new node pool ahead of the queue",

@@ -46,7 +46,7 @@ from falcon_ray import limits, scheduling
 from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.limits import Wait
 from falcon_ray.model import Lease, PoolView, QueueTask
-from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
+from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit, stamp
 from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, Transition
 
 
@@ -87,7 +87,8 @@ def refused(d: Decision, t: QueueTask, lease: Lease, detail: str) -> None:
     if budget_spent(d, waited):
         effects.append(give_up(d, t, refusals, waited, detail))
     else:
-        text = wait_text(d, t, refusals, detail, d.settings.capacity_retry_after_s(refusals), waited)
+        retry_at = d.now + dt.timedelta(seconds=d.settings.capacity_retry_after_s(refusals))
+        text = wait_text(d, t, refusals, detail, retry_at, first)
         effects.append(Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None, "job_uid": None}))
     d.add(f"task {t.id}: create of {lease.name} refused for capacity", *effects)
 
@@ -104,7 +105,7 @@ def backing_off(d: Decision, t: QueueTask) -> bool:
     if budget_spent(d, waited):
         d.add(f"task {t.id}: capacity budget spent", give_up(d, t, w.refusals, waited, w.last_message))
         return True
-    text = wait_text(d, t, w.refusals, w.last_message, (retry_at - d.now).total_seconds(), waited)
+    text = wait_text(d, t, w.refusals, w.last_message, retry_at, w.first_at)
     if t.phase != lc.CLUSTER_BUSY:  # a crash between the refused lease's move and the task's
         d.add(f"task {t.id}: capacity wait", Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None}))
     else:
@@ -112,12 +113,12 @@ def backing_off(d: Decision, t: QueueTask) -> bool:
     return True
 
 
-def wait_text(d: Decision, t: QueueTask, refusals: int, detail: str, retry_in_s: float, waited_s: float) -> str:
-    """GKE's words, the refusal count, when the create is asked again and how long it has waited
-    (coarse durations, so the Message changes about once a minute)."""
+def wait_text(d: Decision, t: QueueTask, refusals: int, detail: str, retry_at: dt.datetime, since: dt.datetime) -> str:
+    """GKE's words, the refusal count, when the create is asked again and since when it
+    waits: instants, so the Message changes with the next refusal, not with the clock."""
     supply = scheduling.supply_mode_for(t.spec, d.queue.cluster.default_reservation).value
-    text = d.msg("capacity_wait", supply=supply, refusals=refusals, detail=detail, retry=fmt_duration(retry_in_s))
-    return text + d.msg("waited", waited=fmt_duration(waited_s))
+    text = d.msg("capacity_wait", supply=supply, refusals=refusals, detail=detail, retry=stamp(retry_at))
+    return text + d.msg("waiting_since", at=stamp(since))
 
 
 def retry_text(d: Decision, t: QueueTask, pool: str, supply: str) -> str | None:
@@ -126,7 +127,7 @@ def retry_text(d: Decision, t: QueueTask, pool: str, supply: str) -> str | None:
     if w is None:
         return None
     text = d.msg("capacity_retrying", pool=pool, supply=supply, refusals=w.refusals, detail=w.last_message)
-    return text + d.msg("waited", waited=fmt_duration((d.now - w.first_at).total_seconds()))
+    return text + d.msg("waiting_since", at=stamp(w.first_at))
 
 
 def budget_spent(d: Decision, waited_s: float) -> bool:

@@ -57,8 +57,15 @@ def fmt_limit(seconds: float) -> str:
     return f"{int(seconds // 60)}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
 
 
+def stamp(at: dt.datetime) -> str:
+    """An instant as the Messages show it (UTC, to the minute): a live wait says since when it
+    waits, not for how long, so its text does not change as time passes and nothing has to
+    rewrite it every minute."""
+    return at.strftime("%Y-%m-%d %H:%M")
+
+
 def fmt_duration(seconds: float) -> str:
-    """A wait as an operator reads it, coarse enough that the Message changes once a minute."""
+    """A wait that is over, as an operator reads it (a live wait's Message says since when, ``stamp``)."""
     minutes = int(seconds // 60)
     if minutes < 1:
         return "<1m"
@@ -336,7 +343,7 @@ class Decision:
             self.groups.append(EffectGroup(f"task {t.id}: disrupted (record)", (record,)))
             self.finish(t, lc.failed(Reason.DISRUPTED), text)
             return
-        text = self.msg("recovering_job_gone", attempt=self.attempt_text(t, now_d), job=job.name, waited="<1m")
+        text = self.msg("recovering_job_gone", attempt=self.attempt_text(t, now_d), job=job.name, since=stamp(self.now))
         fields = {"dispatched_at": None, "job_uid": None}  # the next attempt's timeout clock starts afresh
         step: Effect = (
             UpdateTask(t.id, (lc.RECOVERING,), text, fields) if t.phase == lc.RECOVERING else Transition(t.id, (t.phase,), lc.RECOVERING, text, fields)
@@ -344,8 +351,13 @@ class Decision:
         self.add(f"task {t.id}: run {job.attempt} disrupted ({verdict.kind}), recovering", record, step, DeleteJob(t.id, job.namespace, job.name))
 
     def waited(self, t: QueueTask) -> str:
-        """`` (waiting 12m)``: how long the task has been in its phase, for a Message."""
-        return self.msg("waited", waited=fmt_duration(self.phase_age_s(t)))
+        """`` (waiting since 2026-01-05 14:03 UTC)``: when the task entered its phase (the
+        durable event log), for a Message; "" when that is not known."""
+        return self.msg("waiting_since", at=stamp(t.phase_since)) if t.phase_since else ""
+
+    def since(self, t: QueueTask) -> str:
+        """When the task entered its phase, as the Messages show it (now when not known)."""
+        return stamp(t.phase_since or self.now)
 
     def phase_age_s(self, t: QueueTask) -> float:
         """Seconds the task has spent in its phase, from the durable event log (0 if unknown)."""

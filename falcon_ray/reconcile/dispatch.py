@@ -29,7 +29,7 @@ from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.limits import Wait
 from falcon_ray.model import PERMANENT_SUBMIT_KINDS, JobView, Lease, PoolView, QueueTask
 from falcon_ray.reconcile import capacity
-from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
+from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import Effect, MoveLease, SubmitJob, Transition, UpdateTask
 
 
@@ -65,7 +65,7 @@ def node_text(d: Decision, t: QueueTask, pool_name: str, pool: PoolView | None, 
     counts = dict(pool=pool_name, registered=pool.registered if pool else 0, expected=hosts, ready=pool.ready if pool else 0)
     if job is None:
         return d.msg("waiting_for_node", **counts)
-    return d.msg("waiting_for_node_job", job=job.name, waited=fmt_duration(d.phase_age_s(t)), **counts)
+    return d.msg("waiting_for_node_job", job=job.name, since=d.since(t), **counts)
 
 
 def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: PoolView, effects: list[Effect]) -> None:
@@ -129,7 +129,7 @@ def submit_refused(d: Decision, t: QueueTask) -> bool:
         detail = f"no Job accepted within {fmt_limit(limits.seconds(Wait.SUBMIT, d.settings) or 0)}; last error: {err.message}"
     else:
         if err is not None:
-            d.say(t, d.msg("submit_retrying", detail=err.message, waited=fmt_duration(age)), "submit retrying")
+            d.say(t, d.msg("submit_retrying", detail=err.message, since=d.since(t)), "submit retrying")
         return False
     d.finish(t, lc.failed(Reason.JOB_SUBMIT_FAILED), d.msg("job_submit_failed", detail=detail), keep_pool=False)
     return True

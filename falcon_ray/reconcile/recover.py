@@ -33,7 +33,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.limits import Wait
 from falcon_ray.model import Disruption, Lease, PoolStatus, PoolView, QueueTask
 from falcon_ray.reconcile import dispatch
-from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit
+from falcon_ray.reconcile.context import Decision, fmt_limit
 from falcon_ray.reconcile.effects import Effect, RecordDisruption, Transition
 
 _POOL_DOWN = (PoolStatus.ERROR, PoolStatus.STOPPING)
@@ -86,7 +86,7 @@ def recovering(d: Decision, t: QueueTask) -> None:
     if d.earlier_attempt_left(t):
         job = d.job_of(t)
         assert job is not None
-        d.say(t, d.msg("recovering_job_gone", attempt=head, job=job.name, waited=fmt_duration(d.phase_age_s(t))), "waiting for the old Job")
+        d.say(t, d.msg("recovering_job_gone", attempt=head, job=job.name, since=d.since(t)), "waiting for the old Job")
         return
     if d.fleet_ended(t):
         return
@@ -99,7 +99,6 @@ def recovering(d: Decision, t: QueueTask) -> None:
     lease = d.lease_by_task.get(t.id)
     pool = d.cluster.pools.get(lease.name) if lease is not None else None
     job = d.job_of(t)
-    waited = d.phase_age_s(t)
     if needs_new_pool(d, t, lease, pool, head):
         return
     assert lease is not None and pool is not None
@@ -117,6 +116,6 @@ def recovering(d: Decision, t: QueueTask) -> None:
     limit = fmt_limit(limits.seconds(Wait.RECOVERY, d.settings) or 0)
     text = d.msg(
         "recovering_nodes", attempt=head, job=job.name, pool=lease.name, ready=pool.ready, active=job.ready,
-        expected=hosts, waited=fmt_duration(waited), limit=limit,
+        expected=hosts, since=d.since(t), limit=limit,
     )
     d.say(t, text, "waiting for the nodes")

@@ -23,6 +23,7 @@ from falcon_ray.reconcile import (
     UpdateTask,
     decide,
 )
+from falcon_ray.reconcile.context import stamp
 from falcon_ray.spec import parse_spec
 from tests.harness.fakes import FakeClock
 
@@ -107,9 +108,10 @@ ROWS = [
         LeaseState.CREATING, pool=("RUNNING", 0, 0), op=RUNNING_OK, mode="flex-start",
         expect_to=lc.WAITING_FOR_NODE, expect_lease=LeaseState.IN_USE, expect=(SubmitJob,),
         message="0/1 expected node(s) registered"),
-    Row("flex-start Job pending for an hour, nobody else waits: keep waiting, say for how long", lc.WAITING_FOR_NODE,
+    Row("flex-start Job pending for an hour, nobody else waits: keep waiting, say since when", lc.WAITING_FOR_NODE,
         LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0), in_phase_s=3700,
-        created_s=3800, absent=(Transition, DeletePool, DeleteJob), message="(waiting 1h01m)"),
+        created_s=3800, absent=(Transition, DeletePool, DeleteJob),
+        message=f"(waiting since {stamp(CLOCK() - dt.timedelta(seconds=3700))} UTC)"),
     Row("flex-start nodes came and pods ready: Running, the timeout clock starts", lc.WAITING_FOR_NODE,
         LeaseState.IN_USE, pool=("RUNNING", 1, 1), mode="flex-start", job=("Running", 1), expect_to=lc.RUNNING),
     Row("flex-start nodes partly there, late, another topology waits: NodePoolTimeout, Job and pool deleted",

@@ -37,6 +37,7 @@ from falcon_ray.reconcile import (
     UpdateTask,
     decide,
 )
+from falcon_ray.reconcile.context import stamp
 from falcon_ray.spec import SupplyMode, parse_spec
 from tests.harness.fakes import FakeClock
 
@@ -134,7 +135,9 @@ def test_create_answer(a: Answer):
     if a.to == WAIT:
         assert deleting[0].fields["refused_at"] == NOW and deleting[0].fields["refusal"]  # the durable record
         assert deleting[0].fields["task_id"] == 1
-        assert "(waiting <1m)" in texts(out)[0] and "in 1m" in texts(out)[0]  # the first retry in 60 s
+        # since the first refusal (now), the first retry 60 s later: instants, not counters
+        assert f"(waiting since {stamp(NOW)} UTC)" in texts(out)[0], texts(out)[0]
+        assert f"asking GKE again at {stamp(NOW + dt.timedelta(seconds=60))} UTC" in texts(out)[0]
         assert not any(isinstance(e, EnsurePool) for e in out)
     else:
         assert "refused_at" not in deleting[0].fields
@@ -208,7 +211,7 @@ def test_budget_spent_at_a_refusal_ends_node_pool_failed_and_deletes_the_pool():
 
 def test_budget_not_spent_keeps_waiting():
     out = run(task(lc.CLUSTER_BUSY, pool=None), refused=refused_rows(21500, 100))
-    assert not moves(out) and any("(waiting 5h58m)" in m for m in texts(out))
+    assert not moves(out) and any(f"(waiting since {stamp(ago(21500))} UTC)" in m for m in texts(out))
 
 
 def test_reservation_headroom_wait_after_a_refusal_has_no_limit():

@@ -34,8 +34,9 @@ their event logs), the Message changes the run observed and the fleet's own acco
   landed has no Aborting event: the upper layer's compare-and-set lost, which is fine);
 - ``failed_for_capacity``: NodePoolFailed whose message is a capacity refusal or a
   reservation shortfall (a stockout, a reservation without room, a capacity budget or a
-  reservation wait that ran out), other than the soak's own injected create failures:
-  capacity that comes back must be waited for, never a failure;
+  reservation wait that ran out), other than the soak's own injected create failures and
+  the ends of a capacity wait that lasted the whole ``Limits.capacity_budget`` (by the event
+  log; the soak passes none): capacity that comes back must be waited for, never a failure;
 - ``illegal_transitions``: event-log steps not in the lifecycle table;
 - ``recovered_own_failure``: a recovery (a ``falcon_task_disruptions`` row) of a run the
   fleet never disrupted: no disruption record of the sim lists its Job (in its ``jobs``,
@@ -71,10 +72,12 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from falcon_ray import lifecycle as lc
+from falcon_ray.model import TaskEvent
 from falcon_ray.render import job_name, service_of_job
 from falcon_ray.sim.fleet import FAST_TIMINGS
 
@@ -220,8 +223,8 @@ class Limits:
             return self.waiting
         if phase == lc.RUNNING:
             return float(timeout_seconds or DEFAULT_TASK_TIMEOUT) + self.margin
-        if phase == lc.WAITING_FOR_NODE:  # its Message says how long it waited, once a minute;
-            # nodes that do not come are a capacity wait, ended at the capacity budget
+        if phase == lc.WAITING_FOR_NODE:  # nodes that do not come are a capacity wait, ended at
+            # the capacity budget
             return max(self.node_pool_timeout, self.capacity_budget, 60.0) + self.margin
         if phase == lc.ABORTING:
             return self.margin
@@ -387,7 +390,7 @@ def check(
         over = _abort_overwritten(phases, phase)
         if over:
             out["aborts_overwritten"].append({"id": t.id, "events": [str(p) for p in phases], "final": str(phase)})
-        if failed_for_capacity(phase, t.message or ""):
+        if failed_for_capacity(phase, t.message or "") and not _budget_spent(evs, limits.capacity_budget):
             out["failed_for_capacity"].append({"id": t.id, "message": t.message})
         if phase == lc.SUCCEEDED and spec_always_fails(t.spec):
             out["failing_task_succeeded"].append({"id": t.id, "spec_env": (_json_or_none(t.spec) or {}).get("env")})
@@ -457,6 +460,26 @@ def failed_for_capacity(phase: lc.Phase, message: str) -> bool:
     """NodePoolFailed for capacity that comes back, not by the soak's injected create errors
     (a task ended Failed/Disrupted is not one, whatever its Message says)."""
     return phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and bool(CAPACITY_REFUSAL.search(message)) and CREATE_ERROR not in message
+
+
+def _budget_spent(evs: Sequence[TaskEvent], budget_s: float) -> bool:
+    """The task waited for capacity the whole of a capacity budget (``budget_s`` > 0) before it
+    ended, by its event log: from its first capacity wait (a ClusterBusy that names a capacity
+    refusal, or WaitingForNode) to its last event. Such an end is the operator's limit on a
+    fleet that could not deliver, not a failure for capacity that came back; a soak that
+    passes no budget (0) counts every capacity failure."""
+    if budget_s <= 0 or not evs:
+        return False
+    start = next(
+        (
+            e.at
+            for e in evs
+            if (p := _phase(e.status, e.reason)) == lc.WAITING_FOR_NODE
+            or (p == lc.CLUSTER_BUSY and CAPACITY_REFUSAL.search(e.message or ""))
+        ),
+        None,
+    )
+    return start is not None and (evs[-1].at - start).total_seconds() >= budget_s - 60.0
 
 
 def failed_by_injection(phase: lc.Phase, message: str) -> bool:

@@ -89,6 +89,23 @@ def test_stuck_is_a_quiet_stretch_longer_than_the_phase_limit():
     assert r["details"]["stuck"][0]["id"] == 1 and r["details"]["stuck"][0]["phase"] == "Pending/Dispatching"
 
 
+def test_a_capacity_wait_that_lasted_the_whole_budget_is_not_a_failure_for_capacity():
+    """The operator's capacity_budget_s ends a wait the fleet never answered: NodePoolFailed
+    after the whole budget (by the event log) is the limit working, before it a failure."""
+    msg = "Node pool creation failed: GKE did not deliver the nodes of node pool falcon-t1-8x8 (0/16 registered, supply: flex-start) within capacity_budget_s=6h00m"
+
+    def log(wait_s: float) -> list[TaskEvent]:
+        steps = [(0, "Pending", "Waiting"), (10, "Pending", "Provisioning"), (500, "Pending", "WaitingForNode"),
+                 (500 + wait_s, "Failed", "NodePoolFailed")]  # fmt: skip
+        return [TaskEvent(task_id=1, at=T0 + dt.timedelta(seconds=at), status=st, reason=r, message="") for at, st, r in steps]
+
+    tasks = [task(1, "Failed", "NodePoolFailed", msg)]
+    budget = dataclasses.replace(LIMITS, capacity_budget=21600)
+    assert check(tasks, {1: log(21600)}, {}, 30000, FLEET_CLEAN, budget)["invariants"]["failed_for_capacity"] == 0
+    assert check(tasks, {1: log(3600)}, {}, 30000, FLEET_CLEAN, budget)["invariants"]["failed_for_capacity"] == 1
+    assert check(tasks, {1: log(21600)}, {}, 30000, FLEET_CLEAN, LIMITS)["invariants"]["failed_for_capacity"] == 1  # the soak: none
+
+
 def test_waiting_for_nodes_is_stuck_only_past_the_capacity_budget():
     """Nodes that do not come are a capacity wait the queue ends at capacity_budget_s: a
     WaitingForNode whose Message only counts the minutes is stuck past that, not before."""

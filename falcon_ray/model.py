@@ -486,7 +486,9 @@ class Disruption:
 class StartSample:
     """One task of the queue that reached Running, from its event log: when it left
     Waiting (``picked_at``), when it ran, how much of that it spent waiting for capacity
-    (ClusterBusy), its own timeout, and how long it ran once it has ended."""
+    (ClusterBusy), its own timeout, how long it ran once it has ended, and when it was
+    given a pool that existed already (``pool_at``: a hand-over, at the pick or later in
+    place of its own create; None when its own create made the pool it ran on)."""
 
     task_id: int
     supply_mode: SupplyMode
@@ -495,11 +497,21 @@ class StartSample:
     capacity_wait_s: float
     timeout_s: float
     ran_s: float | None = None
+    pool_at: dt.datetime | None = None
 
     @property
     def acquire_s(self) -> float:
         """The acquisition itself: picked -> Running, less the wait for capacity."""
         return max(0.0, (self.running_at - self.picked_at).total_seconds() - self.capacity_wait_s)
+
+    @property
+    def handed_over(self) -> bool:
+        return self.pool_at is not None
+
+    @property
+    def handover_s(self) -> float:
+        """A hand-over's own time: given the pool -> Running (0 for a create)."""
+        return max(0.0, (self.running_at - self.pool_at).total_seconds()) if self.pool_at is not None else 0.0
 
 
 @dataclass(frozen=True)

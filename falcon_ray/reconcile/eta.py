@@ -3,29 +3,38 @@
 Contract
 --------
 Pure: the history (``model.QueueHistory``, the queue's last ``HISTORY_TASKS`` starts as
-the actor read them from the event log) and the queue as it is now go in; seconds from
-``now`` per Waiting task come out, or nothing for a task when the history is too thin.
+the actor read them from the event log), the queue as it is now and its pools
+(``Pools``) go in; seconds from ``now`` per Waiting task come out, or nothing for a task
+when the history is too thin.
 
 The model, stated once (docs/operations.md explains it to operators):
 
-1. From the history: the typical acquisition (picked -> Running, less the time spent in
-   ClusterBusy waiting for capacity) per supply mode, the median of that mode's samples
-   (all modes pooled when a mode has fewer than ``MIN_SAMPLES``); and the typical run,
-   as a fraction of the task's own ``timeout_seconds`` (median over the samples that ended).
-2. The queue is capacity-bound when its slot holder waits for capacity (ClusterBusy), or
-   when most of its last ``MIN_SAMPLES`` starts did: then a task can start only when a
-   running one (or the slot holder, once it runs) ends. A running task is expected to end
-   at its start + fraction x its timeout, never after its timeout.
-3. The slot is taken by one task at a time, in pick order; each task starts one typical
-   acquisition after it got the slot, and gets the slot when the task ahead of it started.
-   Capacity-bound, it also waits for the earliest expected end among the running tasks
-   (its own run then takes that place).
+1. From the history, three typical times, each the median of its samples: a *hand-over*
+   (given a pool that existed -> Running: ``StartSample.handed_over``), a *create*
+   (picked -> Running for the others, less the time in ClusterBusy; per supply mode,
+   all modes pooled when a mode has fewer than ``MIN_SAMPLES``), and a *run* (each ended
+   run as a fraction of its task's ``timeout_seconds``). A time already spent counts: a
+   running task (or a slot holder's create) is expected to last the median of the samples
+   longer than it has lasted so far (a run with none: its timeout; a create: now).
+2. Pools come free for the queue's topology: an idle pool now (or when its create ends),
+   a running task's pool at that task's expected end. The slot passes in pick order; the
+   task that takes it at time s starts one hand-over after the first pool free at or after
+   s, when that is before a create taken at s would end; otherwise it creates. A create
+   whose task gets a pool that came free before it ended still ends, and its pool serves a
+   later task. A task that started frees its pool at its expected end.
+3. Capacity-bound (the slot holder waits in ClusterBusy, or most of the last
+   ``MIN_SAMPLES`` starts did): nothing can be created; each task waits for a pool to come
+   free. No hand-over is foreseen when the queue does not hand pools over.
 
-No estimate without ``MIN_SAMPLES`` starts, nor when capacity-bound without as many ended
-runs, nor for the tasks behind a point where nothing is running to wait for, nor on a
-cluster out of service.
-``choices`` rounds an estimate for the Message (1 minute steps below 10 minutes, 5 minute
-steps below 2 hours, 30 minute steps above), so the text changes seldom.
+No estimate without ``MIN_SAMPLES`` starts, nor capacity-bound without as many ended runs,
+nor for the tasks from the first one that has neither a pool to wait for nor a create time
+in the history, nor on a cluster out of service. The cluster's other node-pool operations
+are not looked at: a create's typical time is what the recent creates took, their wait for
+the cluster's operation queue included.
+
+``choices`` rounds an estimate to an absolute time for the Message (1 minute steps when it
+is less than 10 minutes away, 5 minute steps less than 2 hours away, 30 minute steps
+beyond), so a Message need not change while the estimate holds.
 """
 
 from __future__ import annotations
@@ -33,16 +42,18 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import scheduling
-from falcon_ray.model import QueueHistory, QueueTask, StartSample, TaskEvent
+from falcon_ray.lifecycle import LeaseState
+from falcon_ray.model import Lease, QueueHistory, QueueTask, StartSample, TaskEvent
 from falcon_ray.spec import SupplyMode
 
 HISTORY_TASKS = 20  # starts kept per queue
 MIN_SAMPLES = 3
+HANDOVER_S = 60.0  # a hand-over's time while the history has none
 
 
 # ---- the history, from the event log -----------------------------------------------------------
@@ -64,7 +75,9 @@ def sample_from_phases(
     task_id: int, phases: Sequence[tuple[lc.Phase, dt.datetime]], supply_mode: SupplyMode, timeout_s: float
 ) -> StartSample | None:
     """``sample_from_events`` from (phase, entered at) pairs in order: the event log's, or
-    the moves a queue made itself since it picked the task."""
+    the moves a queue made itself since it picked the task. It was handed a pool that
+    existed when it reached Dispatching before any WaitingForNode (a pool its own create
+    made goes through WaitingForNode while its nodes register)."""
     run = max((i for i, (p, _) in enumerate(phases) if p == lc.RUNNING), default=None)
     if run is None:
         return None
@@ -77,7 +90,9 @@ def sample_from_phases(
     end = next((at for p, at in phases[run + 1 :] if p.status in lc.TERMINAL or p == lc.ABORTING), None)
     running_at = phases[run][1]
     ran = (end - running_at).total_seconds() if end is not None else None
-    return StartSample(task_id, supply_mode, phases[picked][1], running_at, busy, float(timeout_s), ran)
+    first = next(((p, at) for p, at in phases[picked:run] if p in (lc.DISPATCHING, lc.WAITING_FOR_NODE)), None)
+    given = first[1] if first is not None and first[0] == lc.DISPATCHING else None
+    return StartSample(task_id, supply_mode, phases[picked][1], running_at, busy, float(timeout_s), ran, given)
 
 
 def ended(sample: StartSample, at: dt.datetime) -> StartSample:
@@ -87,48 +102,113 @@ def ended(sample: StartSample, at: dt.datetime) -> StartSample:
 # ---- the model -----------------------------------------------------------------------------------
 
 
+def _left(durations: Sequence[float], spent: float) -> float | None:
+    """What is left of a duration that has lasted ``spent``: the median of the samples
+    longer than that, less ``spent``; None when none is longer."""
+    longer = [x for x in durations if x > spent]
+    return statistics.median(longer) - spent if longer else None
+
+
 @dataclass(frozen=True)
 class Model:
-    acquire_s: dict[SupplyMode, float]
-    pooled_acquire_s: float
-    run_fraction: float | None  # typical run / timeout; None without MIN_SAMPLES ended runs
+    handover_s: float
+    create_s: dict[SupplyMode, list[float]]  # per mode, sorted; a mode with too few: all of them
+    pooled_create_s: list[float]
+    run_fractions: list[float]  # ended runs / their timeouts; empty with fewer than MIN_SAMPLES
 
-    def acquire(self, mode: SupplyMode) -> float:
-        return self.acquire_s.get(mode, self.pooled_acquire_s)
+    def creates(self, mode: SupplyMode) -> list[float]:
+        return self.create_s.get(mode, self.pooled_create_s)
 
-    def run_s(self, timeout_s: float) -> float:
-        assert self.run_fraction is not None
-        return self.run_fraction * timeout_s
+    def create(self, mode: SupplyMode, spent: float = 0.0) -> float | None:
+        """Seconds left of a create of ``mode`` that has run ``spent``; None: no create seen."""
+        samples = self.creates(mode)
+        if not samples:
+            return None
+        left = _left(samples, spent)
+        return 0.0 if left is None else left
+
+    def run_left(self, timeout_s: float, age: float = 0.0) -> float:
+        """Seconds left of a run with this timeout that has lasted ``age``."""
+        left = _left([f * timeout_s for f in self.run_fractions], age)
+        return max(0.0, timeout_s - age) if left is None else min(left, max(0.0, timeout_s - age))
 
 
 def model_of(history: QueueHistory) -> Model | None:
     samples = history.samples
     if len(samples) < MIN_SAMPLES:
         return None
+    handed = [s.handover_s for s in samples if s.handed_over]
     by_mode: dict[SupplyMode, list[float]] = {}
     for s in samples:
-        by_mode.setdefault(s.supply_mode, []).append(s.acquire_s)
-    per_mode = {m: statistics.median(v) for m, v in by_mode.items() if len(v) >= MIN_SAMPLES}
+        if not s.handed_over:
+            by_mode.setdefault(s.supply_mode, []).append(s.acquire_s)
+    per_mode = {m: sorted(v) for m, v in by_mode.items() if len(v) >= MIN_SAMPLES}
     runs = [min(1.0, s.ran_s / s.timeout_s) for s in samples if s.ran_s is not None and s.timeout_s > 0]
-    fraction = statistics.median(runs) if len(runs) >= MIN_SAMPLES else None
-    return Model(per_mode, statistics.median(s.acquire_s for s in samples), fraction)
+    return Model(
+        statistics.median(handed) if handed else HANDOVER_S,
+        per_mode,
+        sorted(x for v in by_mode.values() for x in v),
+        sorted(runs) if len(runs) >= MIN_SAMPLES else [],
+    )
 
 
 # ---- the estimate --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The queue's pools as the estimate reads them."""
+
+    idle: Sequence[Lease] = ()  # Idle leases no task has claimed
+    held: Mapping[int, Lease] = field(default_factory=dict)  # the slot holder's lease, by task id
+    handover: bool = True  # the queue hands an ended task's pool to a waiting one
 
 
 def _age(now: dt.datetime, since: dt.datetime | None) -> float:
     return max(0.0, (now - since).total_seconds()) if since else 0.0
 
 
-def _running_ends(m: Model, running: Sequence[QueueTask], now: dt.datetime) -> list[float]:
-    """Seconds from now until each running task is expected to end (a heap)."""
-    ends = []
-    for t in running:
-        timeout, age = float(t.spec.timeout_seconds), _age(now, t.phase_since)
-        ends.append(min(max(0.0, m.run_s(timeout) - age), max(0.0, timeout - age)))
-    heapq.heapify(ends)
-    return ends
+class _Queue:
+    """The slot passed task by task over a heap of the times pools come free."""
+
+    def __init__(self, m: Model, bound: bool, free: list[float], default_reservation: str) -> None:
+        self.m, self.bound, self.free, self.default_reservation = m, bound, free, default_reservation
+        heapq.heapify(self.free)
+
+    def mode(self, t: QueueTask) -> SupplyMode:
+        return scheduling.supply_mode_for(t.spec, self.default_reservation)
+
+    def started(self, t: QueueTask, start: float) -> float:
+        if self.m.run_fractions:
+            heapq.heappush(self.free, start + self.m.run_left(float(t.spec.timeout_seconds)))
+        return start
+
+    def take(self, t: QueueTask, at: float, create_left: float | None, creating: bool = False) -> float | None:
+        """``t`` holds the slot from ``at`` with ``create_left`` seconds of a create to go
+        (None: it cannot create; ``creating``: its create was asked for already): its start."""
+        pool = self.free[0] if self.free else None
+        if pool is not None and (create_left is None or pool < at + create_left):
+            heapq.heappop(self.free)
+            if create_left is not None and (creating or pool > at):  # its create goes on, for a later task
+                heapq.heappush(self.free, at + create_left)
+            return self.started(t, max(at, pool) + self.m.handover_s)
+        if create_left is None:
+            return None  # nothing to wait for, nothing to create: no basis
+        return self.started(t, at + create_left)
+
+    def waiting(self, t: QueueTask, slot_at: float) -> float | None:
+        return self.take(t, slot_at, None if self.bound else self.m.create(self.mode(t)))
+
+    def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
+        if t.phase == lc.CLUSTER_BUSY:
+            return self.take(t, 0.0, None)
+        if t.phase == lc.DISPATCHING:
+            return self.started(t, max(0.0, self.m.handover_s - _age(now, t.phase_since)))
+        since = lease.created_at if lease is not None else t.phase_since
+        left = self.m.create(self.mode(t), _age(now, since)) or 0.0
+        if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
+            return self.take(t, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
+        return self.started(t, left)
 
 
 def estimate(
@@ -138,44 +218,34 @@ def estimate(
     running: Sequence[QueueTask],
     waiting_in_order: Sequence[QueueTask],
     default_reservation: str,
+    pools: Pools | None = None,
 ) -> dict[int, float]:
     """Seconds from ``now`` until each Waiting task is expected to reach Running."""
     m = model_of(history)
     if m is None or not waiting_in_order:
         return {}
+    pools = pools or Pools()
     recent = history.samples[-MIN_SAMPLES:]
     bound = any(t.phase == lc.CLUSTER_BUSY for t in holders) or (
         sum(1 for s in recent if s.capacity_wait_s > 0) * 2 > len(recent)
     )
-    if bound and m.run_fraction is None:
+    if bound and not m.run_fractions:
         return {}
-    ends = _running_ends(m, running, now) if bound else []
-
-    def mode(t: QueueTask) -> SupplyMode:
-        return scheduling.supply_mode_for(t.spec, default_reservation)
-
-    def start_after(t: QueueTask, slot_at: float) -> float | None:
-        if not bound:
-            return slot_at + m.acquire(mode(t))
-        if not ends:
-            return None  # capacity-bound with nothing running to wait for: no basis
-        start = max(slot_at, heapq.heappop(ends)) + m.acquire(mode(t))
-        heapq.heappush(ends, start + m.run_s(float(t.spec.timeout_seconds)))
-        return start
-
+    free: list[float] = []
+    if pools.handover:
+        for lease in pools.idle:
+            free.append(0.0 if lease.ready_at is not None else m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
+        if m.run_fractions:
+            free += [m.run_left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
+    q = _Queue(m, bound, free, default_reservation)
     slot_at: float | None = 0.0
     for h in holders:  # at most one; its own acquisition has run for a while already
-        if h.phase == lc.CLUSTER_BUSY:
-            slot_at = start_after(h, 0.0)
-        else:
-            slot_at = max(0.0, m.acquire(mode(h)) - _age(now, h.phase_since))
-            if bound:
-                heapq.heappush(ends, slot_at + m.run_s(float(h.spec.timeout_seconds)))
+        slot_at = q.holder(h, pools.held.get(h.id), now)
     out: dict[int, float] = {}
     for t in waiting_in_order:
         if slot_at is None:
             break
-        slot_at = start_after(t, slot_at)
+        slot_at = q.waiting(t, slot_at)
         if slot_at is not None:
             out[t.id] = slot_at
     return out
@@ -188,17 +258,19 @@ def _step(seconds: float) -> int:
     return 60 if seconds < 600 else 300 if seconds < 7200 else 1800
 
 
-def choices(seconds: float) -> tuple[int, ...]:
-    """The rounded values a Message may show for ``seconds``: the nearest step first, then
-    the other neighbour. A Message already showing either is kept (no rewrite)."""
+def choices(now: dt.datetime, seconds: float) -> tuple[dt.datetime, ...]:
+    """The rounded times a Message may show for a start ``seconds`` after ``now``: the
+    nearest step first, then the other neighbour. A Message already showing either is
+    kept (no rewrite)."""
     step = _step(seconds)
-    lo = int(seconds // step) * step
-    hi = lo + step
-    return (lo, hi) if seconds - lo < hi - seconds else (hi, lo)
+    at = now + dt.timedelta(seconds=seconds)
+    midnight = at.replace(hour=0, minute=0, second=0, microsecond=0)
+    into = (at - midnight).total_seconds()
+    lo = midnight + dt.timedelta(seconds=int(into // step) * step)
+    hi = lo + dt.timedelta(seconds=step)
+    return (lo, hi) if (at - lo) < (hi - at) else (hi, lo)
 
 
-def fmt_eta(rounded: int) -> str:
-    if rounded < 60:
-        return "<1m"
-    minutes = rounded // 60
-    return f"~{minutes}m" if minutes < 60 else f"~{minutes // 60}h{minutes % 60:02d}m"
+def fmt_at(at: dt.datetime) -> str:
+    """A rounded start time as the Message shows it (UTC, like "waiting since")."""
+    return at.strftime("%Y-%m-%d %H:%M")

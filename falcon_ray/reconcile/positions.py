@@ -4,13 +4,16 @@ when the queue's history allows, when it is expected to start.
 Contract
 --------
 The order is the pick rule's (``scheduling.queue_order``), behind the slot holders;
-the start estimate is ``eta.estimate``'s, rounded by ``eta.choices``: a Message that
-already shows either rounding of the new estimate is kept, so a steady queue's texts
-change once per rounding step, not every tick. A Message is written only when its text
-changes, and all changed ones go in one batched statement (``RefreshMessages``).
+the start estimate is ``eta.estimate``'s, shown as the absolute time ``eta.choices``
+rounds it to: a Message that already shows either rounding of the new estimate is kept,
+so a Message changes when the estimate moves by a rounding step, not as time passes. A
+Message is written only when its text changes, and all changed ones go in one batched
+statement (``RefreshMessages``).
 """
 
 from __future__ import annotations
+
+import datetime as dt
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.model import QueueTask
@@ -33,13 +36,13 @@ def _since(d: Decision, at) -> str:
     return text
 
 
-def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_in: int | None = None, shown: str | None = None) -> str:
-    """Position and the tasks ahead, the start estimate (rounded seconds) if there is one,
-    and since when it waits: an absolute time, so the text changes only when the queue
+def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_at: dt.datetime | None = None, shown: str | None = None) -> str:
+    """Position and the tasks ahead, the start estimate (a rounded time) if there is one,
+    and since when it waits: absolute times, so the text changes only when the queue
     ahead (or the rounded estimate) does, not every minute. ``shown``: the first
     ``SHOWN_AHEAD`` of ``ahead`` as the text lists them, when the caller has it already."""
     since = _since(d, t.phase_since) if t.phase_since else ""
-    return _head(d, ahead, shown) + _expected(d, start_in) + since
+    return _head(d, ahead, shown) + _expected(d, start_at) + since
 
 
 def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
@@ -52,20 +55,25 @@ def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
     return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names)
 
 
-def _expected(d: Decision, start_in: int | None) -> str:
-    if start_in is None:
+def _expected(d: Decision, start_at: dt.datetime | None) -> str:
+    if start_at is None:
         return ""
-    text = d.expected_texts.get(start_in)
+    key = start_at.toordinal() * 86400 + start_at.hour * 3600 + start_at.minute * 60  # a whole minute
+    text = d.expected_texts.get(key)
     if text is None:
-        text = d.expected_texts[start_in] = d.msg("expected_start", eta=eta.fmt_eta(start_in))
+        text = d.expected_texts[key] = d.msg("expected_start", at=eta.fmt_at(start_at))
     return text
 
 
 def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
     if not d.queue.cluster_active:
         return {}
-    running = d.running
-    return eta.estimate(d.now, d.queue.history, d.holders, running, order, d.queue.cluster.default_reservation)
+    pools = eta.Pools(
+        idle=[l for l in d.idle if l.id not in d.claimed],
+        held=d.lease_by_task,
+        handover=d.settings.idle_pool_handover,
+    )
+    return eta.estimate(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools)
 
 
 def positions(d: Decision) -> None:
@@ -81,7 +89,7 @@ def positions(d: Decision) -> None:
         if shown is None and len(ahead) >= SHOWN_AHEAD:
             shown = ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
         seconds = estimates.get(t.id)
-        rounded = eta.choices(seconds) if seconds is not None else (None,)
+        rounded = eta.choices(d.now, seconds) if seconds is not None else (None,)
         head = _head(d, ahead, shown)
         if t.disruptions:  # a recovering task: which attempt it waits for, and why
             head = d.msg("waiting_recovery", attempt=d.attempt_text(t)) + head

@@ -200,10 +200,11 @@ def test_generated_tasks_follow_the_trace_figures_and_a_seed():
 
 
 def test_a_waiting_message_start_estimate_is_read_in_seconds():
-    assert estimate_s("Waiting: 3rd in queue, expected to start in ~12m") == 720
-    assert estimate_s("... expected to start in ~1h05m") == 3900
-    assert estimate_s("... expected to start in <1m") == 30
-    assert estimate_s("Waiting: 1st in queue") is None
+    # a Message written 10 minutes into the run (2026-01-05 00:10 UTC) names a time
+    assert estimate_s("Queue position #3, ..., expected to start around 2026-01-05 00:22 UTC (waiting since ...)", 600) == 720
+    assert estimate_s("... expected to start around 2026-01-05 01:15 UTC", 600) == 3900
+    assert estimate_s("... expected to start around 2026-01-06 00:10 UTC", 600) == 86400
+    assert estimate_s("Queue position #1, next to acquire resources on c (2x2)", 600) is None
 
 
 IN_PROCESS = {"FALCON_SIMULATE_IN_PROCESS": "1"}  # CliRunner: no re-exec to pin the hash seed

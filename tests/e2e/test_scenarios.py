@@ -202,7 +202,7 @@ def test_waiting_message_carries_a_start_estimate_once_the_queue_has_history(con
     assert all("expected to start" not in run.store.get_task(t).message for t in ids[1:]), "no history yet: no estimate"
     deadline, shown = time.monotonic() + 90, None
     while shown is None and time.monotonic() < deadline:
-        shown = next((t for t in run.tasks() if t.phase == lc.WAITING and "expected to start in" in t.message), None)
+        shown = next((t for t in run.tasks() if t.phase == lc.WAITING and "expected to start around" in t.message), None)
         time.sleep(0.2)
     assert shown is not None, [(t.id, str(t.phase), t.message) for t in run.tasks()]
     started = [t for t in ids if any(e.status == "Running" for e in run.store.events(t))]

@@ -1,16 +1,21 @@
-"""The start estimate by itself (``reconcile.eta``): acquisition-bound and capacity-bound
-queues, too little history, and the rounding that keeps a Message steady."""
+"""The start estimate by itself (``reconcile.eta``): hand-overs and creates told apart in the
+history, pools that come free foreseen, capacity-bound queues, too little history, and the
+rounding to an absolute time that keeps a Message steady."""
 
 from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from falcon_ray import lifecycle as lc
-from falcon_ray.model import QueueHistory, QueueTask, StartSample
+from falcon_ray.lifecycle import LeaseState
+from falcon_ray.model import Lease, QueueHistory, QueueTask, StartSample, TaskEvent
 from falcon_ray.reconcile import eta
 from falcon_ray.spec import SupplyMode, parse_spec
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 0)
+FLEX = SupplyMode.FLEX_START
 
 
 def task(tid: int, phase, age_s: float = 0.0, timeout: int = 1200, mode: str = "flex-start") -> QueueTask:
@@ -20,48 +25,140 @@ def task(tid: int, phase, age_s: float = 0.0, timeout: int = 1200, mode: str = "
     return QueueTask(tid, f"t{tid}", "alice", phase, since, None, spec, None, None, "", phase_since=since)
 
 
-def history(acquire_s: float, busy_s: float = 0.0, ran_s: float | None = None, n: int = 3, timeout: float = 1200) -> QueueHistory:
-    out = []
-    for i in range(n):
-        picked = NOW - dt.timedelta(hours=5 - i)
-        running = picked + dt.timedelta(seconds=acquire_s + busy_s)
-        out.append(StartSample(100 + i, SupplyMode.FLEX_START, picked, running, busy_s, timeout, ran_s))
-    return QueueHistory(tuple(out))
+def lease(lid: int, state: LeaseState, age_s: float, task_id: int | None = None, ready: bool = True) -> Lease:
+    at = NOW - dt.timedelta(seconds=age_s)
+    return Lease(lid, "c", "2x2", f"p{lid}", FLEX, state, task_id, None, 0, "", at, at, at if ready else None, None, None)
 
 
-def test_acquisition_bound_queue_starts_one_acquisition_after_another():
-    holder = task(1, lc.PROVISIONING, age_s=100)
-    waiting = [task(2, lc.WAITING), task(3, lc.WAITING)]
-    got = eta.estimate(NOW, history(300), [holder], [], waiting, "")
-    assert got == {2: 500.0, 3: 800.0}  # the holder has 200 s to go, then 300 s each
+def sample(i: int, acquire_s: float, handed: bool = False, busy_s: float = 0.0, ran_s: float | None = None,
+           timeout: float = 1200, mode: SupplyMode = FLEX) -> StartSample:  # fmt: skip
+    picked = NOW - dt.timedelta(hours=5 - i * 0.1)
+    running = picked + dt.timedelta(seconds=acquire_s + busy_s)
+    given = running - dt.timedelta(seconds=acquire_s) if handed else None
+    return StartSample(100 + i, mode, picked, running, busy_s, timeout, ran_s, given)
 
 
-def test_capacity_bound_queue_waits_for_running_tasks_to_end_by_their_own_timeouts():
-    holder = task(1, lc.CLUSTER_BUSY, age_s=50)
-    running = [task(9, lc.RUNNING, age_s=100, timeout=600)]  # runs half its timeout: 200 s to go
-    got = eta.estimate(NOW, history(30, busy_s=400, ran_s=600), [holder], running, [task(2, lc.WAITING, timeout=2000)], "")
-    # the holder starts at 200 + 30 and runs 600 s; task 2 starts when it ends, + 30
-    assert got == {2: 200 + 30 + 600 + 30}
+def history(*samples: StartSample) -> QueueHistory:
+    return QueueHistory(tuple(samples))
 
 
-def test_no_estimate_without_enough_history():
-    assert eta.estimate(NOW, history(300, n=2), [], [], [task(2, lc.WAITING)], "") == {}
-    # capacity-bound without ended runs: no basis
-    assert eta.estimate(NOW, history(30, busy_s=400), [task(1, lc.CLUSTER_BUSY)], [], [task(2, lc.WAITING)], "") == {}
+def creates(acquire_s: float, n: int = 3, ran_s: float | None = None, busy_s: float = 0.0) -> list[StartSample]:
+    return [sample(i, acquire_s, busy_s=busy_s, ran_s=ran_s) for i in range(n)]
+
+
+def handovers(acquire_s: float, n: int = 3, ran_s: float | None = None) -> list[StartSample]:
+    return [sample(10 + i, acquire_s, handed=True, ran_s=ran_s) for i in range(n)]
+
+
+W2, W3 = task(2, lc.WAITING), task(3, lc.WAITING)
+CASES = [
+    pytest.param(  # acquisition-bound, nothing running: one create after another
+        history(*creates(300)), [task(1, lc.PROVISIONING, age_s=100)], [], [W2, W3], eta.Pools(),
+        {2: 500.0, 3: 800.0}, id="creates-one-after-another",
+    ),
+    pytest.param(  # hand-overs do not pull the create time down: the two modes are apart
+        history(*creates(600), *handovers(20)), [], [], [W2, W3], eta.Pools(),
+        {2: 600.0, 3: 1200.0}, id="bimodal-history-creates",
+    ),
+    pytest.param(  # an idle pool now: the first task takes it (a hand-over), the next creates
+        history(*creates(600), *handovers(20)), [], [], [W2, W3], eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)]),
+        {2: 20.0, 3: 620.0}, id="idle-pool-handed-over",
+    ),
+    pytest.param(  # a running task ends (600 s of its 1200 s timeout: 0.5) before a create would
+        history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2, W3],
+        eta.Pools(), {2: 200.0 + 20, 3: 820.0 + 20}, id="running-task-hands-its-pool",  # 3: task 2's pool
+    ),
+    pytest.param(  # the holder creating switches to the running task's pool; its create serves task 2
+        history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [task(1, lc.PROVISIONING, age_s=300)],
+        [task(9, lc.RUNNING, age_s=400)], [W2], eta.Pools(held={1: lease(5, LeaseState.CREATING, 300, task_id=1, ready=False)}),
+        {2: 600.0 + 20}, id="holder-switches-create-goes-on",
+    ),
+    pytest.param(  # the queue does not hand pools over: creates only
+        history(*creates(900, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2], eta.Pools(handover=False),
+        {2: 900.0}, id="no-handover-setting",
+    ),
+    pytest.param(  # capacity-bound: the holder waits for the running task's pool, task 2 for the holder's
+        history(*creates(30, busy_s=400, ran_s=600)), [task(1, lc.CLUSTER_BUSY, age_s=50)],
+        [task(9, lc.RUNNING, age_s=100, timeout=600)], [task(2, lc.WAITING, timeout=2000)], eta.Pools(),
+        {2: 200 + 60 + 600 + 60}, id="capacity-bound-waits-for-pools",  # no hand-over seen yet: 60 s
+    ),
+    pytest.param(  # too little history
+        history(*creates(300, n=2)), [], [], [W2], eta.Pools(), {}, id="two-starts-no-estimate",
+    ),
+    pytest.param(  # capacity-bound without ended runs: no basis
+        history(*creates(30, busy_s=400)), [task(1, lc.CLUSTER_BUSY)], [], [W2], eta.Pools(), {}, id="bound-no-runs",
+    ),
+    pytest.param(  # only hand-overs seen, no pool to come free: no create time, no estimate
+        history(*handovers(20)), [], [], [W2], eta.Pools(), {}, id="no-create-seen",
+    ),
+]
+
+
+@pytest.mark.parametrize("hist, holders, running, waiting, pools, want", CASES)
+def test_estimate(hist, holders, running, waiting, pools, want):
+    assert eta.estimate(NOW, hist, holders, running, waiting, "", pools) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    "runs, age, want",
+    [
+        ([100, 200, 900], 0, 200),  # the median run
+        ([100, 200, 900], 150, 550 - 150),  # the median of the runs longer than its age: 200, 900
+        ([100, 200, 900], 1000, 1200 - 1000),  # longer than every run: its timeout
+    ],
+)
+def test_a_running_task_is_expected_to_last_what_longer_runs_lasted(runs, age, want):
+    m = eta.model_of(history(*[sample(i, 300, ran_s=r) for i, r in enumerate(runs)]))
+    assert m is not None and m.run_left(1200, age) == pytest.approx(want)
+
+
+W, P, B, N, D, R = ("Pending", "Waiting"), ("Pending", "Provisioning"), ("Pending", "ClusterBusy"), \
+    ("Pending", "WaitingForNode"), ("Pending", "Dispatching"), ("Running", "")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "steps, times, handed, acquire, handover",
+    [
+        ([W, D, R], [0, 100, 130], True, 30, 30),  # picked with an idle pool there
+        ([W, D, N, R], [0, 100, 110, 190], True, 90, 90),  # ... one the autoscaler had emptied
+        ([W, P, N, D, R], [0, 100, 500, 560, 590], False, 490, 0),  # its own create: nodes register
+        ([W, P, N, R], [0, 100, 500, 800], False, 700, 0),  # its own flex-start create: Job first, nodes after
+        ([W, P, D, R], [0, 100, 300, 320], True, 220, 20),  # switched to a pool that came free
+        ([W, B, D, R], [0, 100, 700, 720], True, 20, 20),  # a capacity wait a pool that came free ended
+    ],
+)
+def test_sample_tells_a_hand_over_from_a_create(steps, times, handed, acquire, handover):
+    events = [TaskEvent(1, NOW + dt.timedelta(seconds=x), st, rs, "") for x, (st, rs) in zip(times, steps, strict=True)]
+    s = eta.sample_from_events(1, events, SupplyMode.RESERVATION, 1200)
+    assert s is not None and (s.handed_over, s.acquire_s, s.handover_s) == (handed, acquire, handover)
 
 
 def test_sample_from_events_leaves_out_the_capacity_wait():
-    from falcon_ray.model import TaskEvent
-
     at = [NOW + dt.timedelta(seconds=s) for s in (0, 10, 20, 620, 650, 1250)]
     steps = [("Pending", ""), ("Pending", "Waiting"), ("Pending", "ClusterBusy"), ("Pending", "Dispatching"),
              ("Running", ""), ("Succeeded", "")]  # fmt: skip
     events = [TaskEvent(1, a, st, rs, "") for a, (st, rs) in zip(at, steps, strict=True)]
     s = eta.sample_from_events(1, events, SupplyMode.RESERVATION, 1200)
-    assert s is not None and s.capacity_wait_s == 600 and s.acquire_s == 30 and s.ran_s == 600
+    assert s is not None and s.capacity_wait_s == 600 and s.acquire_s == 30 and s.ran_s == 600 and s.handover_s == 30
 
 
-def test_rounding_offers_both_neighbours_nearest_first():
-    assert eta.choices(20) == (0, 60) and eta.fmt_eta(0) == "<1m"
-    assert eta.choices(1420) == (1500, 1200) and eta.fmt_eta(1500) == "~25m"
-    assert eta.choices(8000) == (7200, 9000) and eta.fmt_eta(9000) == "~2h30m"
+@pytest.mark.parametrize(
+    "seconds, want",
+    [
+        (20, ("12:00", "12:01")),  # 1 minute steps below 10 minutes
+        (100, ("12:02", "12:01")),
+        (1420, ("12:25", "12:20")),  # 5 minute steps below 2 hours
+        (8000, ("14:00", "14:30")),  # 30 minute steps beyond
+    ],
+)
+def test_rounding_to_an_absolute_time_offers_both_neighbours_nearest_first(seconds, want):
+    got = eta.choices(NOW, seconds)
+    assert tuple(eta.fmt_at(x) for x in got) == tuple(f"2026-12-01 {w}" for w in want)
+
+
+def test_a_steady_estimate_keeps_its_time_as_the_clock_moves():
+    start = NOW + dt.timedelta(seconds=3000)
+    shown = eta.choices(NOW, 3000)[0]
+    for minutes in range(0, 40, 3):
+        later = NOW + dt.timedelta(minutes=minutes)
+        assert shown in eta.choices(later, (start - later).total_seconds())

@@ -36,6 +36,7 @@ aside), rounded, so the same run gives the same bytes:
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -50,7 +51,7 @@ from falcon_ray.spec import SpecError, SupplyMode, parse_spec
 from .driver import MONITOR_S, START, Simulation
 
 STUCK_MARGIN_S = MONITOR_S + 60.0
-_ESTIMATE = re.compile(r"expected to start in (<1m|~(?:(\d+)h)?(\d+)m)")
+_ESTIMATE = re.compile(r"expected to start around (\d{4}-\d\d-\d\d \d\d:\d\d) UTC")
 
 
 def _percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -68,14 +69,13 @@ def _offset(at) -> float:
     return round((at - START).total_seconds(), 3)
 
 
-def estimate_s(message: str) -> float | None:
-    """The start estimate a Waiting Message gives, in seconds (``<1m`` is 30 s)."""
+def estimate_s(message: str, at: float) -> float | None:
+    """The start estimate a Waiting Message written ``at`` (seconds since the start) gives,
+    in seconds after ``at``: the time it names less the Message's own."""
     m = _ESTIMATE.search(message or "")
     if m is None:
         return None
-    if m.group(1) == "<1m":
-        return 30.0
-    return int(m.group(2) or 0) * 3600.0 + int(m.group(3)) * 60.0
+    return (dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M") - START).total_seconds() - at
 
 
 def _supply(spec, cluster) -> str:
@@ -161,7 +161,7 @@ def _eta_error(messages: list[tuple[float, int, str]], started_at: dict[int, flo
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     for at, tid, text in messages:
-        est = estimate_s(text)
+        est = estimate_s(text, at)
         if est is None or tid not in started_at or at > started_at[tid]:
             continue
         first.setdefault(tid, at + est)

@@ -89,10 +89,14 @@ class QueueStore(StoreCore):
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
                 return QueueRead(clusters, [], [], "" if with_granted else None, 0)
-            rows = c.execute(self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
             newest = 0
-            if delta is None:  # the queue's newest assignment, live or not (an index's last entry)
+            if delta is None:
+                # the queue's newest assignment, live or not (an index's last entry), read
+                # before the rows: the two statements share no snapshot, and a figure read
+                # after them could name a task assigned in between that the rows lack (every
+                # incremental read from it would skip that task until the next full read)
                 newest = c.execute(sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster.id, m.c.topology == topology)).scalar() or 0
+            rows = c.execute(self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
             unknown = sorted({r.id for r in rows if r.id not in known and not r.spec})
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):

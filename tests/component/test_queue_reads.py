@@ -7,6 +7,7 @@ that every round after the first is an incremental one unless a test says otherw
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import Reason
@@ -74,6 +75,29 @@ def test_task_assigned_after_the_first_read_joins_the_queue(bench):
     bench.step(advance=1)
     assert late in ids(bench, lc.WAITING)
     assert "position" in bench.task(late).message.lower() or bench.task(late).message
+
+
+def test_a_task_assigned_between_a_full_reads_statements_is_not_skipped(bench):
+    """A full read is two statements with no snapshot between them: the rows, and the
+    queue's newest assignment (where the next incremental read starts). A task the poller
+    assigns between them must still reach the queue: the newest assignment is read first,
+    so it can never run ahead of the rows (read after, it would name the new task's seq
+    while the rows lack it, and every incremental read after would skip the task)."""
+    bench.submit("alice")
+    late: list[int] = []
+
+    def assign_in_between(conn, cursor, statement, params, context, executemany):
+        if not late and statement.startswith("SELECT jobs.id") and "falcon_task_queue" in statement:  # the rows
+            late.append(bench.submit("carol"))  # another connection: WAL lets it commit now
+
+    sa.event.listen(bench.store.engine, "after_cursor_execute", assign_in_between)
+    try:
+        bench.step()  # the first step's read is a full one
+    finally:
+        sa.event.remove(bench.store.engine, "after_cursor_execute", assign_in_between)
+    assert late, "the hook never ran: the full read's statements changed"
+    bench.step(advance=1)  # an incremental read
+    assert late[0] in ids(bench, lc.WAITING), bench.queue.mirror.seq
 
 
 def test_other_topologies_of_the_cluster_are_not_read(bench):

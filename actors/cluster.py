@@ -57,6 +57,7 @@ threaded actor), never on an event loop.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import random
@@ -590,16 +591,20 @@ class ClusterGateway:
                 return
             registered: dict[str, int] = {}
             ready: dict[str, int] = {}
+            since: dict[str, dt.datetime] = {}
             for n in nodes:
                 registered[n.pool] = registered.get(n.pool, 0) + 1
                 ready[n.pool] = ready.get(n.pool, 0) + (1 if n.ready else 0)
+                if n.created is not None and (n.pool not in since or n.created < since[n.pool]):
+                    since[n.pool] = n.created
             pools = {}
             labels = {}
             now = self.clock.monotonic()
             for p in infos:
                 message = p.status_message or ""
                 pools[p.name] = PoolView(
-                    p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), message, capacity_kind(message) if message else None
+                    p.name, p.status, registered.get(p.name, 0), ready.get(p.name, 0), message,
+                    capacity_kind(message) if message else None, since.get(p.name),
                 )
                 labels[p.name] = dict(p.resource_labels or {})
                 self.pool_cache.first_seen.setdefault(p.name, now)

@@ -36,6 +36,7 @@ Job is gone (a DELETED watch event).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import random
@@ -200,6 +201,7 @@ class NodeInfo:
     name: str
     pool: str  # cloud.google.com/gke-nodepool
     ready: bool
+    created: dt.datetime | None = None  # metadata.creationTimestamp, naive UTC: when the VM came
 
 
 @dataclass(frozen=True)
@@ -460,6 +462,7 @@ class KubeApi:
                 name=str(n["metadata"]["name"]),
                 pool=str((n["metadata"].get("labels") or {}).get(NODEPOOL_LABEL, "")),
                 ready=_condition_true(n, "Ready"),
+                created=_created(n),
             )
             for n in body.get("items") or []
         ]
@@ -733,3 +736,12 @@ class JobWatcher:
 def observations_by_task(observations: Sequence[JobObservation]) -> dict[int, JobObservation]:
     """Index observations by task id (Jobs without a task-id label are left out)."""
     return {o.task_id: o for o in observations if o.task_id is not None}
+
+
+def _created(obj: Mapping[str, Any]) -> dt.datetime | None:
+    """An object's ``metadata.creationTimestamp`` (RFC 3339, seconds) as naive UTC; None if absent or unreadable."""
+    text = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC).replace(tzinfo=None) if text else None
+    except ValueError:
+        return None

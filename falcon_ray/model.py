@@ -269,6 +269,7 @@ class PoolView:
     ready: int  # ... of which Ready
     status_message: str = ""  # GKE's statusMessage (why a pool is in ERROR)
     error_kind: ErrorKind | None = None  # what ``status_message`` says, classified by the ClusterActor
+    nodes_since: dt.datetime | None = None  # when its oldest node came (its VM's creation); None: no node
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", PoolStatus.of(self.status))

@@ -124,7 +124,7 @@ def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
 
 
 def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
-    idle = d.free_idle()
+    idle = d.free_idle(t)
     if idle is None or (lease is not None and lease.state not in (LeaseState.REQUESTED, LeaseState.CREATING)):
         return False
     effects = claim_idle(d, t, idle)

@@ -45,7 +45,7 @@ from falcon_ray.reconcile.effects import (
     Transition,
     UpdateTask,
 )
-from falcon_ray.reconcile.pools import kept_alive
+from falcon_ray.reconcile.pools import kept_alive, nodes_last_for
 from falcon_ray.spec import SupplyMode
 
 _ACQUIRING = frozenset(lc.ACQUIRING_PHASES)
@@ -163,12 +163,18 @@ class Decision:
 
     # ---- idle pools ----------------------------------------------------------------------
 
-    def free_idle(self) -> Lease | None:
-        """An idle pool that can be handed over now: its create finished (it was Ready once)
-        and no Job of an earlier task still holds it. The one with the most Ready nodes first:
-        a pool the autoscaler emptied would make the task wait for capacity while another
-        idle pool of its topology holds nodes (a 1,000-task soak ended with a queue stuck so)."""
-        free = [l for l in self.idle if l.id not in self.claimed and self.handable(l)]
+    def free_idle(self, t: QueueTask) -> Lease | None:
+        """An idle pool that can be handed to ``t`` now: its create finished (it was Ready
+        once), no Job of an earlier task still holds it, and its nodes outlive ``t``'s run
+        (``pools.nodes_last_for``: flex-start's run limit). The one with the most Ready nodes
+        first: a pool the autoscaler emptied would make the task wait for capacity while
+        another idle pool of its topology holds nodes (a 1,000-task soak ended with a queue
+        stuck so)."""
+        run_s = float(t.spec.timeout_seconds)
+        free = [
+            l for l in self.idle
+            if l.id not in self.claimed and self.handable(l) and nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s)
+        ]  # fmt: skip
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
 
     def ready_nodes(self, pool: str) -> int:

@@ -38,7 +38,7 @@ def pick(d: Decision) -> None:
         return
     nxt = scheduling.pick_next(d.waiting_heads(), d.queue.last_granted)
     assert nxt is not None
-    idle = d.free_idle()
+    idle = d.free_idle(nxt)
     if idle is not None:
         d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
     else:

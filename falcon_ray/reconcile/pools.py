@@ -18,6 +18,9 @@ mode's window (``Settings.keep_idle_s``), counted from the lease's ``idle_since`
 for a pool going Idle in this call), has passed; never on a cluster out of service, and a
 reservation pool never while a task of another topology of the cluster waits (its hosts
 count against the reservation that task may need).
+``nodes_last_for(lease, pool, now, run_s)``: a flex-start pool is handed only to a task
+whose whole run fits in what is left of its oldest node's ``maxRunDuration`` (seven
+days), as GKE deletes the VMs then; a task it does not fit creates its own pool.
 ``stale_jobs(d)``: a Job of this queue whose task is no longer live is deleted (once: a
 Job whose delete is under way is left to finish).
 """
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 from falcon_ray import render, tpu
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LEASE_HELD, LeaseState
-from falcon_ray.model import OP_IN_FLIGHT, JobPhase, Lease, OpKind, OpState, PoolStatus
+from falcon_ray.model import OP_IN_FLIGHT, JobPhase, Lease, OpKind, OpState, PoolStatus, PoolView
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -45,6 +48,7 @@ from falcon_ray.spec import SupplyMode
 if TYPE_CHECKING:  # context.py asks kept_alive when a pool goes Idle
     from falcon_ray.reconcile.context import Decision
 
+HANDOVER_START_S = 600.0  # nodes_last_for: a handed-over task's Job starts within this
 
 def leases(d: Decision) -> None:
     for lease in d.queue.leases:
@@ -113,6 +117,18 @@ def kept_alive(settings: Settings, lease: Lease, now: dt.datetime, *, active: bo
         return False
     since = lease.idle_since if lease.state == LeaseState.IDLE and lease.idle_since is not None else now
     return (now - since).total_seconds() < window
+
+
+def nodes_last_for(lease: Lease, pool: PoolView | None, now: dt.datetime, run_s: float) -> bool:
+    """Whether a task handed this pool could run ``run_s`` (its timeout) on the nodes it has:
+    GKE deletes a flex-start pool's VMs ``maxRunDuration`` after they came, and a task handed
+    the pool starts on them. Its run, plus ``HANDOVER_START_S`` for its start, must end before
+    the oldest node's. A pool with no node (flex-start scales from zero) gets fresh ones,
+    and the other supply modes have no limit."""
+    if lease.supply_mode != SupplyMode.FLEX_START or pool is None or pool.nodes_since is None:
+        return True
+    left = render.FLEX_START_MAX_RUN_SECONDS - (now - pool.nodes_since).total_seconds()
+    return left >= run_s + HANDOVER_START_S
 
 
 def deleting(d: Decision, lease: Lease) -> None:

@@ -30,6 +30,10 @@ Contract
   ``timings.node_pool_delete`` later nodes, the pods on them and the pool are gone.
 * Flex-start pools are hidden from ``get``/``visible`` for
   ``timings.flex_visibility_lag`` after the create call returned.
+* Run limit (``config.maxRunDuration``, ``"604800s"``; a flex-start pool without one
+  gets seven days, GKE's default and maximum): that long after a node registered its VM
+  is deleted, a ``reclaim`` of :mod:`~falcon_ray.sim.disruptions` (trigger
+  ``maxRunDuration``), and a flex-start pool gets new nodes only for pending pods.
 * Capacity: reservation pools (SPECIFIC_RESERVATION affinity) count their hosts
   against the reservation from the create call (or the autoscaler's scale-up)
   until their deletion (or scale-down) finishes; all other TPU pools count
@@ -62,6 +66,7 @@ TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 GKE_VERSION = "1.33.5-gke.1080000"
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600.0  # NodeConfig.maxRunDuration: flex-start's default and maximum
 
 _POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
@@ -141,7 +146,7 @@ def _check_config(config: dict[str, Any]) -> None:
     _expect(
         config,
         "node_pool.config",
-        {"machineType": str, "labels": dict, "reservationAffinity": dict, "taints": list, "flexStart": bool},
+        {"machineType": str, "labels": dict, "reservationAffinity": dict, "taints": list, "flexStart": bool, "maxRunDuration": str},
     )
     if not all(isinstance(v, str) for v in (config.get("labels") or {}).values()):
         raise GoogleError(400, "Invalid value at 'node_pool.config.labels': values must be strings.")
@@ -662,11 +667,22 @@ class NodePools:
         pool.provisioning -= count
         if pool.status != "RUNNING" or pool.deleted_at is not None:
             return
+        added = []
         for _ in range(count):
             zone = pool.zones[len(pool.node_names) % len(pool.zones)]
-            pool.node_names.append(self.cluster.add_node(pool, zone))
+            added.append(self.cluster.add_node(pool, zone))
+        pool.node_names.extend(added)
         if pool.first_node_at is None:
             pool.first_node_at = self.cluster.wall()
+        limit = max_run_seconds(pool)
+        if limit is not None:
+            self.cluster.call_later(limit, self._run_limit, pool, added)
+
+    def _run_limit(self, pool: NodePool, nodes: list[str]) -> None:
+        """``maxRunDuration`` after they came, GKE deletes the VMs: a reclaim of those still there."""
+        alive = [n for n in nodes if n in pool.node_names]
+        if alive and pool.deleted_at is None:
+            self.cluster.disruptions.disrupt("reclaim", alive, trigger="maxRunDuration")
 
     # ---- delete --------------------------------------------------------------------------------
     def delete(self, name: str) -> Operation:
@@ -733,6 +749,19 @@ class NodePools:
             "max_concurrent_pool_ops": self.max_concurrent_ops,
             "rejected_pool_ops": self.rejected_ops,
         }
+
+
+def max_run_seconds(pool: NodePool) -> float | None:
+    """How long the pool's VMs may exist (``config.maxRunDuration``, e.g. ``"604800s"``); a
+    flex-start pool that does not say gets GKE's default and maximum, seven days. None: no
+    limit."""
+    text = str((pool.request.get("config") or {}).get("maxRunDuration") or "")
+    if text.endswith("s"):
+        try:
+            return float(text[:-1])
+        except ValueError:
+            pass
+    return FLEX_START_MAX_RUN_S if pool.flex else None
 
 
 def node_object(cluster: SimCluster, pool: NodePool, node_name: str, index: int, zone: str) -> dict[str, Any]:

@@ -57,13 +57,21 @@ def _task(i: int, submit_at: float, run_s: float, topology: str = "2x2", abort_a
     }
 
 
-def _run(fleet: dict, tasks: list[dict], seed: int = 1, settings: Settings | None = None, **kw) -> tuple[dict, Simulation]:
+def _run(fleet: dict, tasks: list[dict], seed: int = 1, settings: Settings | None = None, look=None, **kw) -> tuple[dict, Simulation]:
+    """The run's report and the simulation; ``look(sim)``, when given, reads its database
+    before it is disposed of (its answer is ``sim.looked``)."""
     sim = Simulation(parse_fleet(fleet), tasks, settings or Settings(), seed, **kw)
     try:
         sim.run()
+        if look is not None:
+            sim.looked = look(sim)
         return build_report(sim, 0.0), sim
     finally:
         sim.dispose()
+
+
+def _disruptions(sim: Simulation) -> dict[int, tuple]:
+    return sim.store.disruptions(sim.ids)
 
 
 MIXED = {
@@ -182,6 +190,48 @@ def test_a_stockout_is_waited_out_for_the_production_capacity_budget_then_fails(
     pending = sum(report["pending_s_by_reason"].values())
     assert report["pending_s_by_reason"]["ClusterBusy"] > 0
     assert s.capacity_budget_s <= pending <= s.capacity_budget_s + s.capacity_retry_max_s + 2 * CREATE_S
+
+
+DAY = 86400.0
+MAX_RUN_S = 7 * DAY  # GKE: flex-start VMs exist at most maxRunDuration, seven days
+
+
+def test_flex_start_nodes_go_at_the_production_run_limit_and_the_task_recovers():
+    """A run longer than its nodes may live: seven days after they came GKE deletes the VMs
+    (the fleet's reclaim, trigger maxRunDuration); Falcon counts it as the fleet's fault and
+    starts a new attempt on new nodes, never fails the task for it."""
+    fleet = {"clusters": [_cluster("flex-b", chips=8)]}
+    task = _task(0, 0.0, 8 * DAY, supply_mode="flex-start", timeout_seconds=int(MAX_RUN_S))
+    report, sim = _run(fleet, [task], until_s=MAX_RUN_S + 3 * 3600.0, look=_disruptions)
+    records = sim.fleet.clusters["flex-b"].disruptions.records
+    (limit,) = [r for r in records if r["trigger"] == "maxRunDuration"]
+    pool = sim.fleet.clusters["flex-b"].pools.history[0]
+    assert limit["kind"] == "reclaim" and limit["pool"] == pool.name and limit["jobs"]
+    assert limit["at"] - pool.first_node_at == pytest.approx(MAX_RUN_S, abs=1.0)
+    (tid,) = sim.ids
+    (run,) = sim.looked[tid]
+    assert run.kind == "reclaim" and run.attempt == 0
+    assert report["outcomes"] == {"live": 1}, report["outcomes"]  # its second attempt runs
+    assert report["invariants"]["failed_for_capacity"] == 0
+
+
+def test_a_flex_start_pool_is_not_handed_to_a_task_its_nodes_would_not_outlive():
+    """A runs six and a half days on its pool's node. X (a one-day run) is creating its own
+    pool and B (under an hour) waits behind it when A ends: A's pool is kept for them, but
+    its node has half a day left, so X keeps its own create (on A's node GKE would delete
+    its VM half-way) and B, whose run fits, is handed A's pool."""
+    fleet = {"clusters": [_cluster("flex-b", chips=16)]}
+    a_ends = REGISTER_S + POD_START_S + 570.0 + 6.5 * DAY  # its create, the flex lag and scale-up, its run
+    a = _task(0, 0.0, 6.5 * DAY, supply_mode="flex-start")
+    x = _task(1, a_ends - 100.0, DAY, supply_mode="flex-start")
+    b = _task(2, a_ends - 50.0, 3000.0, supply_mode="flex-start")
+    report, sim = _run(fleet, [a, x, b], look=lambda sim: ([sim.store.get_task(i) for i in sim.ids], _disruptions(sim)))
+    assert report["outcomes"] == {"Succeeded": 3}, report["outcomes"]
+    (ta, tx, tb), disrupted = sim.looked
+    assert not any(disrupted.values()), disrupted
+    assert tx.node_pool_name != ta.node_pool_name, "X would lose its VM half-way on A's node"
+    assert tb.node_pool_name == ta.node_pool_name, (ta.node_pool_name, tb.node_pool_name)
+    assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report.get("broken")
 
 
 def test_generated_tasks_follow_the_trace_figures_and_a_seed():

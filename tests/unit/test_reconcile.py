@@ -470,6 +470,34 @@ def test_the_idle_pool_with_ready_nodes_is_handed_over_before_an_emptied_one():
     assert taken.name == full and taken.fields["task_id"] == 2
 
 
+DAY = 86400.0
+
+
+@pytest.mark.parametrize(
+    "nodes_age_s, timeout_s, handed",
+    [
+        (None, 6 * DAY, True),  # no node now: the task gets fresh VMs, a full seven days
+        (3600, 6 * DAY, True),  # an hour-old node outlives a six-day run
+        (6 * DAY, 12 * 3600, True),  # a day left, a 12-hour run (and its start) fits
+        (6 * DAY, DAY, False),  # a day left, a one-day run does not: GKE would delete the VMs mid-run
+        (7 * DAY - 300, 60, False),  # five minutes left: not even a minute's run plus its start
+    ],
+)
+def test_a_flex_start_pool_is_handed_only_to_a_task_its_nodes_outlive(nodes_age_s, timeout_s, handed):
+    """GKE deletes a flex-start pool's VMs maxRunDuration (seven days) after they came: a task
+    handed the pool runs on those nodes, so it gets the pool only when its whole run fits in
+    what is left of the oldest one; otherwise it creates its own pool."""
+    name = "falcon-t1-2x2"
+    since = None if nodes_age_s is None else NOW - dt.timedelta(seconds=nodes_age_s)
+    view = ClusterView(pools={name: PoolView(name, "RUNNING", 1, 1, nodes_since=since)})
+    ts = [task(2, "bob", supply_mode="flex-start", timeout_seconds=int(timeout_s))]
+    g = decide(state(ts, [lease(7, name, LeaseState.IDLE, mode="flex-start")]), view, NOW, S)
+    taken = [e for e in effects(g, MoveLease) if e.to == LeaseState.IN_USE and e.name == name]
+    assert bool(taken) == handed, g
+    if not handed:
+        assert effects(g, CreateLease) and (2, lc.PROVISIONING) in transitions(g)
+
+
 # ---- an idle pool whose create its task abandoned: its timeout counts from GKE's acceptance ----
 
 

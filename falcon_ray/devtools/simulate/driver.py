@@ -157,6 +157,7 @@ class Simulation:
         self.observed: dict[int, list[tuple[float, str, str, str]]] = {}
         self.done = False
         self._changed_since_check = True
+        self._written = False  # a step, a submit or an abort since the last look at the Messages (_monitor)
         self._scanned: dict[str, tuple[str, ...]] = {}  # cluster -> its Falcon pools at a scan that found nothing
         self._acted: set[str] = set()  # clusters one of whose queues acted since their last orphan scan
         self._op_seen: dict[str, set[str]] = {}  # cluster -> its operations queued or running at the last look
@@ -307,6 +308,7 @@ class Simulation:
         loop.wake()
 
     def _queue_stepped(self, loop: ScheduledLoop, applied: object) -> None:
+        self._written = True  # a step that moved nothing may still have written a Message
         if isinstance(applied, int) and applied == 0:
             return
         self._changed_since_check = True
@@ -376,6 +378,7 @@ class Simulation:
     # ---- the poller's cadence -------------------------------------------------------------------
 
     def _poller_next(self, loop: ScheduledLoop) -> float | None:
+        self._written = True
         counts = loop.result if isinstance(loop.result, dict) else {}
         found = counts.get("new", 0) + counts.get("aborting", 0)
         return loop.clock.monotonic() + self.poller.interval() if found or loop.last_error else None
@@ -395,6 +398,7 @@ class Simulation:
         )
         self.ids.append(tid)
         self.submitted += 1
+        self._written = True
         if self.submitted == len(self.plan):
             self.scheduler.at(self.clock.monotonic() + END_CHECK_S, self._end_check)
         if item.get("abort_at") is not None:
@@ -402,19 +406,24 @@ class Simulation:
         self._poke_poller()
 
     def _abort(self, tid: int) -> None:
+        self._written = True
         if self.store.request_abort(tid):
             self._poke_poller()
 
     # ---- watching the run -------------------------------------------------------------------------
 
     def _monitor(self) -> None:
-        at = round((self.clock.now() - START).total_seconds(), 3)  # as the event log stamps this instant
-        live = self.store.live_tasks()
-        for t in live:
-            seen = self.observed.setdefault(t.id, [])
-            key = (str(t.status), str(t.reason or ""), t.message or "")
-            if not seen or seen[-1][1:] != key:
-                seen.append((at, *key))
+        """Every ``MONITOR_S``: each live task's Message as the upper layer would see it, for
+        the stuck judge (read only when a step, a submit or an abort could have written one
+        since the last look: a look in between would see nothing new)."""
+        if self._written:
+            self._written = False
+            at = round((self.clock.now() - START).total_seconds(), 3)  # as the event log stamps this instant
+            for t in self.store.live_tasks():
+                seen = self.observed.setdefault(t.id, [])
+                key = (str(t.status), str(t.reason or ""), t.message or "")
+                if not seen or seen[-1][1:] != key:
+                    seen.append((at, *key))
         if self.progress is not None:
             self.progress(self)
         self.scheduler.at(self.clock.monotonic() + MONITOR_S, self._monitor)

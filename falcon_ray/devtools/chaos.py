@@ -26,8 +26,10 @@ their event logs), the Message changes the run observed and the fleet's own acco
 - ``lost``: tasks not terminal at the end;
 - ``stuck``: a task that stayed in one phase with no event and no Message change for longer
   than that phase's limit (``Limits``);
-- ``second_job_creates``: Jobs the fleet saw created more than once (every attempt of a task
-  has its own name, ``falcon-task-ID-aN``: two attempts are two Jobs, not a second create);
+- ``second_job_creates``: Jobs the fleet saw created again after one of their creates ran a
+  pod (every attempt of a task has its own name, ``falcon-task-ID-aN``: two attempts are two
+  Jobs, not a second create; a Job whose pods never ran, deleted with a pool whose nodes
+  never came and made again on the next pool, is not one either);
 - ``pools_alive``: Falcon node pools alive in the fleet at the end;
 - ``aborts_overwritten``: a task whose abort landed (an Aborting event) and that the
   controller then moved anywhere but Aborted (a task that finished before the abort
@@ -259,6 +261,15 @@ def _phase(status: Any, reason: Any) -> lc.Phase:
     return lc.phase_of(str(status), str(reason or "") or None)
 
 
+def _ran_before_last(job: dict[str, Any]) -> bool:
+    """A Job made again after one of its earlier creates ran a pod: its work may run twice.
+    A Job deleted before any of its pods ran (its nodes never came) and made again is not
+    (a record without ``ran``, from a fleet that does not keep it, counts every create)."""
+    if "ran" not in job:
+        return True
+    return any(n < job.get("creates", 0) for n in job["ran"])
+
+
 def _second_create(cluster: str, job: dict[str, Any], events: dict[int, list[Any]]) -> dict[str, Any]:
     """A Job the fleet saw created more than once, with what tells the cause: when the fleet
     created and deleted it, and its task's event log, on one clock (Unix seconds)."""
@@ -407,7 +418,7 @@ def check(
                 )
     for cname, c in fleet.get("clusters", {}).items():
         for j in c.get("jobs", []):
-            if j.get("creates", 0) > 1:
+            if j.get("creates", 0) > 1 and _ran_before_last(j):
                 out["second_job_creates"].append(_second_create(cname, j, events))
         for p in c.get("node_pools", []):
             if p.get("deleted_at") is None and p["name"].startswith("falcon-"):

@@ -294,6 +294,14 @@ class SimCluster:
         rec["created_at"].append(now)
         rec["uid"] = md["uid"]
 
+    def record_job_ran(self, namespace: str, name: str) -> None:
+        """A pod of the Job's latest create started running: ``ran`` lists the creates (1, 2,
+        ...) that ran a pod, so a Job made again after one of its creates ran (work that may
+        run twice) can be told from one made again after a create that never ran a pod."""
+        rec = self.job_records.get((namespace, name))
+        if rec is not None and rec["creates"] not in rec.setdefault("ran", []):
+            rec["ran"].append(rec["creates"])
+
     def record_job_delete(self, job: dict[str, Any]) -> None:
         """A Job deleted through the API: when, so a second create can be told apart from
         a 409 (the soak's report shows the create and delete times of a Job made twice)."""

@@ -868,6 +868,9 @@ class Workloads:
                 cs["containerID"] = f"containerd://{uid.replace('-', '')}{cs['name']}"[:76]
 
         self.store.mutate("pods", ns, name, change)
+        owner = owner_job(pod)
+        if owner is not None:
+            self.cluster.record_job_ran(ns, owner[0])
         self.logs[uid] = [
             f"[falcon-sim] {now} container {pl.name} started on {pod['spec'].get('nodeName')}; "
             f"will run {pl.run_seconds:g}s and exit {pl.exit_code}"

@@ -207,6 +207,8 @@ def test_flex_start_nodes_go_at_the_production_run_limit_and_the_task_recovers()
     (limit,) = [r for r in records if r["trigger"] == "maxRunDuration"]
     pool = sim.fleet.clusters["flex-b"].pools.history[0]
     assert limit["kind"] == "reclaim" and limit["pool"] == pool.name and limit["jobs"]
+    (first,) = [r for r in sim.fleet.clusters["flex-b"].job_records.values() if r["name"] == "falcon-task-1"]
+    assert first["creates"] == 1 and first["ran"] == [1]  # the fleet records which creates ran a pod
     assert limit["at"] - pool.first_node_at == pytest.approx(MAX_RUN_S, abs=1.0)
     (tid,) = sim.ids
     (run,) = sim.looked[tid]

@@ -89,6 +89,24 @@ def test_stuck_is_a_quiet_stretch_longer_than_the_phase_limit():
     assert r["details"]["stuck"][0]["id"] == 1 and r["details"]["stuck"][0]["phase"] == "Pending/Dispatching"
 
 
+def test_a_job_made_again_counts_only_when_an_earlier_create_ran_a_pod():
+    """Nodes that never came: the Job (no pod ever ran) is deleted with its pool and made
+    again on the next pool, which is no second run. A Job made again after a create that
+    ran a pod is (its work may run twice); a fleet that does not record runs counts all."""
+
+    def fleet(**job) -> dict:
+        return {"clusters": {"edge-a": {"jobs": [{"name": "falcon-task-1", **job}], "node_pools": []}}}
+
+    def count(f: dict) -> int:
+        return check([task(1, "Succeeded")], {}, {}, 10, f, LIMITS)["invariants"]["second_job_creates"]
+
+    assert count(fleet(creates=2, ran=[2])) == 0  # only the last create ran
+    assert count(fleet(creates=2, ran=[])) == 0
+    assert count(fleet(creates=2, ran=[1, 2])) == 1
+    assert count(fleet(creates=2, ran=[1])) == 1
+    assert count(fleet(creates=2)) == 1
+
+
 def test_a_capacity_wait_that_lasted_the_whole_budget_is_not_a_failure_for_capacity():
     """The operator's capacity_budget_s ends a wait the fleet never answered: NodePoolFailed
     after the whole budget (by the event log) is the limit working, before it a failure."""

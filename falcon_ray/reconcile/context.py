@@ -118,7 +118,7 @@ class Decision:
         self.recovering = by_phase.get(lc.RECOVERING, [])
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
         self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute and by time
-        self.expected_texts: dict[int, str] = {}  # rule 8's start estimate texts, by rounded seconds
+        self.expected_texts: dict[int, str] = {}  # rule 8's start estimate texts, by their rounded minute
         ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}
         self.demand = Demand(q.waiting, {t.id for t in self.acquiring if t.phase != lc.DISPATCHING and t.id not in ready})
 

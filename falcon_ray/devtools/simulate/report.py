@@ -22,7 +22,7 @@ aside), rounded, so the same run gives the same bytes:
   Running;
 - ``statements_per_task``: the controller's database statements over the run, per task;
 - ``eta_error_s``: over the tasks whose Waiting Message gave a start estimate ("expected
-  to start in ~12m") and that then ran, the median and p90 of |estimated - actual start|,
+  to start around 2026-01-05 14:25 UTC") and that then ran, the median and p90 of |estimated - actual start|,
   from the first estimate shown and from the last;
 - ``invariants``: the chaos soak's (``falcon_ray.devtools.chaos.check``), each a count:
   ``lost``, ``stuck``, ``second_job_creates``, ``pools_alive``, ``aborts_overwritten``,

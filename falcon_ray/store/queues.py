@@ -80,7 +80,7 @@ class QueueStore(StoreCore):
         caller's earlier slot holders and the tasks it wrote since); the caller keeps the
         other rows it has and drops every task of ``ids`` that is not returned. One
         statement either way (a UNION ALL for the delta), plus one for new specs."""
-        j, m = t.jobs, t.task_queue
+        j = t.jobs
         known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
         cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
@@ -95,20 +95,46 @@ class QueueStore(StoreCore):
                 # before the rows: the two statements share no snapshot, and a figure read
                 # after them could name a task assigned in between that the rows lack (every
                 # incremental read from it would skip that task until the next full read)
-                newest = c.execute(sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster.id, m.c.topology == topology)).scalar() or 0
-            rows = c.execute(self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
+                newest = c.execute(self._newest(cluster.id, topology)).scalar() or 0
+            rows = c.execute(*self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
             unknown = sorted({r.id for r in rows if r.id not in known and not r.spec})
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):
                 specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
             leases = c.execute(self._queue_leases(cluster.id, topology)).all() if with_leases else None
-            granted = (c.execute(self._granted(cluster.id, topology)).scalar() or "") if with_granted else None
+            granted = (c.execute(*self._granted(cluster.id, topology)).scalar() or "") if with_granted else None
         tasks, seq, entries = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
         leases_read = [row_value(Lease, r) for r in leases] if leases is not None else None
         return QueueRead(clusters, tasks, leases_read, granted, seq, entries)
 
+    def _built(self, key: tuple, build):
+        """The statement ``build()`` makes, built once per store and ``key`` (a queue's reads
+        differ only in bound values): SQLAlchemy memoizes a statement object's cache key, so
+        a statement used again is neither built nor walked again, only executed."""
+        cache = self.__dict__.setdefault("_statements", {})
+        stmt = cache.get(key)
+        if stmt is None:
+            stmt = cache[key] = build()
+        return stmt
+
+    def _newest(self, cluster_id: str, topology: str):
+        m = t.task_queue
+        return self._built(
+            ("newest", cluster_id, topology),
+            lambda: sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster_id, m.c.topology == topology),
+        )
+
     def _queue_rows(self, cluster_id: str, topology: str, cols, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
-        """``queue_snapshot``'s one statement for the task rows (see there)."""
+        """``queue_snapshot``'s one statement for the task rows (see there), and its bound values."""
+        if delta is None:
+            return self._built(("all rows", cluster_id, topology, specs_known), lambda: self._rows_stmt(cluster_id, topology, cols, specs_known, None)), {}
+        after, ids = delta[0], sorted(set(delta[1]))
+        stmt = self._built(("changed rows", cluster_id, topology, bool(ids)), lambda: self._rows_stmt(cluster_id, topology, cols, True, bool(ids)))
+        return stmt, ({"after": after, "ids": ids} if ids else {"after": after})
+
+    def _rows_stmt(self, cluster_id: str, topology: str, cols, specs_known: bool, with_ids: bool | None):
+        """The rows statement: all of the queue's live rows (``with_ids`` None), or the
+        incremental read, its ``after`` seq and its ``ids`` (when ``with_ids``) bound at execution."""
         j, m, e, dis = t.jobs, t.task_queue, t.task_events, t.task_disruptions
         live = [s.value for s in lc.NON_TERMINAL]
 
@@ -129,16 +155,15 @@ class QueueStore(StoreCore):
                 .where(j.c.cluster_id == cluster_id, m.c.cluster_id == cluster_id, m.c.topology == topology, j.c.status.in_(live))
             )
 
-        if delta is None:
+        if with_ids is None:
             return base(not specs_known).order_by(j.c.id)
         # what others change in a queue's rows: the upper layer aborts (Aborting), the
         # poller and other queues add Waiting tasks (a new seq); every other move is this
         # queue's own and its ids are in ``ids``
-        after, ids = delta[0], sorted(set(delta[1]))
         parts = [self._queue_rows_in(cluster_id, topology, cols, [Status.ABORTING.value, Status.RUNNING.value])]
-        parts.append(base(True).where(m.c.seq > after))
-        if ids:
-            parts.append(base(False).where(j.c.id.in_(ids)))
+        parts.append(base(True).where(m.c.seq > sa.bindparam("after", type_=m.c.seq.type)))
+        if with_ids:
+            parts.append(base(False).where(j.c.id.in_(sa.bindparam("ids", expanding=True))))
         return sa.union_all(*parts)
 
     @staticmethod
@@ -174,11 +199,14 @@ class QueueStore(StoreCore):
             j.c.cluster_id == cluster_id, j.c.status.in_(statuses), seq.is_not(None)
         )
 
-    @staticmethod
-    def _queue_leases(cluster_id: str, topology: str):
+    def _queue_leases(self, cluster_id: str, topology: str):
         """A queue's live leases, and every lease row (Deleted too) of the cluster's
         acquiring tasks: the refused ones are the durable record of a capacity wait, and no
         new create may reuse the name of any of them (a lease row is adopted by its name)."""
+        return self._built(("leases", cluster_id, topology), lambda: self._leases_stmt(cluster_id, topology))
+
+    @staticmethod
+    def _leases_stmt(cluster_id: str, topology: str):
         j, L = t.jobs, t.node_pool_leases
         acquiring = sa.select(j.c.id).where(
             j.c.cluster_id == cluster_id,
@@ -229,14 +257,14 @@ class QueueStore(StoreCore):
     def _granted(self, cluster_id: str, topology: str):
         """The queue's last granted actor (see the module docstring), in one statement: the
         newest Provisioning or Dispatching entry among the events of ``ix_events_at``'s
-        range, of a task whose queue is this one."""
+        range, of a task whose queue is this one. The statement and its bound values."""
         e, j, m = t.task_events, t.jobs, t.task_queue
         taken = [p.reason.value for p in SLOT_TAKEN]
-        return (
+        stmt = self._built(("granted", cluster_id, topology), lambda: (
             sa.select(j.c.actor)
             .select_from(e.join(m, m.c.task_id == e.c.task_id).join(j, j.c.id == e.c.task_id))
             .where(
-                e.c.at >= self.clock() - self.GRANTED_LOOKBACK,
+                e.c.at >= sa.bindparam("since", type_=e.c.at.type),
                 e.c.status == Status.PENDING.value,
                 e.c.reason.in_(taken),
                 m.c.cluster_id == cluster_id,
@@ -244,9 +272,10 @@ class QueueStore(StoreCore):
             )
             .order_by(e.c.at.desc(), e.c.id.desc())
             .limit(1)
-        )
+        ))  # fmt: skip
+        return stmt, {"since": self.clock() - self.GRANTED_LOOKBACK}
 
     def last_granted(self, cluster_id: str, topology: str) -> str:
         """The queue's last granted actor, "" when it granted nothing within ``GRANTED_LOOKBACK``."""
         with self.engine.connect() as c:
-            return c.execute(self._granted(cluster_id, topology)).scalar() or ""
+            return c.execute(*self._granted(cluster_id, topology)).scalar() or ""

@@ -102,6 +102,10 @@ CAPACITY_REFUSAL = re.compile(
     r"|capacity_budget_s|reservation_wait_limit_s|reservation_remaining_slices",
     re.IGNORECASE,
 )
+# A Provisioning Message of a create still waiting its turn among the cluster's node-pool
+# operations (messages "create_queued" / "create_requeued", both languages): a wait under
+# create_queue_limit_s, not the create's node_pool_timeout_s.
+CREATE_QUEUED = re.compile(r"^Waiting to send the create of node pool|^等待(?:再次)?发送 node pool")
 # The soak's burst of failed creates: GKE's INTERNAL (google.rpc code 13), a failure that is
 # not about capacity, so Falcon ends the task NodePoolFailed and the report counts it apart.
 CREATE_ERROR = "Internal error: the node pool could not be created (simulated burst of failed creates)."
@@ -217,10 +221,13 @@ class Limits:
     waiting: float = 240.0  # Waiting / ClusterBusy / New: a queue ahead of them may be long
     recovery_wait: float = 0.0  # recovery_pool_wait_s: Recovering waits this long for its nodes
     capacity_budget: float = 0.0  # capacity_budget_s: nodes that do not come are waited for this long
+    create_queue: float = 0.0  # create_queue_limit_s: a create waits its turn among the cluster's operations this long
 
-    def of(self, phase: lc.Phase, timeout_seconds: float | None) -> float | None:
+    def of(self, phase: lc.Phase, timeout_seconds: float | None, message: str = "") -> float | None:
         if phase.status in lc.TERMINAL:
             return None
+        if phase == lc.PROVISIONING and CREATE_QUEUED.search(message):  # its own limit, not the create's
+            return max(self.node_pool_timeout, self.create_queue) + self.margin
         if phase in (lc.NEW, lc.WAITING, lc.CLUSTER_BUSY):
             return self.waiting
         if phase == lc.RUNNING:
@@ -515,7 +522,7 @@ def _longest_quiet(
     ch = obs.changes
     for i, (at, status, reason, message) in enumerate(ch):
         phase = _phase(status, reason)
-        limit = limits.of(phase, timeout)
+        limit = limits.of(phase, timeout, message)
         if limit is None:
             continue
         until = ch[i + 1][0] if i + 1 < len(ch) else end_at

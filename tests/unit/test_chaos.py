@@ -124,6 +124,19 @@ def test_a_capacity_wait_that_lasted_the_whole_budget_is_not_a_failure_for_capac
     assert check(tasks, {1: log(21600)}, {}, 30000, FLEET_CLEAN, LIMITS)["invariants"]["failed_for_capacity"] == 1  # the soak: none
 
 
+def test_a_create_waiting_its_turn_is_stuck_only_past_the_create_queue_limit():
+    """A Provisioning task whose create waits behind the cluster's other node-pool operations
+    says so once, since when; its limit is create_queue_limit_s, not the create's timeout."""
+    queued = "Waiting to send the create of node pool falcon-t1-2x2: cluster edge-a runs one node-pool operation at a time and others go first; queued since 13:18:59 UTC"
+    o = obs((0, "Pending", "Provisioning", queued), (150, "Pending", "Provisioning", "Creating node pool falcon-t1-2x2 (supply: flex-start)..."))
+    tasks = [task(1, "Pending", "Provisioning")]
+    with_limit = dataclasses.replace(LIMITS, create_queue=200)
+    assert check(tasks, {}, {1: o}, 160, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 0
+    assert check(tasks, {}, {1: o}, 160, FLEET_CLEAN, LIMITS)["invariants"]["stuck"] == 1  # 150 s quiet > 20 + 10
+    plain = obs((0, "Pending", "Provisioning", "Creating node pool falcon-t1-2x2 (supply: flex-start)..."))
+    assert check(tasks, {}, {1: plain}, 150, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 1  # a create: its own timeout
+
+
 def test_waiting_for_nodes_is_stuck_only_past_the_capacity_budget():
     """Nodes that do not come are a capacity wait the queue ends at capacity_budget_s: a
     WaitingForNode whose Message only counts the minutes is stuck past that, not before."""

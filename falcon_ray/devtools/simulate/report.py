@@ -28,7 +28,8 @@ aside), rounded, so the same run gives the same bytes:
   ``lost``, ``stuck``, ``second_job_creates``, ``pools_alive``, ``aborts_overwritten``,
   ``failed_for_capacity``, ``illegal_transitions`` (and the soak's others), with
   production limits: a phase is stuck past ``node_pool_timeout_s``, ``waiting_limit_s``,
-  ``capacity_budget_s`` (WaitingForNode: nodes that do not come) or the task's own timeout,
+  ``capacity_budget_s`` (WaitingForNode: nodes that do not come), ``create_queue_limit_s``
+  (a create still waiting its turn among the cluster's node-pool operations) or the task's own timeout,
   plus ``STUCK_MARGIN_S`` (the run looks at the live tasks'
   Messages every ``driver.MONITOR_S``); ``broken``, only when one is not 0: up to three
   cases of each.
@@ -190,6 +191,7 @@ def _invariants(sim: Simulation, tasks, events, fleet, end: float) -> dict[str, 
         waiting=s.waiting_limit_s,
         recovery_wait=s.recovery_pool_wait_s,
         capacity_budget=s.capacity_budget_s or 0.0,
+        create_queue=s.create_queue_limit_s,
     )
     result = chaos.check(tasks, events, observed, end, fleet, limits, disruptions=sim.store.disruptions([t.id for t in tasks]))
     out: dict[str, Any] = {"invariants": dict(result["invariants"])}

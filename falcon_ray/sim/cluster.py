@@ -287,6 +287,7 @@ class SimCluster:
                 "creates": 0,
                 "first_created_at": now,
                 "created_at": [],
+                "ran": [],  # record_job_ran
             }
         rec["creates"] += 1
         rec["manifest"] = clone(manifest)
@@ -299,7 +300,7 @@ class SimCluster:
         ...) that ran a pod, so a Job made again after one of its creates ran (work that may
         run twice) can be told from one made again after a create that never ran a pod."""
         rec = self.job_records.get((namespace, name))
-        if rec is not None and rec["creates"] not in rec.setdefault("ran", []):
+        if rec is not None and rec["creates"] not in rec["ran"]:
             rec["ran"].append(rec["creates"])
 
     def record_job_delete(self, job: dict[str, Any]) -> None:

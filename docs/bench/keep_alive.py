@@ -5,9 +5,11 @@
         same run: ``idle_chip_hours_by_supply`` (the fleet's idle chip-seconds per pool,
         summed by the pool's supply mode); ``starts`` (the tasks that reached Running, split
         by how they got their pool: ``handover``, picked straight to Dispatching, or
-        ``create``, through Provisioning, ClusterBusy or WaitingForNode first; count and
-        median time to Running and deciles of each, ``all_deciles`` of both; ``cluster_busy``: the tasks that entered ClusterBusy
-        and the task-hours spent there); and ``eta_signed`` (per task whose Waiting Message
+        ``create``, through Provisioning, ClusterBusy or WaitingForNode first, which includes
+        a task that switched to a pool freed while its own create waited; count, median
+        and deciles of the time to Running of each, ``all_deciles`` of both; ``cluster_busy``:
+        the tasks that entered ClusterBusy and the task-hours spent there); and
+        ``eta_signed`` (per task whose Waiting Message
         gave a start estimate and that then ran: actual start - first promised start,
         percentiles; ``early_share``: the share that started before the promise; ``wait_*``:
         actual start - when that estimate was first shown).

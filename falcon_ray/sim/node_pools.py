@@ -669,9 +669,9 @@ class NodePools:
             return
         added = []
         for _ in range(count):
-            zone = pool.zones[len(pool.node_names) % len(pool.zones)]
+            zone = pool.zones[len(pool.node_names) % len(pool.zones)]  # round robin over the pool's zones
             added.append(self.cluster.add_node(pool, zone))
-        pool.node_names.extend(added)
+            pool.node_names.append(added[-1])
         if pool.first_node_at is None:
             pool.first_node_at = self.cluster.wall()
         limit = max_run_seconds(pool)

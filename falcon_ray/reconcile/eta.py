@@ -174,13 +174,26 @@ class _Queue:
     def __init__(self, m: Model, bound: bool, free: list[float], default_reservation: str) -> None:
         self.m, self.bound, self.free, self.default_reservation = m, bound, free, default_reservation
         heapq.heapify(self.free)
+        # a fresh create per mode and a whole run per timeout, each a median: asked once per
+        # value, not once per waiting task (a queue of 10,000 has a few modes and timeouts)
+        self.fresh_create: dict[SupplyMode, float | None] = {}
+        self.whole_run: dict[float, float] = {}
 
     def mode(self, t: QueueTask) -> SupplyMode:
         return scheduling.supply_mode_for(t.spec, self.default_reservation)
 
+    def create(self, mode: SupplyMode) -> float | None:
+        if mode not in self.fresh_create:
+            self.fresh_create[mode] = self.m.create(mode)
+        return self.fresh_create[mode]
+
     def started(self, t: QueueTask, start: float) -> float:
         if self.m.run_fractions:
-            heapq.heappush(self.free, start + self.m.run_left(float(t.spec.timeout_seconds)))
+            timeout = float(t.spec.timeout_seconds)
+            run = self.whole_run.get(timeout)
+            if run is None:
+                run = self.whole_run[timeout] = self.m.run_left(timeout)
+            heapq.heappush(self.free, start + run)
         return start
 
     def take(self, t: QueueTask, at: float, create_left: float | None, creating: bool = False) -> float | None:
@@ -197,7 +210,7 @@ class _Queue:
         return self.started(t, at + create_left)
 
     def waiting(self, t: QueueTask, slot_at: float) -> float | None:
-        return self.take(t, slot_at, None if self.bound else self.m.create(self.mode(t)))
+        return self.take(t, slot_at, None if self.bound else self.create(self.mode(t)))
 
     def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
         if t.phase == lc.CLUSTER_BUSY:

@@ -5,7 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.timeout(900)  # the subprocess's own limit: 121 s alone, past 300 s beside the suite's other workers
 def test_bench_quick_has_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(

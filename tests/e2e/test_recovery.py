@@ -33,7 +33,9 @@ def _kill(run: DemoRun, name: str) -> None:
 def test_queue_actor_killed_while_its_pool_is_created(controller):
     run = controller(make_fleet(a={"timings": {"node_pool_create": 2.5}}, with_b=False), db="mysql")
     tid = run.submit("alice", spec("2x2", 1))
-    wait_for(run, tid, lambda t: t.node_pool_name is not None and t.reason == "Provisioning")
+    # the first pick waits for the controller's actors to start: at the suite's start, with
+    # every worker starting its own, that passed 30 s
+    wait_for(run, tid, lambda t: t.node_pool_name is not None and t.reason == "Provisioning", timeout=90)
     time.sleep(0.3)
     _kill(run, names.queue_name("edge-a", "2x2"))
     stats = assert_clean(run, timeout=90)

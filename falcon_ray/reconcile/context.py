@@ -359,7 +359,7 @@ class Decision:
     def waited(self, t: QueueTask) -> str:
         """`` (waiting since 2026-01-05 14:03 UTC)``: when the task entered its phase (the
         durable event log), for a Message; "" when that is not known."""
-        return self.msg("waiting_since", at=stamp(t.phase_since)) if t.phase_since else ""
+        return self.msg("waiting_since", at=self.since(t)) if t.phase_since else ""
 
     def since(self, t: QueueTask) -> str:
         """When the task entered its phase, as the Messages show it (now when not known)."""

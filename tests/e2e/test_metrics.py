@@ -115,7 +115,7 @@ def _await_series(port: int, expected: list, poller_worker: str, timeout: float 
         time.sleep(1)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
     port = ray_session["metrics_port"]
     fleet = make_fleet(a={"name": CLUSTER, "reservation": {"name": "res-a", "count": 4}, "chips": 16}, with_b=False, seed=7)
@@ -123,14 +123,15 @@ def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
     try:
         poller = ray.get(names.lookup(names.POLLER, run.settings.namespace).snapshot.remote(), timeout=30)
         worker = poller["process"]["ray_worker_id"]
-        long = run.submit("dave", spec("2x2", 10), "metrics-long")
+        # long enough that the gauges are exported while it runs, on a loaded machine too
+        long = run.submit("dave", spec("2x2", 30), "metrics-long")
         # 2 s runs: a queue sees them Running even on a loaded machine (a run that ends
         # before its queue's next look goes Dispatching -> Succeeded/Failed, no Running)
         ok = run.submit("alice", spec("2x2", 2), "metrics-ok")
         oom = run.submit("bob", spec("2x2", 2, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
         bad = run.submit("carol", {"tpu_type": "v6e", "topology": "3x3", "image": "x", "command": ["y"]}, "metrics-bad")
         assert run.wait(lambda: run.store.get_task(long).status == "Running", 30)
-        _await_series(port, LIVE, worker, timeout=15)
+        _await_series(port, LIVE, worker, timeout=25)
 
         assert run.wait_done(60), [(t.id, t.status, t.reason, t.message) for t in run.tasks()]
         got = {t.id: (t.status, t.reason) for t in run.tasks()}

@@ -11,6 +11,7 @@ the Kubernetes API.
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -77,7 +78,8 @@ def test_priority_order_and_positions_round_robin_within_a_priority(controller):
     tasks of three priorities and four actors wait: their positions, and then the order in
     which they take the slot, are the highest priority first, round robin between actors
     (the actor granted last goes behind the others) and FIFO per actor within one priority."""
-    fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "timings": {"node_pool_create": 4.0}}, with_b=False)
+    # the holder's create (8 s) outlasts the ranking's wait on a loaded machine
+    fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "timings": {"node_pool_create": 8.0}}, with_b=False)
     run = controller(fleet)
     holder = run.submit("alice", spec("2x2", 0.5), "holder")
     wait_for(run, holder, phase_is(lc.PROVISIONING), timeout=30)
@@ -93,10 +95,20 @@ def test_priority_order_and_positions_round_robin_within_a_priority(controller):
         return len(got) == len(expected) and got == list(range(got[0], got[0] + len(expected)))
 
     # a position is written as soon as a task is seen, so the first ones are from before the
-    # later tasks arrived: wait for the step that ranks all seven
-    assert run.wait(lambda: settled(shown()), 20), shown()
+    # later tasks arrived: wait for the step that ranks all seven. The seven rows are read one
+    # at a time, so one look can mix a step's new Messages with rows it has not rewritten
+    # yet: a ranking counts once it has stayed the same for a second.
+    last: dict = {"pos": None, "since": 0.0}
+
+    def ranked() -> bool:
+        now = shown()
+        if now != last["pos"]:
+            last.update(pos=now, since=time.monotonic())
+        return settled(now) and time.monotonic() - last["since"] >= 1.0
+
+    assert run.wait(ranked, 30), shown()
     assert run.store.get_task(holder).phase in ACQUIRING, "the holder must still hold the slot for this check"
-    pos = shown()
+    pos = last["pos"]
     assert sorted(pos, key=lambda n: pos[n]) == expected, pos
     assert [pos[n] for n in expected] == list(range(pos["c1"], pos["c1"] + len(expected))), pos
     # the tasks ahead are named in the same order

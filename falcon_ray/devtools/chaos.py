@@ -15,8 +15,13 @@ are counted apart, ``failed_by_injected_create_error``), random GKE disruptions 
 pods (host maintenance, auto-repair, capacity reclaimed: the sim's
 ``disruption_rate_per_node_hour``, ``DISRUPTION_RATE`` by default, which the controller
 must recover as new attempts), and, on MariaDB/MySQL, the controller's database
-connections killed (``KILL``). It then stops the kills, waits
-(bounded) for quiescence and returns one report. The fleet (``chaos_fleet``) is issue 10's:
+connections killed (``KILL``). An actor is killed only once it answers (a kill
+of an actor Ray is still starting is a crash loop, not a fault production sees), and
+each kill's restart is timed until the actor answers again: the run's slowest restart
+(``actor_restart_s`` in the report) is added to ``Limits.margin``, since a task whose actor
+was down waited for that restart and nothing else. It then stops the kills, waits for
+quiescence (``drain_s``, extended while tasks still change, up to ``DRAIN_STRETCH`` times) and
+returns one report. The fleet (``chaos_fleet``) is issue 10's:
 ``edge-a`` with a reservation of 6 hosts, ``edge-b`` flex-start with 32 chips, so the
 demand for capacity outgrows the supply and the capacity waits are exercised for real.
 
@@ -72,6 +77,7 @@ import json
 import logging
 import random
 import re
+import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -128,6 +134,8 @@ TIMINGS = FAST_TIMINGS
 # turns every 0.25 s): the Message changes seen this often time the quiet stretches that
 # ``stuck`` judges against limits of tens of seconds; each read is every row of the run
 OBSERVE_EVERY_S = 1.0
+DRAIN_STRETCH = 1.5  # the drain's limit while tasks still change, in drain_s
+READY_PING_S = 1.0  # an actor that does not answer a ping this fast is not killed (still starting)
 
 
 # ---- the plan -------------------------------------------------------------------------------
@@ -584,6 +592,8 @@ class ChaosRun:
         self.counts: Counter[str] = Counter()
         self.observed: dict[int, Observed] = {}
         self.kill_log: list[tuple[float, str]] = []
+        self.restarting: dict[str, tuple[float, Any]] = {}  # killed actor -> (killed at, its ping)
+        self.restart_s: list[float] = []  # each kill's restart, until the actor answered again
         self.run = None
         self._t0 = 0.0
 
@@ -617,21 +627,28 @@ class ChaosRun:
     # ---- injections --------------------------------------------------------------------------
 
     def _kill_actor(self, kinds: tuple[str, ...]) -> None:
+        """Kill one actor of ``kinds`` that answers (is not being started or restarted)."""
         import ray
 
         from actors import names
 
         ns = self.run.settings.namespace
         try:
-            found = [n for n in names.list_falcon_actors(ns) if n.split("/")[0] in kinds]
+            found = [n for n in names.list_falcon_actors(ns) if n.split("/")[0] in kinds and n not in self.restarting]
         except Exception as e:
             log.warning("chaos: list actors: %s", e)
             return
         if not found:
+            self.counts["kills_skipped_restarting"] += 1
             return
         name = self.rng.choice(sorted(found))
         h = names.lookup(name, ns)
         if h is None:
+            return
+        try:
+            ray.get(h.ping.remote(), timeout=READY_PING_S)
+        except Exception:  # still starting, or busy past the ping: not this round
+            self.counts["kills_skipped_not_ready"] += 1
             return
         try:
             ray.kill(h, no_restart=False)
@@ -641,6 +658,30 @@ class ChaosRun:
         kind = name.split("/")[0]
         self.counts[f"killed_{kind}"] += 1
         self.kill_log.append((round(self._now(), 1), name))
+        self.restarting[name] = (time.monotonic(), None)
+
+    def _follow_restarts(self) -> None:
+        """Ping each killed actor until it answers; record how long its restart took."""
+        import ray
+
+        from actors import names
+
+        ns = self.run.settings.namespace
+        for name, (killed_at, ref) in list(self.restarting.items()):
+            if ref is not None:
+                done, _ = ray.wait([ref], timeout=0)
+                if not done:
+                    continue
+                try:
+                    ray.get(ref)
+                except Exception:  # unavailable while Ray restarts it: ask again
+                    ref = None
+                else:
+                    self.restart_s.append(time.monotonic() - killed_at)
+                    del self.restarting[name]
+                    continue
+            h = names.lookup(name, ns)
+            self.restarting[name] = (killed_at, h.ping.remote() if h is not None else None)
 
     def _compact(self) -> None:
         c = self.rng.choice(("edge-a", "edge-b"))
@@ -691,6 +732,10 @@ class ChaosRun:
     def _now(self) -> float:
         return time.monotonic() - self._t0
 
+    def _last_change(self) -> float:
+        """Seconds into the play of the newest phase or Message change any task made."""
+        return max((o.changes[-1][0] for o in self.observed.values() if o.changes), default=0.0)
+
     def _observe(self) -> None:
         try:
             rows = self.run.tasks()
@@ -740,6 +785,7 @@ class ChaosRun:
             due = {k: self._t0 + v for k, v in every.items()}
             outage = [self._t0 + 0.4 * self.play_s, None] if self.proxy is not None else None  # [start at, end at]
             last_print = last_observe = 0.0
+            kill_turn = 0
             while not sched.empty() or self._now() < self.play_s:
                 now = time.monotonic()
                 try:
@@ -747,8 +793,9 @@ class ChaosRun:
                 except Exception as e:  # a killed DB connection under the upper layer's write
                     log.info("chaos: schedule step: %s", e)
                 if self.kills:
-                    if now >= due["actor"]:
-                        self._kill_actor(("queue", "cluster"))
+                    if now >= due["actor"]:  # QueueActors and ClusterActors in turn
+                        self._kill_actor(("queue", "cluster")[kill_turn % 2:][:1])
+                        kill_turn += 1
                         due["actor"] = now + every["actor"]
                     if now >= due["poller"]:
                         self._kill_actor(("poller",))
@@ -772,6 +819,7 @@ class ChaosRun:
                     due["db"] = now + every["db"]
                 if outage is not None:
                     outage = self._outage_step(outage, now)
+                self._follow_restarts()
                 if now - last_observe >= OBSERVE_EVERY_S:
                     self._observe()
                     last_observe = now
@@ -784,8 +832,14 @@ class ChaosRun:
             if outage is not None and outage[1] is not None:  # the play ended inside the outage
                 self._outage_step(outage, float("inf"))
             # quiescence: no more kills or create failures; API faults stay on until the end
-            deadline = time.monotonic() + self.drain_s
-            while time.monotonic() < deadline:
+            # a loaded machine is slow, not stuck: the drain goes on while tasks still change
+            # (their last change within the margin), up to half as long again
+            begun = time.monotonic()
+            deadline = begun + self.drain_s
+            while time.monotonic() < deadline or (
+                time.monotonic() < begun + DRAIN_STRETCH * self.drain_s and self._last_change() > self._now() - self.margin_s
+            ):
+                self._follow_restarts()
                 self._observe()
                 try:
                     if self.run.all_terminal() and not self.run.falcon_pools_alive():
@@ -844,7 +898,8 @@ class ChaosRun:
         disruptions = _retry(lambda: store.disruptions([t.id for t in tasks]))
         fleet = self.run.sim.stats()
         st = self.run.settings
-        limits = Limits(node_pool_timeout=float(st.node_pool_timeout_s), margin=self.margin_s, recovery_wait=float(st.recovery_pool_wait_s))
+        restart = max(self.restart_s, default=0.0)
+        limits = Limits(node_pool_timeout=float(st.node_pool_timeout_s), margin=self.margin_s + restart, recovery_wait=float(st.recovery_pool_wait_s))
         verdict = check(tasks, events, self.observed, end_at, fleet, limits, tuple(self.pauses), disruptions)
         # the controller's own loop (lease, registry) must outlive every fault, as its actors do
         loop_alive = self.run.thread is not None and self.run.thread.is_alive()
@@ -868,6 +923,15 @@ class ChaosRun:
             "play_s": self.play_s,
             "wall_s": round(wall, 1),
             "quiet_at_s": round(end_at, 1),
+            # each kill's restart until the actor answered again (the slowest is added to the
+            # limits' margin), and the kills still restarting at the end
+            "actor_restart_s": {
+                "n": len(self.restart_s),
+                "p50": round(statistics.median(self.restart_s), 1) if self.restart_s else None,
+                "max": round(restart, 1),
+                "unfinished": len(self.restarting),
+            },
+            "margin_s": round(limits.margin, 1),
             "invariants": verdict["invariants"],
             "details": verdict["details"],
             "faults_injected": dict(sorted(injected.items())),
@@ -940,6 +1004,12 @@ def summarize(report: dict[str, Any]) -> str:
         "outcomes: " + ", ".join(f"{k}={v}" for k, v in report["outcomes"].items())
         + f"; waited in ClusterBusy: {report.get('waited_cluster_busy', 0)}",
     ]
+    restart = report.get("actor_restart_s")
+    if restart and restart["n"]:
+        lines.append(
+            f"actor restarts after a kill: {restart['n']}, p50 {restart['p50']}s, max {restart['max']}s "
+            f"(limits' margin {report['margin_s']}s), {restart['unfinished']} unfinished"
+        )
     rec = report.get("recoveries")
     if rec:
         lines.append(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import marshal
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -60,8 +61,16 @@ RESOURCES: dict[str, ResourceKind] = {
 
 
 def clone(obj: Any) -> Any:
-    """Deep copy of a JSON-shaped value."""
+    """Deep copy of a JSON-shaped value, normalized as JSON would carry it (tuples become
+    lists; a value JSON cannot carry raises): for what comes in from a caller."""
     return json.loads(json.dumps(obj))
+
+
+def copy_out(obj: Any) -> Any:
+    """Deep copy of a value already stored as JSON would carry it (made by ``clone``, changed
+    only in JSON's types), about three times cheaper than ``clone``: for what goes out to a
+    caller. Marshal format 2 shares no object between two places of the copy."""
+    return marshal.loads(marshal.dumps(obj, 2))
 
 
 def rfc3339(ts: datetime | None = None) -> str:

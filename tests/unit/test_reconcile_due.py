@@ -62,3 +62,34 @@ def test_the_default_decide_is_the_rules(monkeypatch):
     monkeypatch.setattr(reconcile, "decide", lambda *a: calls.append(a) or [])
     assert next_due(None, None, T0, Settings(), 1.0, 4) == 4
     assert calls and calls[0][2] == T0
+
+
+def test_a_quiet_queue_costs_two_decisions_and_a_due_one_a_bisection():
+    """The horizon is asked first (most queues are quiet); a due tick is found by doubling and
+    bisection, never asking the horizon twice."""
+    asked: list[float] = []
+
+    def counting(inner):
+        def decide(queue, view, now, settings):
+            asked.append((now - T0).total_seconds())
+            return inner(queue, view, now, settings)
+
+        return decide
+
+    def constant(queue, view, now, settings):
+        return [EffectGroup("task 1: same", (UpdateTask(1, (), "same"),))]
+
+    assert next_due(None, None, T0, Settings(), 2.0, 1800, decide=counting(constant)) == 1800
+    assert asked == [0.0, 3600.0]
+    asked.clear()
+    limit = 1001 * 2.0  # due at the 1,001st tick
+    assert next_due(None, None, T0, Settings(), 2.0, 1800, decide=counting(_limit_only(limit))) == 1001
+    assert asked.count(3600.0) == 1 and len(asked) <= 2 + 2 * 11, asked
+
+
+def _limit_only(limit_s: float):
+    def decide(queue, view, now, settings):
+        waited = (now - T0).total_seconds()
+        return [EffectGroup("task 1: timeout", (UpdateTask(1, (), "failed"),))] if waited >= limit_s else []
+
+    return decide

@@ -56,7 +56,7 @@ from falcon_ray.sim import kube_admission as admission
 from falcon_ray.sim.cluster import SimCluster
 from falcon_ray.sim.errors import GoogleError, KubeError
 from falcon_ray.sim.fleet import FleetConfig
-from falcon_ray.sim.kube_store import RESOURCES, WatchEvent, clone
+from falcon_ray.sim.kube_store import RESOURCES, WatchEvent, clone, copy_out
 from falcon_ray.sim.node_pools import NODEPOOL_LABEL
 from falcon_ray.sim.selectors import parse_label_selector
 
@@ -381,7 +381,7 @@ class SimKube(KubeApi):
     def _list(self, plural: str, namespace: str | None, label_selector: str | None = None) -> dict[str, Any]:
         selector = parse_label_selector(label_selector)
         store = self.cluster.store
-        items = [clone(o) for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))]
+        items = [copy_out(o) for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))]
         return {"metadata": {"resourceVersion": str(store.rv)}, "items": items}
 
     def _create(self, plural: str, namespace: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -408,7 +408,7 @@ class SimKube(KubeApi):
         obj = c.store.create(plural, body, uid=uid)
         if plural == "jobs":
             c.record_job_create(obj, received)
-        return clone(obj)
+        return copy_out(obj)
 
     def _next_service_ip(self) -> str:
         self._service_ips += 1
@@ -418,7 +418,7 @@ class SimKube(KubeApi):
         obj = self.cluster.store.get(plural, namespace, name)
         if obj is None:
             raise admission.not_found(RESOURCES[plural], name)
-        return clone(obj)
+        return copy_out(obj)
 
     def _create_namespaced_job(self, namespace: str, body: Mapping[str, Any], **_: Any) -> dict[str, Any]:
         return self._create("jobs", namespace, body)
@@ -429,7 +429,7 @@ class SimKube(KubeApi):
     def _delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str = "Background", **_: Any) -> dict[str, Any]:
         self._get("jobs", namespace, name)
         deleted = self.cluster.workloads.delete_job(namespace, name, propagation_policy or "Background")
-        return clone(deleted) if deleted is not None else {"kind": "Status", "status": "Success"}
+        return copy_out(deleted) if deleted is not None else {"kind": "Status", "status": "Success"}
 
     def _list_namespaced_job(self, namespace: str, label_selector: str | None = None, **_: Any) -> dict[str, Any]:
         return self._list("jobs", namespace, label_selector)
@@ -439,7 +439,7 @@ class SimKube(KubeApi):
 
     def _delete_namespaced_service(self, name: str, namespace: str, **_: Any) -> dict[str, Any]:
         self._get("services", namespace, name)
-        return clone(self.cluster.store.delete("services", namespace, name) or {})
+        return copy_out(self.cluster.store.delete("services", namespace, name) or {})
 
     def _list_namespaced_pod(self, namespace: str, label_selector: str | None = None, **_: Any) -> dict[str, Any]:
         return self._list("pods", namespace, label_selector)

@@ -161,6 +161,8 @@ class Simulation:
         self._scanned: dict[str, tuple[str, ...]] = {}  # cluster -> its Falcon pools at a scan that found nothing
         self._acted: set[str] = set()  # clusters one of whose queues acted since their last orphan scan
         self._op_seen: dict[str, set[str]] = {}  # cluster -> its operations queued or running at the last look
+        self._queues_of: dict[str, list[QueueReconciler]] = {}  # cluster -> its queues, in creation order
+        self._in_flight: dict[QueueReconciler, tuple[Any, set[str]]] = {}  # queue -> (its last view, that view's queued or running operations)
         self.poller = IntakePoller(settings, self._controller_store(), self.port, self.clock)
         self.poller_loop = self._loop("poller", self.poller.poll_once, self.poller.interval)
         self.poller_loop.next_after = self._poller_next
@@ -287,6 +289,7 @@ class Simulation:
             if not self.exact:
                 loop.next_after = lambda loop, q=q: self._queue_next(q, loop)
             self.queues[key] = (q, loop)
+            self._queues_of.setdefault(cluster, []).append(q)
         return self.queues[key]
 
     def _step_queue(self, q: QueueReconciler) -> int:
@@ -346,9 +349,9 @@ class Simulation:
         steps at its next tick, as a queue stepped at every tick would see it."""
         g = self.gateways[cluster]
         names = set(self._op_seen.get(cluster, ()))
-        for (c, _topology), (q, _loop) in self.queues.items():  # the running one is out of the FIFO
-            if c == cluster and q.last_view is not None:
-                names.update(n for n, v in q.last_view.ops.items() if v.state in (OpState.QUEUED, OpState.RUNNING))
+        for q in self._queues_of.get(cluster, ()):  # the running one is out of the FIFO
+            if q.last_view is not None:
+                names.update(self._in_flight_of(q))
         views = g.op_views(names)
         self._op_seen[cluster] = {n for n, v in views.items() if v.state in (OpState.QUEUED, OpState.RUNNING)}
         for name, v in views.items():
@@ -358,6 +361,14 @@ class Simulation:
             q, loop = self.queues[(cluster, topology)]
             if q.last_view is None or q.last_view.ops.get(name) != v:
                 loop.wake_on_tick()
+
+    def _in_flight_of(self, q: QueueReconciler) -> set[str]:
+        """The operations queued or running in the queue's last view (worked out once per view)."""
+        view = q.last_view
+        seen = self._in_flight.get(q)
+        if seen is None or seen[0] is not view:
+            seen = self._in_flight[q] = (view, {n for n, v in view.ops.items() if v.state in (OpState.QUEUED, OpState.RUNNING)})
+        return seen[1]
 
     def _queue_next(self, q: QueueReconciler, loop: ScheduledLoop) -> float | None:
         """A queue's next step: the first tick at which ``decide``, on what its last round

@@ -42,7 +42,8 @@ newer holder's UPDATE waits for; on SQLite the statement runs under the database
 lock. A guarded write that changes no row reads the lease once (``_verify_epoch``): when
 its epoch is no longer ``N`` the Store records why in ``fenced`` and raises ``Fenced``;
 every later write raises at once without SQL. A Store without an epoch (CLI, upper
-layer, tests) writes unguarded.
+layer, tests) writes unguarded. The hot writes are built once per Store, shape and
+epoch (``_write_built``): the guard is part of the statement built, for that epoch.
 
 ``check_fence(max_age_s)`` is the same check for callers about to act outside the
 database (GKE, Kubernetes). A lease read that shows this Store's epoch held answers it
@@ -360,6 +361,31 @@ class StoreCore:
     def _write(self, c, stmt):
         """Execute a guarded write; when it changed no row, tell a lost race from fencing."""
         res = c.execute(self._fenced(stmt))
+        if self.epoch is not None and res.rowcount == 0:
+            self._verify_epoch(c)
+        return res
+
+    def _built(self, key: tuple, build):
+        """The statement ``build()`` makes, built once per Store and ``key`` (statements of
+        one shape differ only in the values bound at execution): SQLAlchemy memoizes a
+        statement object's cache key, so a statement used again is neither built, coerced
+        nor walked again, only executed. ``key`` names everything the statement holds as
+        a constant. (``QueueStore`` has the same method over the same dict.)"""
+        cache = self.__dict__.setdefault("_statements", {})
+        stmt = cache.get(key)
+        if stmt is None:
+            stmt = cache[key] = build()
+        return stmt
+
+    def _write_built(self, c, key: tuple, build, params: dict[str, Any]):
+        """``_write`` of a statement built once (``_built``) and executed with ``params``:
+        ``build()`` makes the unguarded statement, whose every per-call value is a
+        ``bindparam`` named in ``params``; the epoch guard is built into it (the cached
+        statement is this epoch's), and a Store known to be fenced still refuses at once."""
+        if self.epoch is not None and self.fenced:
+            raise Fenced(self.fenced)
+        stmt = self._built(("write", self.epoch, *key), lambda: self._fenced(build()))
+        res = c.execute(stmt, params)
         if self.epoch is not None and res.rowcount == 0:
             self._verify_epoch(c)
         return res

@@ -40,6 +40,9 @@ def lease_move_values(expect: Sequence[LeaseState], to: LeaseState, fields: dict
     return values
 
 
+_LEASE_FIELDS = tuple(Lease.__dataclass_fields__)  # the columns ``leases`` reads, in the order Lease takes them
+
+
 class LeaseStore(StoreCore):
     """The node-pool leases' reads and writes."""
 
@@ -85,14 +88,23 @@ class LeaseStore(StoreCore):
         return row_value(Lease, r) if r else None
 
     def leases(self, cluster_id: str | None = None, live_only: bool = True) -> list[Lease]:
-        q = t.node_pool_leases.select()
-        if cluster_id is not None:
-            q = q.where(t.node_pool_leases.c.cluster_id == cluster_id)
-        if live_only:
-            q = q.where(t.node_pool_leases.c.state != LeaseState.DELETED.value)
+        """The lease rows (of ``cluster_id``; without the Deleted ones when ``live_only``), in
+        id order. One statement per Store and shape, the cluster bound at execution; it
+        reads ``Lease``'s columns in its fields' order, so a row is the Lease's arguments."""
+        L = t.node_pool_leases
+
+        def build():
+            q = sa.select(*[L.c[name] for name in _LEASE_FIELDS])
+            if cluster_id is not None:
+                q = q.where(L.c.cluster_id == sa.bindparam("lease_cluster"))
+            if live_only:
+                q = q.where(L.c.state != LeaseState.DELETED.value)
+            return q.order_by(L.c.id)
+
+        stmt = self._built(("leases", cluster_id is not None, live_only), build)
         with self.engine.connect() as c:
-            rows = c.execute(q.order_by(t.node_pool_leases.c.id)).all()
-        return [row_value(Lease, r) for r in rows]
+            rows = c.execute(stmt, {"lease_cluster": cluster_id} if cluster_id is not None else {}).all()
+        return [Lease(*r) for r in rows]
 
     def move_lease(
         self, lease_id: int, expect: LeaseState | Sequence[LeaseState], to: LeaseState, **fields: Any

@@ -75,10 +75,34 @@ class TaskMoves(StoreCore):
         clauses = []
         for st, reasons in by_status.items():
             if st in (Status.PENDING, Status.FAILED):
-                clauses.append(sa.and_(j.c.status == st.value, j.c.reason.in_(sorted(reasons))))
+                # one reason as "=": an IN list is expanded at every execution of the statement
+                reason = j.c.reason == next(iter(reasons)) if len(reasons) == 1 else j.c.reason.in_(sorted(reasons))
+                clauses.append(sa.and_(j.c.status == st.value, reason))
             else:
                 clauses.append(j.c.status == st.value)
         return sa.or_(*clauses)
+
+    def _cas_task(self, c, task_id: int, expect: Sequence[Phase], values: dict[str, Any]):
+        """``UPDATE jobs SET <values> WHERE id = <task_id> AND`` one of ``expect``, fenced
+        (``_write``), as one statement built per Store and shape (the columns set, the
+        expected phases, the epoch) and executed with the id and the values bound: the
+        hot writes skip SQLAlchemy's per-call construction. A value that is itself SQL
+        is not a bound value: that write is built for its call alone."""
+        j = t.jobs
+        if any(isinstance(v, sa.sql.ClauseElement) for v in values.values()):
+            return self._write(c, j.update().where(j.c.id == task_id, self._phase_predicate(expect)).values(**values))
+        names, phases = tuple(sorted(values)), tuple(expect)
+
+        def build():
+            return (
+                j.update()
+                .where(j.c.id == sa.bindparam("cas_id"), self._phase_predicate(phases))
+                .values(**{k: sa.bindparam(f"set_{k}") for k in names})
+            )
+
+        params = {f"set_{k}": v for k, v in values.items()}
+        params["cas_id"] = task_id
+        return self._write_built(c, ("jobs cas", names, phases), build, params)
 
     def transition(
         self,
@@ -104,10 +128,7 @@ class TaskMoves(StoreCore):
         won = False
         with self._tx() as c:
             if moving:
-                res = self._write(
-                    c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(moving)).values(**values)
-                )
-                won = res.rowcount == 1
+                won = self._cas_task(c, task_id, moving, values).rowcount == 1
                 if won and to == lc.ABORTED:
                     self._aborted_events(c, task_id, now, message)
                 elif won:
@@ -116,10 +137,7 @@ class TaskMoves(StoreCore):
                         self._enqueue(c, [(task_id, fields["cluster_id"], topology)])
             moved = won
             if not won and staying:
-                res = self._write(
-                    c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate([to])).values(**values)
-                )
-                won = res.rowcount == 1
+                won = self._cas_task(c, task_id, [to], values).rowcount == 1
         return WriteResult(True, values, now, moved) if won else LOST
 
     def transition_with_lease(
@@ -258,10 +276,10 @@ class TaskMoves(StoreCore):
 
     def _event(self, c, task_id: int, at: dt.datetime, to: Phase, message: str) -> None:
         """The event row of a won move, in the move's transaction, with this Store's epoch."""
+        # one INSERT statement per Store, its columns named by the parameters
         c.execute(
-            t.task_events.insert().values(
-                task_id=task_id, at=at, status=to.status.value, reason=to.reason.value, message=clip_message(message), epoch=self.epoch
-            )
+            self._built(("event",), t.task_events.insert),
+            dict(task_id=task_id, at=at, status=to.status.value, reason=to.reason.value, message=clip_message(message), epoch=self.epoch),
         )
 
     def _aborted_events(self, c, task_id: int, at: dt.datetime, message: str) -> None:
@@ -322,7 +340,7 @@ class TaskMoves(StoreCore):
         if message is not None:
             values["message"] = clip_message(message)
         with self.engine.begin() as c:
-            res = self._write(c, t.jobs.update().where(t.jobs.c.id == task_id, self._phase_predicate(expect)).values(**values))
+            res = self._cas_task(c, task_id, expect, values)
         return WriteResult(True, values, now) if res.rowcount == 1 else LOST
 
     def refresh_messages(self, updates: Sequence[tuple[int, Phase, str]]) -> int:

@@ -370,7 +370,7 @@ class StoreCore:
         one shape differ only in the values bound at execution): SQLAlchemy memoizes a
         statement object's cache key, so a statement used again is neither built, coerced
         nor walked again, only executed. ``key`` names everything the statement holds as
-        a constant. (``QueueStore`` has the same method over the same dict.)"""
+        a constant."""
         cache = self.__dict__.setdefault("_statements", {})
         stmt = cache.get(key)
         if stmt is None:

@@ -107,16 +107,6 @@ class QueueStore(StoreCore):
         leases_read = [row_value(Lease, r) for r in leases] if leases is not None else None
         return QueueRead(clusters, tasks, leases_read, granted, seq, entries)
 
-    def _built(self, key: tuple, build):
-        """The statement ``build()`` makes, built once per store and ``key`` (a queue's reads
-        differ only in bound values): SQLAlchemy memoizes a statement object's cache key, so
-        a statement used again is neither built nor walked again, only executed."""
-        cache = self.__dict__.setdefault("_statements", {})
-        stmt = cache.get(key)
-        if stmt is None:
-            stmt = cache[key] = build()
-        return stmt
-
     def _newest(self, cluster_id: str, topology: str):
         m = t.task_queue
         return self._built(

@@ -90,31 +90,39 @@ class TaskStore(StoreCore):
     def live_tasks(self, cluster_id: str | None = None) -> list[Task]:
         """Non-terminal tasks, of one cluster or of all, oldest first."""
         j = t.jobs
-        live = [s.value for s in lc.NON_TERMINAL]
-        q = j.select().where(j.c.status.in_(live))
-        if cluster_id is not None:
-            q = q.where(j.c.cluster_id == cluster_id)
+
+        def build():
+            q = j.select().where(j.c.status.in_([s.value for s in lc.NON_TERMINAL]))
+            if cluster_id is not None:
+                q = q.where(j.c.cluster_id == sa.bindparam("cluster_id"))
+            return q.order_by(j.c.id)
+
+        stmt = self._built(("live tasks", cluster_id is not None), build)
         with self.engine.connect() as c:
-            rows = c.execute(q.order_by(j.c.id)).all()
+            rows = c.execute(stmt, {"cluster_id": cluster_id} if cluster_id is not None else {}).all()
         return [row_value(Task, r) for r in rows]
 
     def intake(self, limit: int = 500) -> tuple[list[Task], list[Task]]:
         """The poll: unassigned Pending tasks and all Aborting tasks, oldest first.
 
         Both predicates lead with ``status`` on ``ix_jobs_status_cluster``, so the cost
-        follows the number of live rows, not the size of the table."""
+        follows the number of live rows, not the size of the table. The statement is built
+        once per Store and limit."""
         j = t.jobs
-        new_q = (
-            j.select()
-            .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_(None))
-            .order_by(j.c.id)
-            .limit(limit)
-            .subquery()
-        )
-        abort_q = j.select().where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit).subquery()
-        both = sa.union_all(sa.select(new_q), sa.select(abort_q))  # one round trip for both reads
+
+        def build():
+            new_q = (
+                j.select()
+                .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_(None))
+                .order_by(j.c.id)
+                .limit(limit)
+                .subquery()
+            )
+            abort_q = j.select().where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit).subquery()
+            return sa.union_all(sa.select(new_q), sa.select(abort_q))  # one round trip for both reads
+
         with self.engine.connect() as c:
-            rows = c.execute(both).all()
+            rows = c.execute(self._built(("intake", limit), build)).all()
         tasks = sorted((row_value(Task, r) for r in rows), key=lambda x: x.id)
         return [x for x in tasks if x.status == Status.PENDING], [x for x in tasks if x.status == Status.ABORTING]
 

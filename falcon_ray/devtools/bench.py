@@ -543,13 +543,15 @@ def _counting() -> Iterator[StatementFiles]:
     and count the driver's too, into a fresh directory, for one part of the bench."""
     import ray
 
+    from falcon_ray.devtools.demo import init_ray
+
     global _counts_dir
     directory = tempfile.mkdtemp(prefix="falcon-bench-counts-")
     here = StatementFiles(directory)
     stop = observe_statements(here)
     hook = "falcon_ray.devtools.bench.count_in_worker"
     env = {"env_vars": {COUNTS_ENV: directory}, "worker_process_setup_hook": hook}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=env)
+    init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=env)
     _counts_dir = directory
     try:
         yield here

@@ -108,6 +108,26 @@ def iso_ms(t: dt.datetime | None) -> str | None:
     return t.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
+RAY_START_TRIES = 3  # Ray waits 30 s (fixed) for a new node's raylet; a loaded machine may need longer
+
+
+def init_ray(**kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, started again (after a shutdown) when a new local node timed
+    out during its start-up: Ray gives the raylet a fixed 30 s, which a machine busy
+    starting other Ray workers can overrun. Any other failure is raised at once."""
+    import ray
+
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:
+            if "timed out during startup" not in str(e) or attempt == RAY_START_TRIES:
+                raise
+            log.warning("Ray's node timed out during start-up (try %d of %d); starting it again", attempt, RAY_START_TRIES)
+            ray.shutdown()
+
+
 class DemoRun:
     """One controller + one simulated fleet + one database, for a demo or a test."""
 
@@ -200,7 +220,7 @@ class DemoRun:
             extra: dict[str, Any] = {}
             if self.dashboard:
                 extra = {"dashboard_host": "127.0.0.1", "_metrics_export_port": _free_port()}
-            ray.init(
+            init_ray(
                 address=self.ray_address,
                 num_cpus=2,
                 include_dashboard=self.dashboard,

@@ -81,10 +81,12 @@ def test_pool_delete_that_keeps_failing_is_retried_and_reported(controller):
         pool_delete_report_after=1,
         api_retry_timeout_s=1,
     )
-    tid = run.submit("alice", spec("2x2", 2))
-    t = wait_for(run, tid, phase_is(lc.WAITING_FOR_NODE))
-    assert "control-plane RUNNING but 0/1 expected node(s) registered (Ready=0)" in t.message
-    wait_for(run, tid, phase_is(lc.RUNNING))
+    # an 8 s run: the faults must start before it ends, on a loaded machine too; the nodes'
+    # wait (1.5 s) is read from the event log, not caught live
+    tid = run.submit("alice", spec("2x2", 8))
+    wait_for(run, tid, phase_is(lc.RUNNING), timeout=60)
+    waited = [e.message for e in run.store.events(tid) if lc.phase_of(e.status, e.reason) == lc.WAITING_FOR_NODE]
+    assert waited and "control-plane RUNNING but 0/1 expected node(s) registered (Ready=0)" in waited[0], waited
     run.sim.set_faults("edge-a", api_error_rate=1.0)  # every GKE call now answers 503
     t = wait_for(run, tid, lambda t: "not yet deleted" in t.message, timeout=60)
     assert t.status == "Succeeded", "the terminal status follows the Job, not the pool"

@@ -592,7 +592,7 @@ class ChaosRun:
         self.counts: Counter[str] = Counter()
         self.observed: dict[int, Observed] = {}
         self.kill_log: list[tuple[float, str]] = []
-        self.restarting: dict[str, tuple[float, Any]] = {}  # killed actor -> (killed at, its ping)
+        self.restarting: dict[str, tuple[float, Any, Any]] = {}  # killed actor -> (killed at, its handle, its ping)
         self.restart_s: list[float] = []  # each kill's restart, until the actor answered again
         self.run = None
         self._t0 = 0.0
@@ -658,16 +658,15 @@ class ChaosRun:
         kind = name.split("/")[0]
         self.counts[f"killed_{kind}"] += 1
         self.kill_log.append((round(self._now(), 1), name))
-        self.restarting[name] = (time.monotonic(), None)
+        self.restarting[name] = (time.monotonic(), h, None)
 
     def _follow_restarts(self) -> None:
-        """Ping each killed actor until it answers; record how long its restart took."""
+        """Ping each killed actor (through the handle it was killed by: Ray keeps a restarted
+        actor's handle) until it answers; record how long its restart took. A ping that
+        failed is sent again at the next call, so at most one is out per actor."""
         import ray
 
-        from actors import names
-
-        ns = self.run.settings.namespace
-        for name, (killed_at, ref) in list(self.restarting.items()):
+        for name, (killed_at, h, ref) in list(self.restarting.items()):
             if ref is not None:
                 done, _ = ray.wait([ref], timeout=0)
                 if not done:
@@ -675,13 +674,12 @@ class ChaosRun:
                 try:
                     ray.get(ref)
                 except Exception:  # unavailable while Ray restarts it: ask again
-                    ref = None
+                    pass
                 else:
                     self.restart_s.append(time.monotonic() - killed_at)
                     del self.restarting[name]
                     continue
-            h = names.lookup(name, ns)
-            self.restarting[name] = (killed_at, h.ping.remote() if h is not None else None)
+            self.restarting[name] = (killed_at, h, h.ping.remote())
 
     def _compact(self) -> None:
         c = self.rng.choice(("edge-a", "edge-b"))
@@ -819,8 +817,8 @@ class ChaosRun:
                     due["db"] = now + every["db"]
                 if outage is not None:
                     outage = self._outage_step(outage, now)
-                self._follow_restarts()
                 if now - last_observe >= OBSERVE_EVERY_S:
+                    self._follow_restarts()
                     self._observe()
                     last_observe = now
                 if self.progress and self._now() - last_print >= 10:

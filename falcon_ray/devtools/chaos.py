@@ -792,7 +792,7 @@ class ChaosRun:
                     log.info("chaos: schedule step: %s", e)
                 if self.kills:
                     if now >= due["actor"]:  # QueueActors and ClusterActors in turn
-                        self._kill_actor(("queue", "cluster")[kill_turn % 2:][:1])
+                        self._kill_actor((("queue",), ("cluster",))[kill_turn % 2])
                         kill_turn += 1
                         due["actor"] = now + every["actor"]
                     if now >= due["poller"]:

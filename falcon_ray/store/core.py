@@ -360,7 +360,10 @@ class StoreCore:
 
     def _write(self, c, stmt):
         """Execute a guarded write; when it changed no row, tell a lost race from fencing."""
-        res = c.execute(self._fenced(stmt))
+        return self._checked(c, c.execute(self._fenced(stmt)))
+
+    def _checked(self, c, res):
+        """A guarded write's result; one that changed no row reads the lease (a lost race, or fenced)."""
         if self.epoch is not None and res.rowcount == 0:
             self._verify_epoch(c)
         return res
@@ -385,10 +388,7 @@ class StoreCore:
         if self.epoch is not None and self.fenced:
             raise Fenced(self.fenced)
         stmt = self._built(("write", self.epoch, *key), lambda: self._fenced(build()))
-        res = c.execute(stmt, params)
-        if self.epoch is not None and res.rowcount == 0:
-            self._verify_epoch(c)
-        return res
+        return self._checked(c, c.execute(stmt, params))
 
     def _verify_epoch(self, c) -> None:
         ll = t.leader_lease

@@ -15,17 +15,12 @@ from falcon_ray.lifecycle import LeaseState
 from falcon_ray.store import Fenced, Store
 from falcon_ray.store import tables as t
 from falcon_ray.store.repository import LOST
+from tests.harness.db import STORE_CLUSTER as CLUSTER
+from tests.harness.db import STORE_SPEC as SPEC
+from tests.harness.db import waiting_task
 from tests.harness.fakes import FakeClock
 
-CLUSTER = "00000000-0000-0000-0000-00000000c001"
 OTHER = "00000000-0000-0000-0000-00000000c002"
-SPEC = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1"}
-
-
-def _waiting(store: Store, actor: str = "alice") -> int:
-    tid = store.submit_task(actor, SPEC, name="t")
-    assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="2x2")
-    return tid
 
 
 def _events(store: Store, tid: int) -> int:
@@ -37,7 +32,7 @@ def test_update_task_with_a_stale_phase_loses_for_each_cached_shape(store):
     """Two shapes (a message; a bookkeeping column without one), each won once so its
     statement is cached, then asked again expecting Waiting of a task now Provisioning
     (same status, other reason): both lose and write nothing."""
-    a, b = _waiting(store), _waiting(store, "bob")
+    a, b = waiting_task(store), waiting_task(store, "bob")
     assert store.update_task(a, lc.WAITING, "held")
     assert store.update_task(a, lc.WAITING, None, node_pool_name="falcon-p1", job_uid="uid-1")
     # the same shapes on the other task: the id and values are bound, not those of the first call
@@ -59,7 +54,7 @@ def test_update_task_with_a_stale_phase_loses_for_each_cached_shape(store):
 
 
 def test_a_failed_task_is_matched_on_its_reason_by_a_cached_statement(store):
-    tid = _waiting(store)
+    tid = waiting_task(store)
     assert store.transition(tid, lc.WAITING, lc.PROVISIONING, "picked")
     timeout, refused = lc.failed(lc.Reason.NODE_POOL_TIMEOUT), lc.failed(lc.Reason.NODE_POOL_FAILED)
     assert store.transition(tid, lc.PROVISIONING, timeout, "timed out")
@@ -69,7 +64,7 @@ def test_a_failed_task_is_matched_on_its_reason_by_a_cached_statement(store):
 
 
 def test_transition_from_a_stale_phase_loses_and_writes_no_event_for_a_cached_shape(store):
-    a, b = _waiting(store), _waiting(store, "bob")
+    a, b = waiting_task(store), waiting_task(store, "bob")
     assert store.transition(a, lc.WAITING, lc.PROVISIONING, "picked")  # the shape is cached
     events = _events(store, a)
     assert store.transition(a, lc.WAITING, lc.PROVISIONING, "again") is LOST

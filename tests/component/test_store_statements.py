@@ -8,15 +8,8 @@ from __future__ import annotations
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.store import Store
-
-CLUSTER = "00000000-0000-0000-0000-00000000c001"
-SPEC = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1"}
-
-
-def waiting_task(store: Store, actor: str = "alice") -> int:
-    tid = store.submit_task(actor, SPEC, name="t")
-    assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=CLUSTER, topology="2x2")
-    return tid
+from tests.harness.db import STORE_CLUSTER as CLUSTER
+from tests.harness.db import waiting_task
 
 
 def test_breakdown_counts_each_statement_under_its_method_and_kind(store):

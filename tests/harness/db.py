@@ -6,7 +6,8 @@
   When the server cannot be reached it is skipped locally, but fails when ``CI=true``
   so a broken CI database can never pass as green.
 - ``store``: a :class:`falcon_ray.store.Store` on ``db_url``, migrated with the
-  reference ``jobs`` table.
+  reference ``jobs`` table; ``waiting_task(store)`` puts one task in it, Waiting in the
+  queue (``STORE_CLUSTER``, 2x2).
 
 The server is ``FALCON_TEST_MYSQL_URL`` (default ``mysql+pymysql://root@127.0.0.1:3306``).
 """
@@ -23,9 +24,21 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from falcon_ray import lifecycle as lc
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 from falcon_ray.store.repository import tls_connect_args
+
+STORE_CLUSTER = "00000000-0000-0000-0000-00000000c001"
+STORE_SPEC = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1"}
+
+
+def waiting_task(store: Store, actor: str = "alice") -> int:
+    """A new task moved to Waiting in the queue (``STORE_CLUSTER``, 2x2); its id."""
+    tid = store.submit_task(actor, STORE_SPEC, name="t")
+    assert store.transition(tid, lc.NEW, lc.WAITING, "queued", cluster_id=STORE_CLUSTER, topology="2x2")
+    return tid
+
 
 MYSQL_SERVER_URL = os.environ.get("FALCON_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
 _PREFIX = "falcon_test_"

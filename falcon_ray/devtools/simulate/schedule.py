@@ -10,12 +10,15 @@ and runs it; nothing sleeps.
 
 ``VirtualClock`` is a ``falcon_ray.clock.Clock`` that only the scheduler moves. A wait on
 the driver's thread (no step is expected to make one) moves it like a ``ManualClock`` and
-is counted in ``driver_waits``. A wait on a ``Worker``'s thread parks that thread and
-hands control back to the driver, which resumes it when the wait is over: the one step
-of the controller that blocks (the ClusterActor's operation loop follows a GKE operation
-to its end, polling it) runs on a worker, so the rest of the fleet keeps moving while it
-waits, as it does in production. Exactly one thread runs at any moment (the driver, or
-the one worker it handed control to), so a run is deterministic.
+is counted in ``driver_waits``. A wait in a ``Worker`` parks it and hands control back
+to the driver, which resumes it when the wait is over: the one step of the controller
+that blocks (the ClusterActor's operation loop follows a GKE operation to its end,
+polling it) runs in a worker, so the rest of the fleet keeps moving while it waits, as
+it does in production. A worker is a greenlet on the driver's thread (a switch costs
+about a microsecond, where a hand-over between two threads costs about a hundred): one
+thing runs at any moment, the driver or the worker it switched to, so a run is
+deterministic. A worker parks only in a clock wait, never inside a database transaction,
+so sharing the thread's connections with the driver is safe.
 
 ``ScheduledLoop`` keeps ``actors.ticker.Ticker``'s contract (``step`` at once or after
 ``start_after``, again after ``interval()`` or at once on ``wake()``; a raising step is
@@ -36,9 +39,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from falcon_ray.clock import ManualClock
+import greenlet
 
-_current = threading.local()  # .worker: the Worker whose thread this is
+from falcon_ray.clock import ManualClock
 
 
 class VirtualClock:
@@ -71,7 +74,7 @@ class VirtualClock:
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
         if event.is_set():
             return True
-        worker = getattr(_current, "worker", None)
+        worker = getattr(greenlet.getcurrent(), "worker", None)
         if worker is None:
             self.driver_waits += 1
             if timeout:
@@ -112,62 +115,53 @@ class Scheduler:
         fn(*args)
 
 
+class _Strand(greenlet.greenlet):
+    """A worker's greenlet, with the worker it runs for (``VirtualClock.wait`` asks)."""
+
+    worker: Worker
+
+
 class Worker:
-    """A thread that runs a blocking step in turns with the driver (see the module's contract)."""
+    """A blocking step run in turns with the driver (see the module's contract)."""
 
     def __init__(self, name: str) -> None:
-        # two locks used as binary semaphores (released by the other thread): the turns
-        # strictly alternate, and a Lock hands over faster than a Semaphore's Condition
-        self._go = threading.Lock()
-        self._back = threading.Lock()
-        self._go.acquire()
-        self._back.acquire()
-        self._fn: Callable[[], None] | None = None
+        self.name = name
+        self._strand: _Strand | None = None
         self._closing = False
         self.parked = False
         self.resume_at: float | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        _current.worker = self
-        while True:
-            self._go.acquire()
-            if self._closing:
-                return
-            try:
-                assert self._fn is not None
-                self._fn()
-            finally:
-                self.parked = False
-                self._back.release()
 
     def start(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the worker until it returns or parks in a wait."""
-        self._fn = fn
-        self._go.release()
-        self._back.acquire()
+        """Run ``fn`` in the worker until it returns or parks in a wait."""
+        assert self._strand is None or self._strand.dead, f"{self.name}: a step is already running"
+        self._strand = _Strand(self._body)
+        self._strand.worker = self
+        self._strand.switch(fn)
+
+    def _body(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        finally:
+            self.parked = False
 
     def park(self, until: float | None) -> None:
-        """On the worker's thread: give control back until the driver resumes it."""
+        """In the worker: give control back until the driver resumes it."""
         if self._closing:  # the run is over: its waits return at once (the caller was stopped)
             return
+        assert self._strand is not None and self._strand.parent is not None
         self.parked, self.resume_at = True, until
-        self._back.release()
-        self._go.acquire()
+        self._strand.parent.switch()
         self.parked = False
 
     def resume(self) -> None:
-        self._go.release()
-        self._back.acquire()
+        assert self._strand is not None and not self._strand.dead
+        self._strand.switch()
 
     def close(self) -> None:
-        """End the thread; a step parked in a wait finishes first (its waits return at once)."""
+        """End the worker; a step parked in a wait finishes first (its waits return at once)."""
         self._closing = True
-        if self.parked:
+        if self.parked and self._strand is not None and not self._strand.dead:
             self.resume()
-        self._go.release()
-        self._thread.join(5)
 
 
 class ScheduledLoop:

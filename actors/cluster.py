@@ -116,9 +116,15 @@ class PoolOp:
     next_at: float = 0.0
     operation: str = ""  # GKE's operation name once the call was accepted (or recorded on the lease)
     queued_at: float = 0.0  # the gateway's clock.monotonic() when it was queued
+    _view: tuple[tuple, OpView] | None = field(default=None, init=False, repr=False, compare=False)
 
     def view(self) -> OpView:
-        return OpView(self.kind, self.state, self.attempts, self.error_kind, self.error, self.operation)
+        """The operation as ``observe`` shows it: made again only when one of the fields it
+        shows has changed since the last view (an ``OpView`` is frozen, so one is shared)."""
+        shown = (self.kind, self.state, self.attempts, self.error_kind, self.error, self.operation)
+        if self._view is None or self._view[0] != shown:
+            self._view = (shown, OpView(*shown))
+        return self._view[1]
 
 
 @dataclass

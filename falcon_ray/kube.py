@@ -37,6 +37,7 @@ Job is gone (a DELETED watch event).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import random
@@ -741,7 +742,13 @@ def observations_by_task(observations: Sequence[JobObservation]) -> dict[int, Jo
 def _created(obj: Mapping[str, Any]) -> dt.datetime | None:
     """An object's ``metadata.creationTimestamp`` (RFC 3339, seconds) as naive UTC; None if absent or unreadable."""
     text = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+    return _utc_naive(text) if text else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc_naive(text: str) -> dt.datetime | None:
+    """RFC 3339 text as naive UTC, None if unreadable; once per text (a datetime is immutable)."""
     try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC).replace(tzinfo=None) if text else None
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC).replace(tzinfo=None)
     except ValueError:
         return None

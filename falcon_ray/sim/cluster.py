@@ -42,7 +42,7 @@ from .autoscaler import Autoscaler
 from .disruptions import Disruptions
 from .errors import GoogleError
 from .fleet import ClusterConfig, Faults, Timings, WorkloadPolicyConfig, region_of
-from .kube_store import ObjectStore, clone, rfc3339
+from .kube_store import ObjectStore, copy_out, rfc3339
 from .machines import family_for_type
 from .node_pools import NodePool, NodePools, node_object
 from .workloads import Workloads
@@ -276,6 +276,8 @@ class SimCluster:
             pool.idle_mark = now if idle else None
 
     def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
+        """A Job created through the API; ``manifest``: the body as received, JSON-shaped (as
+        ``kube_store.clone`` returns it), of which the record keeps a copy."""
         md = job["metadata"]
         key = (md.get("namespace", ""), md["name"])
         now = self.wall()
@@ -290,7 +292,7 @@ class SimCluster:
                 "ran": [],  # record_job_ran
             }
         rec["creates"] += 1
-        rec["manifest"] = clone(manifest)
+        rec["manifest"] = copy_out(manifest)
         rec["last_created_at"] = now
         rec["created_at"].append(now)
         rec["uid"] = md["uid"]
@@ -368,7 +370,7 @@ class SimCluster:
                 else None
             ),
             **pools,
-            "jobs": [clone(r) for r in jobs],
+            "jobs": [copy_out(r) for r in jobs],
             "idle_chip_seconds": self.idle_chip_seconds(),
             "kubernetes": {
                 "resource_version": self.store.rv,

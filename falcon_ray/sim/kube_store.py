@@ -19,6 +19,11 @@ Contract
 * All methods run on the simulator's event loop thread; nothing here locks.
   Objects handed out by ``get``/``list`` are the stored dicts: callers that
   change them must go through ``update``/``mutate``.
+* What is stored is JSON-shaped, as :func:`clone` returns it (dicts with str
+  keys, lists, str, int, float, bool, None; no tuple): ``create`` and ``update``
+  take such values and ``mutate``'s ``change`` keeps them so. The store copies
+  them with :func:`copy_out` (for the events' snapshots and ``mutate``'s
+  working copy) and converts nothing.
 """
 
 from __future__ import annotations
@@ -165,7 +170,7 @@ class ObjectStore:
         md.pop("deletionTimestamp", None)
         md["resourceVersion"] = str(self._next_rv())
         self._objects[plural][key] = obj
-        self._emit(WatchEvent(self.rv, "ADDED", plural, clone(obj)))
+        self._emit(WatchEvent(self.rv, "ADDED", plural, copy_out(obj)))
         return obj
 
     def update(self, plural: str, obj: dict[str, Any], prev: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +181,7 @@ class ObjectStore:
             md["generation"] = int(prev["metadata"].get("generation", 1)) + 1
         md["resourceVersion"] = str(self._next_rv())
         self._objects[plural][key] = obj
-        self._emit(WatchEvent(self.rv, "MODIFIED", plural, clone(obj), prev))
+        self._emit(WatchEvent(self.rv, "MODIFIED", plural, copy_out(obj), prev))
         return obj
 
     def mutate(
@@ -186,7 +191,7 @@ class ObjectStore:
         current = self.get(plural, namespace, name)
         if current is None:
             return False
-        new = clone(current)
+        new = copy_out(current)
         change(new)
         if new == current:
             return False
@@ -198,7 +203,7 @@ class ObjectStore:
         if obj is None:
             return None
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
-        self._emit(WatchEvent(self.rv, "DELETED", plural, clone(obj)))
+        self._emit(WatchEvent(self.rv, "DELETED", plural, copy_out(obj)))
         return obj
 
     # ---- watching ------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import GoogleError
 from .fleet import is_zone, region_of
-from .kube_store import clone
+from .kube_store import clone, copy_out
 from .machines import TpuFamily, chips_per_host, default_topology, tpu_family
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def enum_name(value: Any, numbers: dict[int, str]) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=4096)
 def google_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -346,7 +348,7 @@ class NodePool:
 
     def to_json(self, cluster: SimCluster, enums_as_int: bool) -> dict[str, Any]:
         c = cluster.config
-        body = clone(self.request)
+        body = copy_out(self.request)  # made by clone in _describe, never changed
         body["name"] = self.name
         body.setdefault("config", {}).setdefault("machineType", self.machine_type)
         body.setdefault("locations", list(self.zones))
@@ -372,7 +374,7 @@ class NodePool:
         scaling = self.autoscaling
         return {
             "name": self.name,
-            "request": clone(self.request),
+            "request": copy_out(self.request),
             "created_at": self.created_at,
             "ready_at": self.ready_at,
             "delete_requested_at": self.delete_requested_at,

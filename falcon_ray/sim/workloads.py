@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .kube_store import WatchEvent, clone, rfc3339
+from .kube_store import WatchEvent, copy_out, rfc3339
 from .node_pools import TPU_RESOURCE
 from .quantities import whole_units
 from .selectors import node_matches, tolerates
@@ -519,7 +519,7 @@ class Workloads:
         backoff_limit = int(spec.get("backoffLimit", 6))
         indexed = spec.get("completionMode") == "Indexed"
         suspended = bool(spec.get("suspend"))
-        status = clone(job.get("status") or {})
+        status = copy_out(job.get("status") or {})
         now = self.cluster.stamp()
         if not suspended and not status.get("startTime"):
             status["startTime"] = now
@@ -625,7 +625,7 @@ class Workloads:
 
     def _create_pod(self, job: dict[str, Any], index: int | None) -> dict[str, Any]:
         jmd = job["metadata"]
-        template = clone((job.get("spec") or {}).get("template") or {})
+        template = copy_out((job.get("spec") or {}).get("template") or {})
         md = template.get("metadata") or {}
         labels = dict(md.get("labels") or {})
         annotations = dict(md.get("annotations") or {})

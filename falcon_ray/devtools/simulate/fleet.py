@@ -39,6 +39,7 @@ lost), 410 after ``compact_history``.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Callable, Mapping
@@ -379,15 +380,15 @@ class SimKube(KubeApi):
     # ---- the API calls KubeApi makes --------------------------------------------------------------
 
     def _list(self, plural: str, namespace: str | None, label_selector: str | None = None) -> dict[str, Any]:
-        selector = parse_label_selector(label_selector)
+        selector = _selector(label_selector)
         store = self.cluster.store
-        items = [copy_out(o) for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))]
+        items = copy_out([o for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))])
         return {"metadata": {"resourceVersion": str(store.rv)}, "items": items}
 
     def _create(self, plural: str, namespace: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
         rk = RESOURCES[plural]
         body = clone(dict(manifest))
-        received = clone(body)
+        received = copy_out(body) if plural == "jobs" else {}  # a Job as received, for its record
         md = body.setdefault("metadata", {})
         md["namespace"] = namespace
         for key in _SERVER_METADATA:
@@ -446,6 +447,13 @@ class SimKube(KubeApi):
 
     def _list_node(self, label_selector: str | None = None, **_: Any) -> dict[str, Any]:
         return self._list("nodes", None, label_selector)
+
+
+@functools.lru_cache(maxsize=256)
+def _selector(text: str | None):
+    """``parse_label_selector``, once per text (a ``LabelSelector`` is frozen; a text it
+    refuses raises every time)."""
+    return parse_label_selector(text)
 
 
 class SimJobWatcher:

@@ -126,6 +126,37 @@ def row_value(cls, row) -> Any:
     return cls(**{k: row._mapping[k] for k in cls.__dataclass_fields__})
 
 
+def field_columns(table: sa.Table, cls) -> list[sa.Column]:
+    """``table``'s columns named by dataclass ``cls``'s fields, in the fields' order: what
+    a read selects first for ``row_values``."""
+    return [table.c[name] for name in cls.__dataclass_fields__]
+
+
+def one_of(column, values) -> Any:
+    """``column IN (values)`` with the values as constants of the statement: the SQL of
+    ``column.in_(values)``, whose list SQLAlchemy would expand again at each execution."""
+    return column.in_([sa.literal(v, column.type) for v in values])
+
+
+def row_values(cls, rows) -> list[Any]:
+    """Frozen values of dataclass ``cls``, one per row whose leading columns are its fields
+    in their order (``field_columns``): equal to ``cls(*row[:n])``. The generated
+    ``__init__`` of a frozen dataclass sets each field through ``object.__setattr__``;
+    this fills the value's dict at once and runs its ``__post_init__`` as ``__init__``
+    does (a queue's read makes hundreds of them per round)."""
+    names = tuple(cls.__dataclass_fields__)
+    post = getattr(cls, "__post_init__", None)
+    new = object.__new__
+    out = []
+    for r in rows:
+        value = new(cls)
+        value.__dict__.update(zip(names, r, strict=False))  # a row may carry more columns after them
+        if post is not None:
+            post(value)
+        out.append(value)
+    return out
+
+
 def clip_message(message: str) -> str:
     """The Message as the store writes it: at most ``MAX_MESSAGE`` characters."""
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
@@ -379,6 +410,13 @@ class StoreCore:
         if stmt is None:
             stmt = cache[key] = build()
         return stmt
+
+    def _read_built(self, key: tuple, build, params: dict[str, Any] | None = None) -> list[Any]:
+        """The rows of a read built once (``_built``) and executed with ``params`` (its
+        per-call values, each a ``bindparam`` of that name), in a connection of its own."""
+        stmt = self._built(("read", *key), build)
+        with self.engine.connect() as c:
+            return c.execute(stmt, params or {}).all()
 
     def _write_built(self, c, key: tuple, build, params: dict[str, Any]):
         """``_write`` of a statement built once (``_built``) and executed with ``params``:

@@ -6,7 +6,8 @@ a compare-and-set on the state, checked against ``lifecycle.LEASE_TRANSITIONS``
 (``IllegalTransition`` before any SQL); ``touch_lease`` sets bookkeeping columns whatever
 the state. Both return a ``WriteResult``, are fenced and are one statement. A Deleted row
 stays: it is the record of the pool's name and of a capacity refusal
-(``capacity_refused_since``).
+(``capacity_refused_since``). ``leases`` and ``get_lease`` are built once per Store and
+shape, the cluster and name bound at execution.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import Lease
 from falcon_ray.store import tables as t
-from falcon_ray.store.core import LOST, IllegalTransition, StoreCore, WriteResult, row_value
+from falcon_ray.store.core import LOST, IllegalTransition, StoreCore, WriteResult, field_columns, row_values
 
 
 def lease_move_values(expect: Sequence[LeaseState], to: LeaseState, fields: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
@@ -38,9 +39,6 @@ def lease_move_values(expect: Sequence[LeaseState], to: LeaseState, fields: dict
         values.setdefault("task_id", None)
     values.update(fields)
     return values
-
-
-_LEASE_FIELDS = tuple(Lease.__dataclass_fields__)  # the columns ``leases`` reads, in the order Lease takes them
 
 
 class LeaseStore(StoreCore):
@@ -80,31 +78,32 @@ class LeaseStore(StoreCore):
         return lease
 
     def get_lease(self, cluster_id: str, name: str) -> Lease | None:
-        q = t.node_pool_leases.select().where(
-            t.node_pool_leases.c.cluster_id == cluster_id, t.node_pool_leases.c.name == name
-        )
-        with self.engine.connect() as c:
-            r = c.execute(q).first()
-        return row_value(Lease, r) if r else None
-
-    def leases(self, cluster_id: str | None = None, live_only: bool = True) -> list[Lease]:
-        """The lease rows (of ``cluster_id``; without the Deleted ones when ``live_only``), in
-        id order. One statement per Store and shape, the cluster bound at execution; it
-        reads ``Lease``'s columns in its fields' order, so a row is the Lease's arguments."""
+        """The lease row named ``name`` in the cluster, None when there is none."""
         L = t.node_pool_leases
 
         def build():
-            q = sa.select(*[L.c[name] for name in _LEASE_FIELDS])
+            return sa.select(*field_columns(L, Lease)).where(
+                L.c.cluster_id == sa.bindparam("lease_cluster"), L.c.name == sa.bindparam("lease_name")
+            )
+
+        rows = self._read_built(("lease",), build, {"lease_cluster": cluster_id, "lease_name": name})
+        return row_values(Lease, rows)[0] if rows else None
+
+    def leases(self, cluster_id: str | None = None, live_only: bool = True) -> list[Lease]:
+        """The lease rows (of ``cluster_id``; without the Deleted ones when ``live_only``), in
+        id order. One statement per Store and shape, the cluster bound at execution."""
+        L = t.node_pool_leases
+
+        def build():
+            q = sa.select(*field_columns(L, Lease))
             if cluster_id is not None:
                 q = q.where(L.c.cluster_id == sa.bindparam("lease_cluster"))
             if live_only:
                 q = q.where(L.c.state != LeaseState.DELETED.value)
             return q.order_by(L.c.id)
 
-        stmt = self._built(("leases", cluster_id is not None, live_only), build)
-        with self.engine.connect() as c:
-            rows = c.execute(stmt, {"lease_cluster": cluster_id} if cluster_id is not None else {}).all()
-        return [Lease(*r) for r in rows]
+        rows = self._read_built(("leases", cluster_id is not None, live_only), build, {"lease_cluster": cluster_id} if cluster_id is not None else None)
+        return row_values(Lease, rows)
 
     def move_lease(
         self, lease_id: int, expect: LeaseState | Sequence[LeaseState], to: LeaseState, **fields: Any

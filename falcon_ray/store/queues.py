@@ -3,7 +3,9 @@
 Contract: ``queue_snapshot`` reads, in one connection, the registry, the queue's live
 tasks (found through ``falcon_task_queue``, so only this queue's rows; incrementally with
 ``delta``), its leases and its last granted actor, and returns a frozen ``QueueRead``.
-Nothing here writes.
+Nothing here writes. Every statement is built once per Store and queue or shape
+(``StoreCore._built``), its per-call values bound at execution, and read into the model's
+values by ``row_values``.
 
 The last granted actor (the pick rule's round robin) is not a row of its own: it is the
 actor of the queue's task whose move most recently took the queue's slot, that is, the
@@ -27,9 +29,11 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Status
 from falcon_ray.model import Cluster, Lease, Task
 from falcon_ray.store import tables as t
-from falcon_ray.store.core import StoreCore, row_value
+from falcon_ray.store.core import StoreCore, field_columns, one_of, row_values
 
 SLOT_TAKEN = frozenset({lc.PROVISIONING, lc.DISPATCHING})  # a move here takes (or keeps) the queue's slot
+_N_FIELDS = len(Task.__dataclass_fields__)  # a rows statement's leading columns are Task's fields
+_SPEC = tuple(Task.__dataclass_fields__).index("spec")  # ... the spec among them ("" when not read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +84,10 @@ class QueueStore(StoreCore):
         caller's earlier slot holders and the tasks it wrote since); the caller keeps the
         other rows it has and drops every task of ``ids`` that is not returned. One
         statement either way (a UNION ALL for the delta), plus one for new specs."""
-        j = t.jobs
         known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
-        cols = [c for c in j.c if c.name != "spec"]
         with self.engine.connect() as c:
             if clusters is None:
-                clusters = [row_value(Cluster, r) for r in c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()]
+                clusters = row_values(Cluster, c.execute(self._built(("clusters",), self._clusters_stmt)).all())
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
                 return QueueRead(clusters, [], [], "" if with_granted else None, 0)
@@ -96,16 +98,24 @@ class QueueStore(StoreCore):
                 # after them could name a task assigned in between that the rows lack (every
                 # incremental read from it would skip that task until the next full read)
                 newest = c.execute(self._newest(cluster.id, topology)).scalar() or 0
-            rows = c.execute(*self._queue_rows(cluster.id, topology, cols, bool(known), delta)).all()
-            unknown = sorted({r.id for r in rows if r.id not in known and not r.spec})
+            rows = c.execute(*self._queue_rows(cluster.id, topology, bool(known), delta)).all()
+            unknown = sorted({r[0] for r in rows if not r[_SPEC] and r[0] not in known})
             specs: dict[int, str] = {}
             for i in range(0, len(unknown), 1000):
-                specs.update(c.execute(sa.select(j.c.id, j.c.spec).where(j.c.id.in_(unknown[i : i + 1000]))).all())
-            leases = c.execute(self._queue_leases(cluster.id, topology)).all() if with_leases else None
+                specs.update(c.execute(self._built(("specs",), self._specs_stmt), {"ids": unknown[i : i + 1000]}).all())
+            leases = row_values(Lease, c.execute(self._queue_leases(cluster.id, topology)).all()) if with_leases else None
             granted = (c.execute(*self._granted(cluster.id, topology)).scalar() or "") if with_granted else None
-        tasks, seq, entries = self._queue_tasks_of(rows, [c.name for c in cols], specs, int(newest))
-        leases_read = [row_value(Lease, r) for r in leases] if leases is not None else None
-        return QueueRead(clusters, tasks, leases_read, granted, seq, entries)
+        tasks, seq, entries = self._queue_tasks_of(rows, specs, int(newest))
+        return QueueRead(clusters, tasks, leases, granted, seq, entries)
+
+    @staticmethod
+    def _clusters_stmt():
+        return sa.select(*field_columns(t.clusters, Cluster)).order_by(t.clusters.c.name)
+
+    @staticmethod
+    def _specs_stmt():
+        j = t.jobs
+        return sa.select(j.c.id, j.c.spec).where(j.c.id.in_(sa.bindparam("ids", expanding=True)))
 
     def _newest(self, cluster_id: str, topology: str):
         m = t.task_queue
@@ -114,15 +124,21 @@ class QueueStore(StoreCore):
             lambda: sa.select(sa.func.max(m.c.seq)).where(m.c.cluster_id == cluster_id, m.c.topology == topology),
         )
 
-    def _queue_rows(self, cluster_id: str, topology: str, cols, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
+    def _queue_rows(self, cluster_id: str, topology: str, specs_known: bool, delta: tuple[int, Iterable[int]] | None):
         """``queue_snapshot``'s one statement for the task rows (see there), and its bound values."""
         if delta is None:
-            return self._built(("all rows", cluster_id, topology, specs_known), lambda: self._rows_stmt(cluster_id, topology, cols, specs_known, None)), {}
+            return self._built(("all rows", cluster_id, topology, specs_known), lambda: self._rows_stmt(cluster_id, topology, specs_known, None)), {}
         after, ids = delta[0], sorted(set(delta[1]))
-        stmt = self._built(("changed rows", cluster_id, topology, bool(ids)), lambda: self._rows_stmt(cluster_id, topology, cols, True, bool(ids)))
+        stmt = self._built(("changed rows", cluster_id, topology, bool(ids)), lambda: self._rows_stmt(cluster_id, topology, True, bool(ids)))
         return stmt, ({"after": after, "ids": ids} if ids else {"after": after})
 
-    def _rows_stmt(self, cluster_id: str, topology: str, cols, specs_known: bool, with_ids: bool | None):
+    @staticmethod
+    def _task_columns(spec) -> list:
+        """Task's columns in its fields' order, ``spec`` in place of the spec column: the
+        leading columns of every rows statement (its ``seq``, ``entered``, ``disrupted`` follow)."""
+        return [spec if c.name == "spec" else c for c in field_columns(t.jobs, Task)]
+
+    def _rows_stmt(self, cluster_id: str, topology: str, specs_known: bool, with_ids: bool | None):
         """The rows statement: all of the queue's live rows (``with_ids`` None), or the
         incremental read, its ``after`` seq and its ``ids`` (when ``with_ids``) bound at execution."""
         j, m, e, dis = t.jobs, t.task_queue, t.task_events, t.task_disruptions
@@ -140,9 +156,9 @@ class QueueStore(StoreCore):
                 )
                 disrupted = sa.case((sa.exists().where(dis.c.task_id == j.c.id), 1), else_=0)
             return (
-                sa.select(*cols, spec, m.c.seq, entered.label("entered"), disrupted.label("disrupted"))
+                sa.select(*self._task_columns(spec), m.c.seq, entered.label("entered"), disrupted.label("disrupted"))
                 .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
-                .where(j.c.cluster_id == cluster_id, m.c.cluster_id == cluster_id, m.c.topology == topology, j.c.status.in_(live))
+                .where(j.c.cluster_id == cluster_id, m.c.cluster_id == cluster_id, m.c.topology == topology, one_of(j.c.status, live))
             )
 
         if with_ids is None:
@@ -150,31 +166,32 @@ class QueueStore(StoreCore):
         # what others change in a queue's rows: the upper layer aborts (Aborting), the
         # poller and other queues add Waiting tasks (a new seq); every other move is this
         # queue's own and its ids are in ``ids``
-        parts = [self._queue_rows_in(cluster_id, topology, cols, [Status.ABORTING.value, Status.RUNNING.value])]
+        parts = [self._queue_rows_in(cluster_id, topology, [Status.ABORTING.value, Status.RUNNING.value])]
         parts.append(base(True).where(m.c.seq > sa.bindparam("after", type_=m.c.seq.type)))
         if with_ids:
             parts.append(base(False).where(j.c.id.in_(sa.bindparam("ids", expanding=True))))
         return sa.union_all(*parts)
 
     @staticmethod
-    def _queue_tasks_of(rows, names: list[str], specs: dict[int, str], newest: int):
-        """The tasks of ``_queue_rows``' rows (a row with its spec wins over one without), in
-        id order, the newest ``seq`` among them and ``newest``, and the ``QueueRead.entries``
-        of the rows read with their spec."""
-        tasks: dict[int, Task] = {}
+    def _queue_tasks_of(rows, specs: dict[int, str], newest: int):
+        """The tasks of ``_queue_rows``' rows (a row with its spec wins over one without; one
+        without takes its spec from ``specs``), in id order, the newest ``seq`` among them
+        and ``newest``, and the ``QueueRead.entries`` of the rows read with their spec."""
+        kept: dict[int, tuple] = {}
         entries: dict[int, tuple[dt.datetime | None, bool]] = {}
-        seq, n = newest, len(names)
+        seq = newest
         for r in rows:
-            spec, row_seq, entered, disrupted = r[n:]
-            if r[0] not in tasks or spec:
-                tasks[r[0]] = Task(spec=spec or specs.get(r[0], ""), **dict(zip(names, r[:n], strict=True)))
+            row_seq, entered, disrupted = r[_N_FIELDS:]
+            if r[0] not in kept or r[_SPEC]:
+                spec = r[_SPEC] or specs.get(r[0], "")
+                kept[r[0]] = r if spec == r[_SPEC] else (*r[:_SPEC], spec, *r[_SPEC + 1 : _N_FIELDS])
             if disrupted is not None:
                 entries[r[0]] = (entered, bool(disrupted))
             seq = max(seq, int(row_seq))
-        return sorted(tasks.values(), key=lambda x: x.id), seq, entries
+        return row_values(Task, (kept[i] for i in sorted(kept))), seq, entries
 
-    @staticmethod
-    def _queue_rows_in(cluster_id: str, topology: str, cols, statuses: list[str]):
+    @classmethod
+    def _queue_rows_in(cls, cluster_id: str, topology: str, statuses: list[str]):
         """The queue's tasks in ``statuses`` (few), with their ``seq`` and no spec, found from
         the jobs index by status and checked against ``falcon_task_queue`` one row at a
         time: the join would let SQLite (no table statistics) walk every row of the queue."""
@@ -185,8 +202,8 @@ class QueueStore(StoreCore):
             .scalar_subquery()
         )
         entered, disrupted = _no_entry()
-        return sa.select(*cols, sa.literal("").label("spec"), seq.label("seq"), entered.label("entered"), disrupted.label("disrupted")).where(
-            j.c.cluster_id == cluster_id, j.c.status.in_(statuses), seq.is_not(None)
+        return sa.select(*cls._task_columns(sa.literal("").label("spec")), seq.label("seq"), entered.label("entered"), disrupted.label("disrupted")).where(
+            j.c.cluster_id == cluster_id, one_of(j.c.status, statuses), seq.is_not(None)
         )
 
     def _queue_leases(self, cluster_id: str, topology: str):
@@ -201,10 +218,10 @@ class QueueStore(StoreCore):
         acquiring = sa.select(j.c.id).where(
             j.c.cluster_id == cluster_id,
             j.c.status == Status.PENDING.value,
-            j.c.reason.in_([r.value for r in lc.ACQUIRING]),
+            one_of(j.c.reason, [r.value for r in lc.ACQUIRING]),
         )
         return (
-            L.select()
+            sa.select(*field_columns(L, Lease))
             .where(
                 L.c.cluster_id == cluster_id,
                 L.c.topology == topology,
@@ -219,7 +236,7 @@ class QueueStore(StoreCore):
     def queue_leases(self, cluster_id: str, topology: str) -> list[Lease]:
         """``queue_snapshot``'s leases alone."""
         with self.engine.connect() as c:
-            return [row_value(Lease, r) for r in c.execute(self._queue_leases(cluster_id, topology)).all()]
+            return row_values(Lease, c.execute(self._queue_leases(cluster_id, topology)).all())
 
     def other_topology_waiting(self, cluster_id: str, topology: str) -> bool:
         """Whether a task of another topology of the cluster is Pending in its queue (it
@@ -227,20 +244,20 @@ class QueueStore(StoreCore):
         topologies' ``falcon_task_queue`` ranges (two, on each side of this one), never
         from the cluster's Pending rows, which are mostly this queue's own waiting tasks."""
         j, m = t.jobs, t.task_queue
-        q = (
+        cid, top = sa.bindparam("other_cluster", type_=m.c.cluster_id.type), sa.bindparam("other_topology", type_=m.c.topology.type)
+        rows = self._read_built(("other topology waiting",), lambda: (
             sa.select(j.c.id)
             .select_from(m.join(j, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
             .where(
-                m.c.cluster_id == cluster_id,
-                sa.or_(m.c.topology < topology, m.c.topology > topology),
-                j.c.cluster_id == cluster_id,
+                m.c.cluster_id == cid,
+                sa.or_(m.c.topology < top, m.c.topology > top),
+                j.c.cluster_id == cid,
                 j.c.status == Status.PENDING.value,
                 j.c.reason != "",
             )
             .limit(1)
-        )
-        with self.engine.connect() as c:
-            return c.execute(q).first() is not None
+        ), {"other_cluster": cluster_id, "other_topology": topology})  # fmt: skip
+        return bool(rows)
 
     GRANTED_LOOKBACK = dt.timedelta(days=1)  # how far back the last granted actor is looked for
 
@@ -256,7 +273,7 @@ class QueueStore(StoreCore):
             .where(
                 e.c.at >= sa.bindparam("since", type_=e.c.at.type),
                 e.c.status == Status.PENDING.value,
-                e.c.reason.in_(taken),
+                one_of(e.c.reason, taken),
                 m.c.cluster_id == cluster_id,
                 m.c.topology == topology,
             )

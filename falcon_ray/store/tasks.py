@@ -5,8 +5,10 @@ Contract: ``submit_task`` and ``request_abort`` write exactly what the upper lay
 (a Pending row, or Aborting on a live task) with their event row in one transaction, and
 are never fenced; ``submit_task`` is not idempotent and is never rerun after a
 disconnect. The reads are single statements found through the indexes named in their
-docstrings, so their cost follows the live rows, not the table. The controller's task
-writes are in ``task_moves``.
+docstrings, so their cost follows the live rows, not the table; the controller's hot ones
+(``intake``, ``fleet_load``, ``get_tasks``, ``live_tasks``, ``queue_claimants``) are built
+once per Store and shape, their ids and clusters bound at execution. The controller's
+task writes are in ``task_moves``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Reason, Status
 from falcon_ray.model import Task
 from falcon_ray.store import tables as t
-from falcon_ray.store.core import StoreCore, row_value
+from falcon_ray.store.core import StoreCore, field_columns, one_of, row_value, row_values
 
 
 class TaskStore(StoreCore):
@@ -75,12 +77,15 @@ class TaskStore(StoreCore):
         return row_value(Task, r) if r else None
 
     def get_tasks(self, ids: Iterable[int]) -> list[Task]:
+        """The tasks ``ids`` (those that exist), in id order; the ids bound at execution."""
         ids = list(ids)
         if not ids:
             return []
-        with self.engine.connect() as c:
-            rows = c.execute(t.jobs.select().where(t.jobs.c.id.in_(ids)).order_by(t.jobs.c.id)).all()
-        return [row_value(Task, r) for r in rows]
+        j = t.jobs
+        rows = self._read_built(
+            ("tasks",), lambda: sa.select(*field_columns(j, Task)).where(j.c.id.in_(sa.bindparam("ids", expanding=True))).order_by(j.c.id), {"ids": ids}
+        )
+        return row_values(Task, rows)
 
     def recent_tasks(self, limit: int = 50) -> list[Task]:
         with self.engine.connect() as c:
@@ -92,15 +97,13 @@ class TaskStore(StoreCore):
         j = t.jobs
 
         def build():
-            q = j.select().where(j.c.status.in_([s.value for s in lc.NON_TERMINAL]))
+            q = sa.select(*field_columns(j, Task)).where(one_of(j.c.status, [s.value for s in lc.NON_TERMINAL]))
             if cluster_id is not None:
                 q = q.where(j.c.cluster_id == sa.bindparam("cluster_id"))
             return q.order_by(j.c.id)
 
-        stmt = self._built(("live tasks", cluster_id is not None), build)
-        with self.engine.connect() as c:
-            rows = c.execute(stmt, {"cluster_id": cluster_id} if cluster_id is not None else {}).all()
-        return [row_value(Task, r) for r in rows]
+        rows = self._read_built(("live tasks", cluster_id is not None), build, {"cluster_id": cluster_id} if cluster_id is not None else None)
+        return row_values(Task, rows)
 
     def intake(self, limit: int = 500) -> tuple[list[Task], list[Task]]:
         """The poll: unassigned Pending tasks and all Aborting tasks, oldest first.
@@ -111,19 +114,18 @@ class TaskStore(StoreCore):
         j = t.jobs
 
         def build():
+            cols = field_columns(j, Task)
             new_q = (
-                j.select()
+                sa.select(*cols)
                 .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_(None))
                 .order_by(j.c.id)
                 .limit(limit)
                 .subquery()
             )
-            abort_q = j.select().where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit).subquery()
+            abort_q = sa.select(*cols).where(j.c.status == Status.ABORTING.value).order_by(j.c.id).limit(limit).subquery()
             return sa.union_all(sa.select(new_q), sa.select(abort_q))  # one round trip for both reads
 
-        with self.engine.connect() as c:
-            rows = c.execute(self._built(("intake", limit), build)).all()
-        tasks = sorted((row_value(Task, r) for r in rows), key=lambda x: x.id)
+        tasks = sorted(row_values(Task, self._read_built(("intake", limit), build)), key=lambda x: x.id)
         return [x for x in tasks if x.status == Status.PENDING], [x for x in tasks if x.status == Status.ABORTING]
 
     def pending_depth(self) -> dict[str, int]:
@@ -141,18 +143,21 @@ class TaskStore(StoreCore):
         """``pending_depth()`` and the ready Idle leases per (cluster id, topology), in one
         statement (the poller's ranking inputs)."""
         j, L = t.jobs, t.node_pool_leases
-        depth = (
-            sa.select(sa.literal("d").label("k"), j.c.cluster_id.label("cid"), sa.literal("").label("top"), sa.func.count().label("n"))
-            .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_not(None))
-            .group_by(j.c.cluster_id)
-        )
-        idle = (
-            sa.select(sa.literal("i").label("k"), L.c.cluster_id.label("cid"), L.c.topology.label("top"), sa.func.count().label("n"))
-            .where(L.c.state == LeaseState.IDLE.value, L.c.ready_at.is_not(None))
-            .group_by(L.c.cluster_id, L.c.topology)
-        )
-        with self.engine.connect() as c:
-            rows = c.execute(sa.union_all(depth, idle)).all()
+
+        def build():
+            depth = (
+                sa.select(sa.literal("d").label("k"), j.c.cluster_id.label("cid"), sa.literal("").label("top"), sa.func.count().label("n"))
+                .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_not(None))
+                .group_by(j.c.cluster_id)
+            )
+            idle = (
+                sa.select(sa.literal("i").label("k"), L.c.cluster_id.label("cid"), L.c.topology.label("top"), sa.func.count().label("n"))
+                .where(L.c.state == LeaseState.IDLE.value, L.c.ready_at.is_not(None))
+                .group_by(L.c.cluster_id, L.c.topology)
+            )
+            return sa.union_all(depth, idle)
+
+        rows = self._read_built(("fleet load",), build)
         return (
             {cid: int(n) for k, cid, _, n in rows if k == "d"},
             {(cid, top): int(n) for k, cid, top, n in rows if k == "i"},
@@ -168,16 +173,19 @@ class TaskStore(StoreCore):
         if not ids:
             return {}
         j = t.jobs
-        reasons = [r.value for r in reasons]
-        q = sa.select(j.c.cluster_id, j.c.spec).where(
-            j.c.status == Status.PENDING.value, j.c.reason.in_(reasons), j.c.cluster_id.in_(ids)
+        reasons = tuple(r.value for r in reasons)
+        rows = self._read_built(
+            ("claimants", reasons),
+            lambda: sa.select(j.c.cluster_id, j.c.spec).where(
+                j.c.status == Status.PENDING.value, one_of(j.c.reason, reasons), j.c.cluster_id.in_(sa.bindparam("ids", expanding=True))
+            ),
+            {"ids": ids},
         )
         out: dict[tuple[str, str], int] = {}
-        with self.engine.connect() as c:
-            for cid, text in c.execute(q).all():
-                try:
-                    topology = str(json.loads(text).get("topology", ""))
-                except (ValueError, AttributeError):
-                    continue
-                out[(cid, topology)] = out.get((cid, topology), 0) + 1
+        for cid, text in rows:
+            try:
+                topology = str(json.loads(text).get("topology", ""))
+            except (ValueError, AttributeError):
+                continue
+            out[(cid, topology)] = out.get((cid, topology), 0) + 1
         return out

@@ -42,8 +42,8 @@ there, live). What runs when:
   failed an effect, failed, or ended at ``MAX_ROUNDS`` still moving. Besides: at once on
   a hint; at its next tick when another queue of its cluster acted while it waits,
   acquires or holds an unused pool (``_shares_cluster``: the reservation ledger, which
-  topologies wait), when a queue of a cluster of its TPU type acted while it holds a
-  ClusterBusy task (it may move it there), and when the ClusterActor started, failed or ended one of its operations (what
+  topologies wait), when any queue acted while it holds a ClusterBusy task (it may move
+  it), and when the ClusterActor started, failed or ended one of its operations (what
   ``observe`` shows of it is not what the queue last saw); and when the fleet changed
   one of its pools or its reservation's use, at the first tick at which the
   ClusterActor's cached view is due for a refresh. ``exact=True`` steps every queue at
@@ -145,7 +145,6 @@ class Simulation:
         self.t0 = self.clock.monotonic()
         self.scheduler = Scheduler(self.clock)
         self.fleet_config = fleet.model_copy(update={"seed": seed})
-        self.tpu_types = {c.name: c.tpu_type for c in self.fleet_config.clusters}
         self.fleet = VirtualFleet(self.fleet_config, self.scheduler, on_change=self._fleet_changed)
         self.db_url, self._keeper = _database(db_url, seed)
         self.store = self._store()  # the upper layer's (submits, aborts) and the report's
@@ -321,13 +320,11 @@ class Simulation:
         self._acted.add(cluster)
         if self.exact:
             return
-        kind = self.tpu_types[cluster]
         for (c, _topology), (q, other) in self.queues.items():
             # the same cluster's queues that wait or acquire share its reservation ledger and
             # its capacity (a queue of Running tasks reads neither); a queue with a ClusterBusy
-            # task may move it to a cluster of its TPU type that now has room (the only
-            # clusters its move looks at: ``QueueReconciler._destinations``)
-            if other is not loop and ((c == cluster and _shares_cluster(q)) or (self.tpu_types[c] == kind and _holds_busy(q))):
+            # task may move it to a cluster that now has room
+            if other is not loop and ((c == cluster and _shares_cluster(q)) or _holds_busy(q)):
                 other.wake_on_tick()
 
     def _fleet_changed(self, cluster: str, pools: set[str], capacity: bool) -> None:

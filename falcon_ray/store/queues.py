@@ -30,6 +30,7 @@ from falcon_ray.lifecycle import LeaseState, Status
 from falcon_ray.model import Cluster, Lease, Task
 from falcon_ray.store import tables as t
 from falcon_ray.store.core import StoreCore, field_columns, one_of, row_values
+from falcon_ray.store.registry import registry_select
 
 SLOT_TAKEN = frozenset({lc.PROVISIONING, lc.DISPATCHING})  # a move here takes (or keeps) the queue's slot
 _N_FIELDS = len(Task.__dataclass_fields__)  # a rows statement's leading columns are Task's fields
@@ -87,7 +88,7 @@ class QueueStore(StoreCore):
         known = known_specs if isinstance(known_specs, (set, frozenset, dict)) else set(known_specs)  # no copy per round
         with self.engine.connect() as c:
             if clusters is None:
-                clusters = row_values(Cluster, c.execute(self._built(("clusters",), self._clusters_stmt)).all())
+                clusters = row_values(Cluster, c.execute(self._built(("clusters",), registry_select)).all())
             cluster = next((x for x in clusters if x.name == cluster_name), None)
             if cluster is None:
                 return QueueRead(clusters, [], [], "" if with_granted else None, 0)
@@ -107,10 +108,6 @@ class QueueStore(StoreCore):
             granted = (c.execute(*self._granted(cluster.id, topology)).scalar() or "") if with_granted else None
         tasks, seq, entries = self._queue_tasks_of(rows, specs, int(newest))
         return QueueRead(clusters, tasks, leases, granted, seq, entries)
-
-    @staticmethod
-    def _clusters_stmt():
-        return sa.select(*field_columns(t.clusters, Cluster)).order_by(t.clusters.c.name)
 
     @staticmethod
     def _specs_stmt():

@@ -16,7 +16,13 @@ import sqlalchemy as sa
 
 from falcon_ray.model import Cluster, ClusterStatus
 from falcon_ray.store import tables as t
-from falcon_ray.store.core import StoreCore, row_value
+from falcon_ray.store.core import StoreCore, field_columns, row_value, row_values
+
+
+def registry_select():
+    """Every cluster row, in name order, as ``Cluster``'s fields (``row_values``): the
+    registry read of ``list_clusters`` and of a queue's snapshot, built once per Store."""
+    return sa.select(*field_columns(t.clusters, Cluster)).order_by(t.clusters.c.name)
 
 CLUSTER_STATUSES = tuple(s.value for s in ClusterStatus)
 
@@ -61,8 +67,7 @@ class RegistryStore(StoreCore):
 
     def list_clusters(self) -> list[Cluster]:
         with self.engine.connect() as c:
-            rows = c.execute(t.clusters.select().order_by(t.clusters.c.name)).all()
-        return [row_value(Cluster, r) for r in rows]
+            return row_values(Cluster, c.execute(self._built(("clusters",), registry_select)).all())
 
     def get_cluster(self, name_or_id: str) -> Cluster | None:
         q = t.clusters.select().where(sa.or_(t.clusters.c.name == name_or_id, t.clusters.c.id == name_or_id))

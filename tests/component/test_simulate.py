@@ -17,6 +17,7 @@ from falcon_ray.devtools.simulate.driver import START, Simulation
 from falcon_ray.devtools.simulate.generate import generate_tasks
 from falcon_ray.devtools.simulate.report import build_report, estimate_s
 from falcon_ray.sim.fleet import parse_fleet
+from tests.harness.simulate import sim_task as _task
 
 CREATE_S, REGISTER_S, POD_START_S, DELETE_S = 420.0, 90.0, 20.0, 180.0
 TIMINGS = {
@@ -37,24 +38,6 @@ TIMINGS = {
 
 def _cluster(name: str, **kw) -> dict:
     return {"name": name, "project": f"p-{name}", "location": "us-east5-b", "tpu_type": "v6e", "timings": dict(TIMINGS), **kw}
-
-
-def _task(i: int, submit_at: float, run_s: float, topology: str = "2x2", abort_at: float | None = None, **spec) -> dict:
-    return {
-        "name": f"t{i}",
-        "actor": ("alice", "bob", "carol")[i % 3],
-        "submit_at": submit_at,
-        "abort_at": abort_at,
-        "spec": {
-            "tpu_type": "v6e",
-            "topology": topology,
-            "image": "us-docker.pkg.dev/p/r/train:1",
-            "command": ["python", "train.py"],
-            "env": {"FALCON_SIM_RUN_SECONDS": str(int(run_s))},
-            "timeout_seconds": int(run_s) + 3600,
-            **spec,
-        },
-    }
 
 
 def _run(fleet: dict, tasks: list[dict], seed: int = 1, settings: Settings | None = None, look=None, **kw) -> tuple[dict, Simulation]:

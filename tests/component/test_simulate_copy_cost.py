@@ -12,6 +12,7 @@ from falcon_ray.config import Settings
 from falcon_ray.devtools.simulate.driver import Simulation
 from falcon_ray.sim.fleet import parse_fleet
 from falcon_ray.sim.kube_store import WatchEvent, clone
+from tests.harness.simulate import sim_task
 
 TIMINGS = {"node_pool_create": 420.0, "node_register": 90.0, "pod_start": 20.0, "node_pool_delete": 180.0}
 FLEET = {
@@ -23,22 +24,6 @@ FLEET = {
          "chips": 24, "faults": {"too_many_requests_rate": 0.05, "disruption_rate_per_node_hour": 0.2}},
     ]
 }
-
-
-def _task(i: int, submit_at: float, run_s: float, topology: str = "2x2") -> dict:
-    return {
-        "name": f"t{i}",
-        "actor": "alice",
-        "submit_at": submit_at,
-        "spec": {
-            "tpu_type": "v6e",
-            "topology": topology,
-            "image": "us-docker.pkg.dev/p/r/train:1",
-            "command": ["python", "train.py"],
-            "env": {"FALCON_SIM_RUN_SECONDS": str(int(run_s))},
-            "timeout_seconds": int(run_s) + 3600,
-        },
-    }
 
 
 def _bytes(obj) -> bytes:
@@ -79,7 +64,7 @@ class StoreWitness:
 
 
 def test_the_fleet_models_store_holds_json_shaped_objects_changed_only_by_its_writes():
-    tasks = [_task(i, 120.0 * i, 900.0 + 300 * (i % 3), ("2x2", "2x4")[i % 2]) for i in range(8)]
+    tasks = [sim_task(i, 120.0 * i, 900.0 + 300 * (i % 3), ("2x2", "2x4")[i % 2]) for i in range(8)]
     sim = Simulation(parse_fleet(FLEET), tasks, Settings(), 3, until_s=4 * 3600.0)
     witnesses = [StoreWitness(c.store) for c in sim.fleet.clusters.values()]
     try:

@@ -692,7 +692,9 @@ class ClusterGateway:
                 return
             self.conn.last_ok["compute"] = self.clock.time()
             self.reservation.error = None
-            self.reservation.reading, self.reservation.zone = ReservationView(r.count, r.in_use, machine_type=r.machine_type), zone
+            foreign = ledger.foreign_hosts(r.in_use, self._lease_rows(fresh=False), registered)
+            self.reservation.reading = ReservationView(r.count, r.in_use, machine_type=r.machine_type, foreign=foreign)
+            self.reservation.zone = zone
             self.reservation.registered = registered
             metrics.reservation_headroom(self.name, c.default_reservation, r.count - r.in_use)
             self._record_ledger()
@@ -768,7 +770,7 @@ class ClusterGateway:
 
     def reservation_view(self) -> ReservationView | None:
         r = self.reservation.reading
-        return None if r is None else ReservationView(r.count, r.in_use, self._claimed(), r.machine_type)
+        return None if r is None else ReservationView(r.count, r.in_use, self._claimed(), r.machine_type, r.foreign)
 
     def _record_ledger(self) -> None:
         """Write the reservation's machine type and the ledger on the cluster row when a

@@ -71,13 +71,17 @@ from falcon_ray.model import (
     Cluster,
     ClusterView,
     Destination,
+    Lease,
     QueueHistory,
     QueueState,
     QueueTask,
     QueueTasks,
+    ReservationOccupant,
+    ReservationView,
+    ReservationWaiter,
     StartSample,
 )
-from falcon_ray.reconcile import eta
+from falcon_ray.reconcile import eta, hold
 from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
 from falcon_ray.store import Fenced, Store
 
@@ -116,6 +120,8 @@ class QueueReconciler:
         self.clusters_at = -float("inf")  # when the registry was last read
         self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
+        self.waiters_at: tuple[float, tuple[ReservationWaiter, ...]] = (-DESTINATIONS_TTL_S, ())
+        self.occupants_at: tuple[float, tuple[ReservationOccupant, ...]] = (-DESTINATIONS_TTL_S, ())
         self.read_every_step = True  # False: a step's first round reads only when must_read or hinted
         self.rows_hinted = False  # rows_changed() was called since the last read
 
@@ -223,6 +229,8 @@ class QueueReconciler:
             pool_names=frozenset(x.name for x in kept),
             history=self._history(cluster.id, leases),
             destinations=self._destinations(cluster, clusters, tasks),
+            reservation_waiters=(waiters := self._reservation_waiters(cluster, tasks, leases)),
+            reservation_occupants=self._reservation_occupants(cluster, waiters),
         )
 
     def _read_tasks(self) -> tuple[list[Cluster], Cluster] | None:
@@ -350,6 +358,7 @@ class QueueReconciler:
             return self.destinations_at[1]
         slot = (lc.Reason.WAITING, *(p.reason for p in lc.ACQUIRING_PHASES))
         claimants = self.store.queue_claimants([c.id for c in others], slot)
+        busy = next(t for t in tasks.held if t.phase == lc.CLUSTER_BUSY)  # the slot's holder: one at most
         out = []
         for c in others:
             idle = tuple(
@@ -357,7 +366,7 @@ class QueueReconciler:
                 for l in self.store.leases(c.id)
                 if l.topology == self.topology and l.state == LeaseState.IDLE and l.ready_at is not None
             )
-            free, machine = None, ""
+            free, machine, held = None, "", 0
             if c.default_reservation:
                 try:
                     r = self.port.observe(c.name, render.queue_label(c.name, self.topology), [], True).reservation
@@ -366,9 +375,50 @@ class QueueReconciler:
                     r = None
                 if r is not None:
                     free, machine = r.free, r.machine_type
-            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine))
+                    held = self._held_there(c, r, busy)
+            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine, held))
         self.destinations_at = (now, tuple(out))
         return self.destinations_at[1]
+
+    def _held_there(self, c: Cluster, r: ReservationView, t: QueueTask) -> int:
+        """The room of cluster ``c``'s reservation held for a task submitted before ``t``
+        (``reconcile.hold``): ``t`` moved there would be held back by it."""
+        if self.s.reservation_hold_after_s is None:
+            return 0
+        waiters = tuple(self.store.reservation_waiters(c.id))
+        h = hold.hold_over(waiters, c, self.topology, r, self.clock.now(), self.s, before=(t.created_at, t.id))
+        return h.hosts if h is not None else 0
+
+    def _reservation_waiters(self, cluster: Cluster, tasks: QueueTasks, leases: tuple[Lease, ...]) -> tuple[ReservationWaiter, ...]:
+        """The cluster's ClusterBusy tasks, for the reservation hold (``reconcile.hold``):
+        read only where a hold can change this queue's decision (the cluster has a
+        reservation, holds are on, and the queue has a Waiting or acquiring task, which may
+        claim room or be handed a pool, or an idle reservation pool, which may be kept),
+        at most once a second."""
+        if self.s.reservation_hold_after_s is None or not cluster.default_reservation:
+            return ()
+        if not (
+            tasks.waiting
+            or any(t.phase in lc.ACQUIRING_PHASES for t in tasks.held)
+            or any(l.state == LeaseState.IDLE and l.supply_mode == SupplyMode.RESERVATION for l in leases)
+        ):
+            return ()
+        now = self.clock.monotonic()
+        if now - self.waiters_at[0] >= DESTINATIONS_TTL_S:
+            self.waiters_at = (now, tuple(self.store.reservation_waiters(cluster.id)))
+        return self.waiters_at[1]
+
+    def _reservation_occupants(self, cluster: Cluster, waiters: tuple[ReservationWaiter, ...]) -> tuple[ReservationOccupant, ...]:
+        """The cluster's reservation pools, for the hold's backfill: read only while a
+        waiter has waited long enough to hold room, at most once a second."""
+        after = self.s.reservation_hold_after_s
+        now_dt = self.clock.now()
+        if after is None or not any(w.since is not None and (now_dt - w.since).total_seconds() >= after for w in waiters):
+            return ()
+        now = self.clock.monotonic()
+        if now - self.occupants_at[0] >= DESTINATIONS_TTL_S:
+            self.occupants_at = (now, tuple(self.store.reservation_occupants(cluster.id)))
+        return self.occupants_at[1]
 
     def _terminal_messages(self, leases, live_ids: Collection[int]) -> dict[int, tuple[Phase, str]]:
         """Last holders of pools whose delete keeps failing (their task is terminal)."""

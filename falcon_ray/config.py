@@ -87,6 +87,13 @@ class Settings(BaseModel):
         description="a capacity wait (stockout) ends Failed/NodePoolFailed this long after the first refusal; "
         "waits for reservation headroom have no limit",
     )
+    reservation_hold_after_s: float | None = Field(
+        1800.0,
+        gt=0,
+        description="a task ClusterBusy this long for its cluster's reservation holds the room its slice needs: "
+        "tasks of other topologies submitted after it claim only what is left beyond that room, and their idle "
+        "reservation pools are not kept for hand-over while the room is short (null: never held)",
+    )
     submit_budget_s: float = Field(
         600.0, gt=0, description="a Job submission refused for now (5xx, timeouts) is retried this long, then JobSubmitFailed"
     )

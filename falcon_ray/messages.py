@@ -69,6 +69,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed}, waiting for reservation {reservation} capacity to free up...",
         "reservation_remaining_slices={remaining} reservation_needed_slices={needed},等待 reservation {reservation} 容量释放...",
     ),
+    "reservation_held": (
+        "; {hosts} host(s) of reservation {reservation} are held for task {task} ({topology}), waiting for them since {since} UTC: tasks of other topologies submitted after it take only the room beyond that",
+        ";reservation {reservation} 的 {hosts} 台主机正为任务 {task} ({topology}) 保留,它自 {since} UTC 起等待这些主机: 在它之后提交的其他拓扑任务只能使用超出部分",
+    ),
     "capacity_wait": (
         "No capacity for the node pool right now (supply: {supply}, refusal {refusals}), asking GKE again at {retry} UTC: {detail}",
         "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒),{retry} UTC 再次向 GKE 请求: {detail}",

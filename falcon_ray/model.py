@@ -377,6 +377,7 @@ class ReservationView:
     in_use: int
     claimed: int = 0
     machine_type: str = ""  # specificReservation.instanceProperties.machineType ("" unknown)
+    foreign: int = 0  # of ``in_use``, hosts of nodes outside Falcon's pools, as last read (``ledger.foreign_hosts``)
 
     @property
     def free(self) -> int:
@@ -423,6 +424,41 @@ class Destination:
     claimants: int = 0  # tasks of that queue waiting or holding its slot
     free_hosts: int | None = None  # reservation hosts free by its ledger (None: not read)
     machine_type: str = ""  # what its reservation holds, as just read ("" unknown)
+    held_hosts: int = 0  # of ``free_hosts``, the room held there for an older task of another topology
+
+
+@dataclass(frozen=True)
+class ReservationWaiter:
+    """A ClusterBusy task of a cluster (it holds its queue's slot), as the reservation hold
+    reads it (``reconcile.hold``): its queue's topology, when it was submitted, the supply
+    mode its spec names (None: the cluster's default) and when it entered ClusterBusy
+    (event log; None when the log has no such entry)."""
+
+    task_id: int
+    topology: str
+    created_at: dt.datetime
+    supply_mode: str | None
+    since: dt.datetime | None
+
+    @property
+    def order(self) -> tuple[dt.datetime, int]:
+        """Who came first: submission time, then id."""
+        return (self.created_at, self.task_id)
+
+
+@dataclass(frozen=True)
+class ReservationOccupant:
+    """A reservation pool of the cluster that holds hosts (``LEASE_HOLDS_RESERVATION``, or
+    being deleted), as
+    the reservation hold's backfill reads it (``reconcile.hold``): its shape, and its task
+    (None: no live task) with when that task's Job was submitted and its timeout, which
+    bound when the pool comes free at the latest."""
+
+    pool: str
+    topology: str
+    task_id: int | None
+    dispatched_at: dt.datetime | None
+    timeout_s: int
 
 
 # --- what the database says about one queue -------------------------------------------------
@@ -624,6 +660,10 @@ class QueueState:
     history: QueueHistory = field(default_factory=QueueHistory)  # for the start estimates
     # other clusters a ClusterBusy task could move to (read only while a task is ClusterBusy)
     destinations: tuple[Destination, ...] = ()
+    # the ClusterBusy tasks of the cluster's other queues (read only where the hold can apply)
+    reservation_waiters: tuple[ReservationWaiter, ...] = ()
+    # the cluster's reservation pools, for the hold's backfill (read only while a hold may apply)
+    reservation_occupants: tuple[ReservationOccupant, ...] = ()
     # ``tasks`` in two parts: the tasks that are not Waiting (in their order) and the Waiting ones
     held: tuple[QueueTask, ...] = field(init=False, repr=False, compare=False)
     waiting: WaitingQueue = field(init=False, repr=False, compare=False)

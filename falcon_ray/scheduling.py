@@ -424,7 +424,8 @@ def move_target(spec: TaskSpec, origin: RankableCluster, destinations: Sequence[
     """Where a task waiting on ``origin`` could start now with the same supply mode: an
     active cluster of its TPU type whose queue for the topology is empty, and that has a
     ready idle pool of that mode, or (reservation supply) a reservation of the task's
-    machine type with room for one slice by its ledger. Never a switch from reservation to
+    machine type with room for one slice by its ledger, beyond the room held there for an
+    older task of another topology (``reconcile.hold``). Never a switch from reservation to
     another mode (original, section 5). Idle pool first, then the name; None: stay."""
     mode = supply_mode_for(spec, origin.default_reservation)
     shape = spec.shape
@@ -438,6 +439,6 @@ def move_target(spec: TaskSpec, origin: RankableCluster, destinations: Sequence[
             continue
         if mode in d.idle_pools:
             fits.append((0, c.name, d))
-        elif mode == SupplyMode.RESERVATION and d.machine_type == shape.machine_type and (d.free_hosts or 0) >= shape.hosts:
+        elif mode == SupplyMode.RESERVATION and d.machine_type == shape.machine_type and (d.free_hosts or 0) - d.held_hosts >= shape.hosts:
             fits.append((1, c.name, d))
     return min(fits, key=lambda f: f[:2])[2] if fits else None

@@ -9,6 +9,8 @@ nodes are not all registered. The ledger counts, for every reservation pool whos
 state holds the reservation (``lifecycle.LEASE_HOLDS_RESERVATION``), the hosts its shape
 needs less the nodes it has registered; plus every grant whose lease row is not written
 yet. A claim is granted when the hosts left free after all of that cover it.
+``foreign_hosts``: the hosts in use by nodes outside Falcon's pools, which only their
+owner frees (the reservation hold reads them: ``reconcile.hold``).
 
 The registered nodes must be the ones listed no later than the reservation was read:
 ``in_use`` counts at least those, while a node listed after the read may not be in it yet
@@ -115,6 +117,14 @@ def claimed_hosts(
         if hosts is not None:
             total += max(0, hosts - registered.get(lease.name, 0))
     return total + sum(g.hosts for name, g in grants.items() if name not in carried and name != exclude)
+
+
+def foreign_hosts(in_use: int, leases: Iterable[Lease], registered: Mapping[str, int]) -> int:
+    """Hosts of the reservation in use by nodes outside Falcon's reservation pools (another
+    node pool or another user of a shared reservation): ``in_use`` less the registered
+    nodes of Falcon's pools, listed no later than the reservation was read."""
+    own = sum(registered.get(lease.name, 0) for lease in leases if lease.supply_mode == SupplyMode.RESERVATION)
+    return max(0, in_use - own)
 
 
 def decide_claim(

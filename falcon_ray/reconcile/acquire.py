@@ -54,7 +54,7 @@ from falcon_ray.model import (
     QueueTask,
 )
 from falcon_ray.reconcile import capacity, dispatch, finish, move
-from falcon_ray.reconcile.context import Decision, fmt_limit
+from falcon_ray.reconcile.context import Decision, fmt_limit, stamp
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
     CreateLease,
@@ -199,11 +199,17 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     if move.unfit(d, t):  # it holds another machine type: placed elsewhere, or failed
         return False
     head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed)
-    if head.enough:
+    held = d.held_back(t, create=True)  # room an older task of another topology waits for (hold)
+    if held is None and head.enough:
+        return True
+    if held is not None and scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed + held.hosts).enough:
         return True
     if move.move(d, t):  # another cluster can start it now with the same supply
         return False
     text = d.msg("cluster_busy", remaining=head.remaining_slices, needed=head.needed_slices, reservation=name)
+    if held is not None:
+        w = held.waiter
+        text += d.msg("reservation_held", hosts=held.hosts, reservation=name, task=w.task_id, topology=w.topology, since=stamp(w.since or d.now))
     if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.settings, d.phase_age_s(t)):
         limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.settings) or 0)
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=d.msg("reservation_wait_over", limit=limit) + text))

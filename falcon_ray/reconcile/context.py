@@ -35,6 +35,7 @@ from falcon_ray.model import (
     QueueTask,
     WaitingQueue,
 )
+from falcon_ray.reconcile import hold
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -166,14 +167,17 @@ class Decision:
     def free_idle(self, t: QueueTask) -> Lease | None:
         """An idle pool that can be handed to ``t`` now: its create finished (it was Ready
         once), no Job of an earlier task still holds it, and its nodes outlive ``t``'s run
-        (``pools.nodes_last_for``: flex-start's run limit). The one with the most Ready nodes
+        (``pools.nodes_last_for``: flex-start's run limit), and no reservation pool while the
+        reservation hold keeps ``t`` out of the held room (``reservation_short``). The one with the most Ready nodes
         first: a pool the autoscaler emptied would make the task wait for capacity while
         another idle pool of its topology holds nodes (a 1,000-task soak ended with a queue
         stuck so)."""
         run_s = float(t.spec.timeout_seconds)
+        held = self.reservation_short(t)  # a reservation pool's hosts go to an older task's held room (hold)
         free = [
             l for l in self.idle
             if l.id not in self.claimed and self.handable(l) and nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s)
+            and not (held and l.supply_mode == SupplyMode.RESERVATION)
         ]  # fmt: skip
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
 
@@ -190,6 +194,35 @@ class Decision:
             j.node_pool == lease.name and j.holds_pool for j in self.cluster.jobs.values()
         )
 
+    def held_back(self, t: QueueTask, create: bool) -> hold.Hold | None:
+        """The reservation hold that keeps ``t`` out of the held room: it applies to ``t``
+        and ``t``'s run, on a pool handed over (``create``: created now), would not end
+        before the room must be free (``hold``'s contract). None: not held back."""
+        r = self.cluster.reservation
+        if r is None or not self.queue.reservation_waiters:
+            return None
+        h = hold.hold_for(self.queue, r, self.now, self.settings, t)
+        if h is None:
+            return None
+        by = hold.shadow(h, r, self.queue.reservation_occupants, self.queue.cluster, self.now, self.settings)
+        return None if hold.ends_in_time(t, by, self.now, self.settings, create) else h
+
+    def reservation_short(self, t: QueueTask) -> bool:
+        """``t`` is held back and the reservation has fewer free hosts than the held room:
+        no reservation pool is handed to it."""
+        return hold.short(self.held_back(t, create=False), self.cluster.reservation)
+
+    def reservation_pool_wanted(self) -> bool:
+        """Whether a reservation pool released or idle now is kept for the task next in
+        line for it (an acquiring task, else the next pick): always, unless a hold is short
+        of room and that task would be held back (then the pool is deleted, ``hold``)."""
+        r = self.cluster.reservation
+        if r is None or not self.queue.reservation_waiters or not hold.short(hold.hold_for(self.queue, r, self.now, self.settings), r):
+            return True
+        nxt = scheduling.pick_next(self.waiting_heads(), self.queue.last_granted) if self.waiting_count() else None
+        takers = [t for t in self.acquiring if t.id in self.demand] + ([nxt] if nxt is not None else [])
+        return any(not self.reservation_short(t) for t in takers)
+
     def unclaimed_idle(self) -> int:
         return sum(1 for l in self.idle if l.id not in self.claimed)
 
@@ -198,13 +231,15 @@ class Decision:
     def release(self, lease: Lease, holder: int | None) -> list[Effect]:
         """The deprovisioning decision for a pool its task no longer needs: keep it Idle
         while more tasks of its topology wait for a pool than there are idle pools (unless
-        ``idle_pool_handover`` is off), or for its keep-alive window (``pools.kept_alive``)."""
+        ``idle_pool_handover`` is off; a reservation pool only while the reservation hold
+        lets the task next in line for it have it: ``reservation_pool_wanted``), or for its
+        keep-alive window (``pools.kept_alive``)."""
         st = lease.state
         if st not in lc.LEASE_HELD:
             return []
         want = len(self.demand) - (holder in self.demand) - (self.unclaimed_idle() + self.kept)
         q, s = self.queue, self.settings
-        wanted = want > 0 and s.idle_pool_handover
+        wanted = want > 0 and s.idle_pool_handover and (lease.supply_mode != SupplyMode.RESERVATION or self.reservation_pool_wanted())
         alive = kept_alive(s, lease, self.now, active=q.cluster_active, other_topology_waiting=q.other_topology_waiting)
         if q.cluster_active and st != LeaseState.REQUESTED and (wanted or alive):
             self.kept += 1

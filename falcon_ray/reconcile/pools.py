@@ -6,8 +6,9 @@ Contract
 goes through keep-or-delete; an idle pool whose create its task abandoned is followed
 until the create finishes (then it may be handed over) or fails or times out (then it
 is deleted); an idle pool is deleted when fewer tasks would take one than there are
-idle pools and its keep-alive window has passed (``kept_alive``), or when the cluster left
-service; a Deleting lease is
+idle pools and its keep-alive window has passed (``kept_alive``), when the cluster left
+service, or, for a reservation pool, when the reservation hold keeps the task next in line
+for it out of the held room (``hold``; ``Decision.reservation_pool_wanted``); a Deleting lease is
 followed until GKE says the pool is gone (never before the create-visibility grace
 for flex-start pools, which may read as 404 for a while after their create), and a
 delete that keeps failing is counted on the lease and, past
@@ -96,9 +97,10 @@ def idle_create_ended(d: Decision, lease: Lease) -> bool:
 
 def idle_unwanted(d: Decision, lease: Lease) -> None:
     q = d.queue
-    if q.cluster_active and len(d.demand) >= d.unclaimed_idle():
+    held = lease.supply_mode == SupplyMode.RESERVATION and not d.reservation_pool_wanted()  # its hosts go to a held room
+    if not held and q.cluster_active and len(d.demand) >= d.unclaimed_idle():
         return
-    if kept_alive(d.settings, lease, d.now, active=q.cluster_active, other_topology_waiting=q.other_topology_waiting):
+    if not held and kept_alive(d.settings, lease, d.now, active=q.cluster_active, other_topology_waiting=q.other_topology_waiting):
         return
     d.claimed.add(lease.id)  # take it out of the pool of idle ones
     d.add(

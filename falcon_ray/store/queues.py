@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Iterable
 
 import sqlalchemy as sa
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Status
-from falcon_ray.model import Cluster, Lease, Task
+from falcon_ray.model import Cluster, Lease, ReservationOccupant, ReservationWaiter, Task
+from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS, SupplyMode
 from falcon_ray.store import tables as t
 from falcon_ray.store.core import StoreCore, field_columns, one_of, row_values
 from falcon_ray.store.registry import registry_select
@@ -51,6 +53,26 @@ class QueueRead:
     last_granted: str | None  # None: not read (``with_granted`` False)
     seq: int
     entries: dict[int, tuple[dt.datetime | None, bool]] = dataclasses.field(default_factory=dict)
+
+
+def _supply_mode(spec_text: str | None) -> str | None:
+    """The supply mode a task's spec names (None: none, or a spec that does not parse)."""
+    try:
+        spec = json.loads(spec_text or "{}")
+    except ValueError:
+        return None
+    mode = spec.get("supply_mode") if isinstance(spec, dict) else None
+    return mode if isinstance(mode, str) else None
+
+
+def _timeout_s(spec_text: str | None) -> int:
+    """The run limit a task's spec names (the spec's default when it names none or does not parse)."""
+    try:
+        spec = json.loads(spec_text or "{}")
+    except ValueError:
+        spec = {}
+    value = spec.get("timeout_seconds") if isinstance(spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_TIMEOUT_SECONDS
 
 
 def _no_entry():
@@ -255,6 +277,49 @@ class QueueStore(StoreCore):
             .limit(1)
         ), {"other_cluster": cluster_id, "other_topology": topology})  # fmt: skip
         return bool(rows)
+
+    def reservation_waiters(self, cluster_id: str) -> list[ReservationWaiter]:
+        """The cluster's ClusterBusy tasks (at most one a queue: ClusterBusy holds the
+        queue's slot), each with its queue's topology, its submission time, the supply mode
+        its spec names and when it entered ClusterBusy (the newest such event), in
+        submission order: what the reservation hold reads (``reconcile.hold``). One
+        statement; the spec is read for these few rows only."""
+        j, m, e = t.jobs, t.task_queue, t.task_events
+        cid = sa.bindparam("waiters_cluster", type_=m.c.cluster_id.type)
+        busy = lc.CLUSTER_BUSY
+        rows = self._read_built(("reservation waiters",), lambda: (
+            sa.select(
+                j.c.id, m.c.topology, j.c.created_at, j.c.spec,
+                sa.type_coerce(
+                    sa.select(sa.func.max(e.c.at))
+                    .where(e.c.task_id == j.c.id, e.c.status == busy.status.value, e.c.reason == busy.reason.value)
+                    .scalar_subquery(),
+                    e.c.at.type,
+                ),
+            )
+            .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
+            .where(j.c.cluster_id == cid, m.c.cluster_id == cid, j.c.status == busy.status.value, j.c.reason == busy.reason.value)
+            .order_by(j.c.created_at, j.c.id)
+        ), {"waiters_cluster": cluster_id})  # fmt: skip
+        return [ReservationWaiter(r[0], r[1], r[2], _supply_mode(r[3]), r[4]) for r in rows]
+
+    def reservation_occupants(self, cluster_id: str) -> list[ReservationOccupant]:
+        """The cluster's reservation pools that hold hosts (``LEASE_HOLDS_RESERVATION``, and
+        the ones being deleted, whose nodes GKE counts until they are gone), each with its
+        live task's Job submission time and timeout (its spec's), in lease order:
+        when each pool comes free at the latest, for the reservation hold's backfill
+        (``reconcile.hold``). One statement, over the cluster's lease rows."""
+        L, j = t.node_pool_leases, t.jobs
+        cid = sa.bindparam("occupants_cluster", type_=L.c.cluster_id.type)
+        live = [x.value for x in lc.NON_TERMINAL]
+        holding = [x.value for x in (*lc.LEASE_HOLDS_RESERVATION, LeaseState.DELETING)]  # a deleting pool's nodes still count
+        rows = self._read_built(("reservation occupants",), lambda: (
+            sa.select(L.c.name, L.c.topology, j.c.id, j.c.dispatched_at, j.c.spec)
+            .select_from(L.outerjoin(j, sa.and_(j.c.id == L.c.task_id, one_of(j.c.status, live))))
+            .where(L.c.cluster_id == cid, L.c.supply_mode == SupplyMode.RESERVATION.value, one_of(L.c.state, holding))
+            .order_by(L.c.id)
+        ), {"occupants_cluster": cluster_id})  # fmt: skip
+        return [ReservationOccupant(r[0], r[1], r[2], r[3], _timeout_s(r[4])) for r in rows]
 
     GRANTED_LOOKBACK = dt.timedelta(days=1)  # how far back the last granted actor is looked for
 

@@ -309,3 +309,29 @@ def test_two_processes_with_different_hash_seeds_give_the_same_report(tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         reports.append(_without_wall(json.loads(out.read_text())))
     assert reports[0] == reports[1]
+
+
+def test_a_slice_as_large_as_the_reservation_is_not_starved_by_a_stream_of_smaller_ones():
+    """A 16-host reservation, a 2x2 / 2x4 / 4x4 task every 5 minutes for 6 hours (more than
+    it holds, so some always wait), and one 8x8, which needs all 16 hosts free at once. Each
+    queue hands its pools to its own next task, so hosts never all come free while the
+    stream lasts: without the reservation hold the 8x8 waits for the stream's end. With it
+    (``reservation_hold_after_s``, 30 minutes), once it has waited that long newer tasks of
+    the other topologies claim nothing and keep no pool for hand-over, the hosts come free
+    as their runs (40 minutes) end, and it starts."""
+    fleet = {"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 16}, chips=0)]}
+    shapes = ["2x2", "2x4", "4x4"]
+    tasks = [_task(i, 300.0 * i, 2400.0, shapes[i % 3]) for i in range(72)]
+    tasks.append(_task(99, 3600.0, 1800.0, "8x8"))
+
+    def big_start(settings: Settings) -> tuple[float, dict]:
+        report, _ = _run(fleet, tasks, settings=settings)
+        assert report["outcomes"] == {"Succeeded": 73} and not any(report["invariants"].values())
+        return report["time_to_running_s"]["topology"]["v6e/8x8"]["p50"], report
+
+    held, report = big_start(Settings())
+    starved, _ = big_start(Settings(reservation_hold_after_s=None))
+    run_s, create_s = 2400.0, CREATE_S + REGISTER_S + POD_START_S
+    assert held <= 1800.0 + run_s + DELETE_S + create_s + 600.0, held  # hold, the drain, its create; 10 min of steps
+    assert starved >= 5 * 3600.0 - 3600.0, starved  # until the stream's last runs ended
+    assert report["time_to_running_s"]["topology"]["v6e/2x2"]["n"] == 24

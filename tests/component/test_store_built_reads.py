@@ -215,3 +215,29 @@ def test_fleet_load_reads_the_depth_and_idle_pools_of_now(store, fleet):
     assert store.move_lease(lease.id, LeaseState.READY, LeaseState.IDLE)
     assert store.request_abort(lease.task_id)
     assert store.fleet_load() == ({east.id: 6, west.id: 5}, {(west.id, "2x4"): 1})
+
+
+def test_the_reservation_holds_reads_name_each_clusters_own_busy_tasks_and_reservation_pools(store, fleet):
+    """``reservation_waiters``: the cluster's ClusterBusy tasks with their queue's topology,
+    spec supply mode and ClusterBusy entry; ``reservation_occupants``: its reservation pools
+    that hold hosts or are being deleted, with their live task's submission and timeout."""
+    east, west = fleet["east"], fleet["west"]
+    busy = store.submit_task("east-busy", {"tpu_type": "v6e", "topology": "2x4", "image": "img:1", "supply_mode": "reservation", "timeout_seconds": 7200})
+    assert store.transition(busy, lc.NEW, lc.WAITING, "queued", cluster_id=east.id, topology="2x4")
+    assert store.transition(busy, lc.WAITING, lc.PROVISIONING, "picked")
+    assert store.transition(busy, lc.PROVISIONING, lc.CLUSTER_BUSY, "no room")
+    for _ in range(2):  # the second time from the cached statements
+        (w,) = store.reservation_waiters(east.id)
+        assert (w.task_id, w.topology, w.supply_mode) == (busy, "2x4", "reservation") and w.since is not None
+        assert store.reservation_waiters(west.id) == []
+    pool = store.create_lease(east.id, "2x4", "falcon-east-busy", "reservation", busy)
+    store.create_lease(east.id, "2x2", "falcon-east-free", "reservation", None)
+    gone = store.create_lease(east.id, "2x2", "falcon-east-deleting", "reservation", None)
+    assert store.move_lease(gone.id, LeaseState.REQUESTED, LeaseState.DELETING)
+    store.create_lease(west.id, "2x2", "falcon-west-res", "reservation", None)
+    for _ in range(2):
+        got = {o.pool: o for o in store.reservation_occupants(east.id)}
+        assert set(got) == {"falcon-east-busy", "falcon-east-free", "falcon-east-deleting"}  # not flex-start, not west
+        assert (got[pool.name].task_id, got[pool.name].timeout_s, got[pool.name].dispatched_at) == (busy, 7200, None)
+        assert got["falcon-east-free"].task_id is None and got["falcon-east-free"].timeout_s > 0
+        assert [o.pool for o in store.reservation_occupants(west.id)] == ["falcon-west-res"]

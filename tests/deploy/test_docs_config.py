@@ -57,6 +57,7 @@ UNITS: dict[str, str] = {
     "capacity_retry_factor": "factor",
     "capacity_retry_max_s": "seconds",
     "capacity_budget_s": "seconds",
+    "reservation_hold_after_s": "seconds (null: never)",
     "submit_budget_s": "seconds",
     "idle_pool_handover": "true or false",
     "keep_idle_reservation_s": "seconds",

@@ -17,6 +17,7 @@ PLAUSIBLE = {
     "history": "#1 maintenance on node gke-n-1 at 2026-12-01 10:42:00 UTC (drained)",
     "kind": "maintenance",
     "n": 1,
+    "task": 258,
     "node": "gke-edge-a-falcon-t42-2x4-0",
     "why": "node pool falcon-t42-2x4 is gone",
     "at": "2026-12-01 10:42",

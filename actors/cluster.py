@@ -692,7 +692,7 @@ class ClusterGateway:
                 return
             self.conn.last_ok["compute"] = self.clock.time()
             self.reservation.error = None
-            foreign = ledger.foreign_hosts(r.in_use, self._lease_rows(fresh=False), registered)
+            foreign = ledger.foreign_hosts(r.in_use, c.tpu_type, self._lease_rows(fresh=False))
             self.reservation.reading = ReservationView(r.count, r.in_use, machine_type=r.machine_type, foreign=foreign)
             self.reservation.zone = zone
             self.reservation.registered = registered

@@ -73,6 +73,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "; {hosts} host(s) of reservation {reservation} are held for task {task} ({topology}), waiting for them since {since} UTC: tasks of other topologies submitted after it take only the room beyond that",
         ";reservation {reservation} 的 {hosts} 台主机正为任务 {task} ({topology}) 保留,它自 {since} UTC 起等待这些主机: 在它之后提交的其他拓扑任务只能使用超出部分",
     ),
+    "reservation_holding": (
+        "; its {hosts} host(s) are held for it against newer tasks of other topologies, free by {by} UTC at the latest (the run limits of the tasks on them)",
+        ";它所需的 {hosts} 台主机已为它保留,不再分给之后提交的其他拓扑任务,最迟 {by} UTC 空出 (按其上任务的运行时限)",
+    ),
     "capacity_wait": (
         "No capacity for the node pool right now (supply: {supply}, refusal {refusals}), asking GKE again at {retry} UTC: {detail}",
         "当前没有可用容量创建 node pool (supply: {supply},第 {refusals} 次被拒),{retry} UTC 再次向 GKE 请求: {detail}",

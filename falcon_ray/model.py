@@ -459,6 +459,8 @@ class ReservationOccupant:
     task_id: int | None
     dispatched_at: dt.datetime | None
     timeout_s: int
+    created_at: dt.datetime  # the lease row's: a pool being created comes up by the node-pool timeout after it
+    updated_at: dt.datetime  # the lease row's last move: a pool with no live task is deleted from then on
 
 
 # --- what the database says about one queue -------------------------------------------------

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from falcon_ray import tpu
-from falcon_ray.lifecycle import LEASE_HOLDS_RESERVATION
+from falcon_ray.lifecycle import LEASE_HOLDS_RESERVATION, LeaseState
 from falcon_ray.model import Lease
 from falcon_ray.spec import SupplyMode
 
@@ -119,11 +119,17 @@ def claimed_hosts(
     return total + sum(g.hosts for name, g in grants.items() if name not in carried and name != exclude)
 
 
-def foreign_hosts(in_use: int, leases: Iterable[Lease], registered: Mapping[str, int]) -> int:
+def foreign_hosts(in_use: int, tpu_type: str, leases: Iterable[Lease]) -> int:
     """Hosts of the reservation in use by nodes outside Falcon's reservation pools (another
-    node pool or another user of a shared reservation): ``in_use`` less the registered
-    nodes of Falcon's pools, listed no later than the reservation was read."""
-    own = sum(registered.get(lease.name, 0) for lease in leases if lease.supply_mode == SupplyMode.RESERVATION)
+    node pool, or another user of a shared reservation): ``in_use`` less the whole shape of
+    every Falcon reservation pool that holds hosts or is being deleted. A pool's VMs count
+    in ``in_use`` before its nodes register, so counting its registered nodes instead
+    would take a pool being created for someone else's."""
+    own = sum(
+        pool_hosts(tpu_type, lease.topology) or 0
+        for lease in leases
+        if lease.supply_mode == SupplyMode.RESERVATION and (lease.state in LEASE_HOLDS_RESERVATION or lease.state == LeaseState.DELETING)
+    )
     return max(0, in_use - own)
 
 

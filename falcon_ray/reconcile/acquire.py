@@ -53,7 +53,7 @@ from falcon_ray.model import (
     PoolView,
     QueueTask,
 )
-from falcon_ray.reconcile import capacity, dispatch, finish, move
+from falcon_ray.reconcile import capacity, dispatch, finish, hold, move
 from falcon_ray.reconcile.context import Decision, fmt_limit, stamp
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -210,6 +210,10 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     if held is not None:
         w = held.waiter
         text += d.msg("reservation_held", hosts=held.hosts, reservation=name, task=w.task_id, topology=w.topology, since=stamp(w.since or d.now))
+    elif (own := hold.holding(d.queue, r, d.now, d.settings, t)) is not None:
+        by = hold.shadow(own, r, d.queue.reservation_occupants, d.queue.cluster, d.now, d.settings)
+        if by is not None:
+            text += d.msg("reservation_holding", hosts=own.hosts, by=stamp(max(by, d.now)))
     if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.settings, d.phase_age_s(t)):
         limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.settings) or 0)
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=d.msg("reservation_wait_over", limit=limit) + text))

@@ -22,14 +22,18 @@ reservation a v6e 8x8 needs every host). The hold bounds that wait:
 - the room comes free at the latest at the *shadow* time (``shadow``): the reservation's
   hosts outside Falcon's pools plus those of its pools (``QueueState.reservation_occupants``:
   every reservation pool that holds hosts or is being deleted) in the order their runs must
-  end (a Job's submission plus its task's timeout; a pool being created, now plus the
-  node-pool timeout plus the timeout; a pool with no live task, now), each plus
-  ``RELEASE_S`` for its delete, first reaching the held room. It is counted from the pools'
+  end (a Job's submission plus its task's timeout; a pool being created, its row's
+  creation plus the node-pool timeout plus the timeout; a pool with no live task, its row's
+  last move), each plus ``RELEASE_S`` for its delete, first reaching the held room; from
+  the rows alone, so it does not move as time passes (it may be past: then the room is
+  due now, and nobody backfills). It is counted from the pools'
   rows, not from GKE's ``inUseCount``, which is read less often and lags the deletes; the
   hosts of nodes outside Falcon's pools (``ReservationView.foreign``: another node pool, or
   another user of a shared reservation) only their owner frees, so they never count as
   coming free. None when without them the room cannot be made: nothing is held back then,
   as holding would gain the waiter nothing;
+- the waiter's own ClusterBusy Message says that its room is held and by when it is free at
+  the latest (``holding``);
 - a reservation task the hold applies to creates a pool when the reservation has room for
   its slice beyond the held room, or when its run ends before the shadow time even if it
   is created now (``ends_in_time``); otherwise it stays ClusterBusy and its Message says
@@ -108,23 +112,31 @@ def hold_for(q: QueueState, r: ReservationView | None, now: dt.datetime, setting
     return hold_over(q.reservation_waiters, q.cluster, q.topology, r, now, settings, before)
 
 
+def holding(q: QueueState, r: ReservationView | None, now: dt.datetime, settings: Settings, task: QueueTask) -> Hold | None:
+    """The hold ``task`` itself has (it is the first waiter), for its Message."""
+    h = hold_over(q.reservation_waiters, q.cluster, "", r, now, settings)
+    return h if h is not None and h.waiter.task_id == task.id else None
+
+
 def short(hold: Hold | None, r: ReservationView | None) -> bool:
     """The reservation has fewer free hosts than the held room."""
     return hold is not None and r is not None and r.free < hold.hosts
 
 
-def freed_by(o: ReservationOccupant, now: dt.datetime, settings: Settings) -> dt.datetime:
-    """When the occupant's hosts are back in the reservation at the latest (the contract)."""
+def freed_by(o: ReservationOccupant, settings: Settings) -> dt.datetime:
+    """When the occupant's hosts are back in the reservation at the latest (the contract),
+    from its rows alone, so the answer does not move as time passes."""
+    release = dt.timedelta(seconds=RELEASE_S)
     if o.task_id is None:
-        return now + dt.timedelta(seconds=RELEASE_S)
-    start = o.dispatched_at or now + dt.timedelta(seconds=settings.node_pool_timeout_s)
-    return max(now, start + dt.timedelta(seconds=o.timeout_s)) + dt.timedelta(seconds=RELEASE_S)
+        return o.updated_at + release
+    start = o.dispatched_at or o.created_at + dt.timedelta(seconds=settings.node_pool_timeout_s)
+    return start + dt.timedelta(seconds=o.timeout_s) + release
 
 
 def shadow(hold: Hold, r: ReservationView, occupants: tuple[ReservationOccupant, ...], cluster: Cluster, now: dt.datetime, settings: Settings) -> dt.datetime | None:
     """The latest time the held room is free (the contract); None: with the hosts other
     owners hold, it cannot be."""
-    pools = sorted((freed_by(o, now, settings), _hosts(cluster, o.topology) or 0) for o in occupants)
+    pools = sorted((freed_by(o, settings), _hosts(cluster, o.topology) or 0) for o in occupants)
     free = r.count - r.foreign - sum(hosts for _, hosts in pools)
     if free >= hold.hosts:
         return now
@@ -151,4 +163,4 @@ def _hosts(cluster: Cluster, topology: str) -> int | None:
         return None
 
 
-__all__ = ["LARGE", "RELEASE_S", "Hold", "ends_in_time", "freed_by", "hold_for", "hold_over", "shadow", "short"]
+__all__ = ["LARGE", "RELEASE_S", "Hold", "ends_in_time", "freed_by", "hold_for", "hold_over", "holding", "shadow", "short"]

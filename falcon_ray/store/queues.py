@@ -314,12 +314,12 @@ class QueueStore(StoreCore):
         live = [x.value for x in lc.NON_TERMINAL]
         holding = [x.value for x in (*lc.LEASE_HOLDS_RESERVATION, LeaseState.DELETING)]  # a deleting pool's nodes still count
         rows = self._read_built(("reservation occupants",), lambda: (
-            sa.select(L.c.name, L.c.topology, j.c.id, j.c.dispatched_at, j.c.spec)
+            sa.select(L.c.name, L.c.topology, j.c.id, j.c.dispatched_at, j.c.spec, L.c.created_at, L.c.updated_at)
             .select_from(L.outerjoin(j, sa.and_(j.c.id == L.c.task_id, one_of(j.c.status, live))))
             .where(L.c.cluster_id == cid, L.c.supply_mode == SupplyMode.RESERVATION.value, one_of(L.c.state, holding))
             .order_by(L.c.id)
         ), {"occupants_cluster": cluster_id})  # fmt: skip
-        return [ReservationOccupant(r[0], r[1], r[2], r[3], _timeout_s(r[4])) for r in rows]
+        return [ReservationOccupant(r[0], r[1], r[2], r[3], _timeout_s(r[4]), r[5], r[6]) for r in rows]
 
     GRANTED_LOOKBACK = dt.timedelta(days=1)  # how far back the last granted actor is looked for
 

@@ -18,6 +18,7 @@ PLAUSIBLE = {
     "kind": "maintenance",
     "n": 1,
     "task": 258,
+    "by": "2026-12-03 18:00",
     "node": "gke-edge-a-falcon-t42-2x4-0",
     "why": "node pool falcon-t42-2x4 is gone",
     "at": "2026-12-01 10:42",

@@ -108,3 +108,12 @@ ZONES = [
 @pytest.mark.parametrize(("situation", "named", "zones", "last", "order"), ZONES, ids=[z[0] for z in ZONES])
 def test_where_the_reservation_is_read(situation, named, zones, last, order):
     assert search_zones(named, zones, last) == order
+
+
+def test_foreign_hosts_are_in_use_beyond_the_whole_shape_of_falcons_reservation_pools():
+    from falcon_ray.nodepools.ledger import foreign_hosts
+
+    rows = [lease("a", L.CREATING, "4x4"), lease("b", L.DELETING, "2x2"), lease("c", L.DELETED, "2x4"), lease("d", L.IN_USE, "4x8", FLEX)]
+    assert foreign_hosts(5, "v6e", rows) == 0  # a 4x4 being created (4 VMs, no node yet) and a deleting 2x2
+    assert foreign_hosts(7, "v6e", rows) == 2  # two VMs of nobody Falcon knows
+    assert foreign_hosts(0, "v6e", rows) == 0

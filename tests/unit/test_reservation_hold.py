@@ -16,7 +16,7 @@ from falcon_ray.model import (
     ReservationView,
     ReservationWaiter,
 )
-from falcon_ray.reconcile import CreateLease, DeletePool, MoveLease, Transition, decide
+from falcon_ray.reconcile import CreateLease, DeletePool, MoveLease, Transition, UpdateTask, decide
 from falcon_ray.reconcile.hold import RELEASE_S, hold_for, hold_over, shadow, short
 from falcon_ray.scheduling import move_target
 from tests.unit.test_reconcile import NOW, cluster, effects, lease, spec, state, task, transitions
@@ -67,7 +67,8 @@ def test_short_while_fewer_hosts_are_free_than_the_room_held():
 
 def occupant(pool: str = "falcon-t1-4x8", topology: str = "4x8", task_id: int | None = 1, ran_s: float = 3600, timeout_s: int = 36000) -> ReservationOccupant:
     """A reservation pool whose task's Job was submitted ``ran_s`` ago with a ``timeout_s`` limit."""
-    return ReservationOccupant(pool, topology, task_id, NOW - dt.timedelta(seconds=ran_s), timeout_s)
+    at = NOW - dt.timedelta(seconds=ran_s)
+    return ReservationOccupant(pool, topology, task_id, at, timeout_s, at, at)
 
 
 BUSY = (occupant(),)  # 8 hosts in use until 9 h from now at the latest
@@ -109,11 +110,10 @@ def test_the_shadow_is_when_enough_pools_must_have_given_their_hosts_back():
     occupants = (occupant("a", "4x4", 1, ran_s=0, timeout_s=3600), occupant("b", "4x4", 2, ran_s=0, timeout_s=7200), occupant("c", "4x4", 3, ran_s=0, timeout_s=10800))
     r = ReservationView(count=16, in_use=12)  # 4 free; 12 in the three pools
     assert shadow(h, r, occupants, cluster(), NOW, S) == NOW + dt.timedelta(seconds=10800 + RELEASE_S)
-    idle = (occupant("i", "4x8", None),)  # no live task: back once deleted
+    idle = (occupant("i", "4x8", None, ran_s=0),)  # no live task since now: back once deleted
     assert shadow(h, ReservationView(count=16, in_use=8), idle, cluster(), NOW, S) == NOW + dt.timedelta(seconds=RELEASE_S)
-    creating = occupant("p", "4x8", 4, timeout_s=3600)
-    creating = ReservationOccupant(creating.pool, creating.topology, 4, None, 3600)
-    expected = NOW + dt.timedelta(seconds=S.node_pool_timeout_s + 3600 + RELEASE_S)
+    creating = ReservationOccupant("p", "4x8", 4, None, 3600, NOW - dt.timedelta(seconds=60), NOW)  # asked for a minute ago
+    expected = NOW + dt.timedelta(seconds=S.node_pool_timeout_s - 60 + 3600 + RELEASE_S)
     assert shadow(h, ReservationView(count=16, in_use=0, claimed=8), (creating,), cluster(), NOW, S) == expected
     assert shadow(h, ReservationView(count=16, in_use=16), (), cluster(), NOW, S) == NOW  # in_use lags: the rows decide
     assert shadow(h, ReservationView(count=16, in_use=12, foreign=4), occupants[:2], cluster(), NOW, S) is None  # never 16 free
@@ -153,3 +153,13 @@ def test_hold_for_reads_the_queues_waiters_and_the_task():
     q = state([], reservation_waiters=(waiter(2),))
     assert hold_for(q, R16, NOW, S) is not None
     assert hold_for(q, R16, NOW, S, task(9, age_s=9000)) is None
+
+
+def test_the_waiters_own_message_says_its_room_is_held_and_free_by_when():
+    waiting = task(2, phase=lc.CLUSTER_BUSY, age_s=7200, in_phase_s=3600, topology="8x8")
+    q = state([waiting], reservation_waiters=(waiter(2),), reservation_occupants=BUSY12)
+    g = decide(q, ClusterView(reservation=ReservationView(count=16, in_use=12)), NOW, S)
+    (upd,) = effects(g, UpdateTask)
+    by = (NOW + dt.timedelta(seconds=36000 - 3600 + RELEASE_S)).strftime("%Y-%m-%d %H:%M")  # the 4x8's limit
+    assert f"its 16 host(s) are held for it against newer tasks of other topologies, free by {by} UTC" in upd.message
+    assert "waiting since" in upd.message

@@ -122,6 +122,7 @@ class QueueReconciler:
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
         self.waiters_at: tuple[float, tuple[ReservationWaiter, ...]] = (-DESTINATIONS_TTL_S, ())
         self.occupants_at: tuple[float, tuple[ReservationOccupant, ...]] = (-DESTINATIONS_TTL_S, ())
+        self.waiters_due = -float("inf")  # monotonic time before which the kept waiters answer (no hold can begin)
         self.read_every_step = True  # False: a step's first round reads only when must_read or hinted
         self.rows_hinted = False  # rows_changed() was called since the last read
 
@@ -394,7 +395,11 @@ class QueueReconciler:
         read only where a hold can change this queue's decision (the cluster has a
         reservation, holds are on, and the queue has a Waiting or acquiring task, which may
         claim room or be handed a pool, or an idle reservation pool, which may be kept),
-        at most once a second."""
+        at most once a second, and not again before a hold could begin: a read that found
+        no waiter of ``reservation_hold_after_s`` yet answers until the first of its waiters
+        could have waited that long, or that long after the read (a task that turns
+        ClusterBusy later holds nothing before then), so a queue of a cluster without a long
+        wait reads it once per ``reservation_hold_after_s``."""
         if self.s.reservation_hold_after_s is None or not cluster.default_reservation:
             return ()
         if not (
@@ -404,8 +409,12 @@ class QueueReconciler:
         ):
             return ()
         now = self.clock.monotonic()
-        if now - self.waiters_at[0] >= DESTINATIONS_TTL_S:
-            self.waiters_at = (now, tuple(self.store.reservation_waiters(cluster.id)))
+        if now - self.waiters_at[0] >= DESTINATIONS_TTL_S and now >= self.waiters_due:
+            waiters = tuple(self.store.reservation_waiters(cluster.id))
+            self.waiters_at = (now, waiters)
+            after, now_dt = self.s.reservation_hold_after_s, self.clock.now()
+            starts = [now_dt + dt.timedelta(seconds=after)] + [w.since + dt.timedelta(seconds=after) for w in waiters if w.since is not None]
+            self.waiters_due = now + max(0.0, (min(starts) - now_dt).total_seconds())  # no hold can begin before
         return self.waiters_at[1]
 
     def _reservation_occupants(self, cluster: Cluster, waiters: tuple[ReservationWaiter, ...]) -> tuple[ReservationOccupant, ...]:

@@ -360,6 +360,8 @@ class QueueReconciler:
         slot = (lc.Reason.WAITING, *(p.reason for p in lc.ACQUIRING_PHASES))
         claimants = self.store.queue_claimants([c.id for c in others], slot)
         busy = next(t for t in tasks.held if t.phase == lc.CLUSTER_BUSY)  # the slot's holder: one at most
+        on = self.s.reservation_hold_after_s is not None
+        waiters = self.store.reservation_waiters_of(c.id for c in others if c.default_reservation) if on else {}
         out = []
         for c in others:
             idle = tuple(
@@ -376,17 +378,14 @@ class QueueReconciler:
                     r = None
                 if r is not None:
                     free, machine = r.free, r.machine_type
-                    held = self._held_there(c, r, busy)
+                    held = self._held_there(c, r, busy, tuple(waiters.get(c.id, ())))
             out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine, held))
         self.destinations_at = (now, tuple(out))
         return self.destinations_at[1]
 
-    def _held_there(self, c: Cluster, r: ReservationView, t: QueueTask) -> int:
+    def _held_there(self, c: Cluster, r: ReservationView, t: QueueTask, waiters: tuple[ReservationWaiter, ...]) -> int:
         """The room of cluster ``c``'s reservation held for a task submitted before ``t``
-        (``reconcile.hold``): ``t`` moved there would be held back by it."""
-        if self.s.reservation_hold_after_s is None:
-            return 0
-        waiters = tuple(self.store.reservation_waiters(c.id))
+        (``reconcile.hold``, from ``c``'s ClusterBusy tasks): ``t`` moved there would be held back by it."""
         h = hold.hold_over(waiters, c, self.topology, r, self.clock.now(), self.s, before=(t.created_at, t.id))
         return h.hosts if h is not None else 0
 

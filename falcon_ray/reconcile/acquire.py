@@ -200,9 +200,8 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         return False
     head = scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed)
     held = d.held_back(t, create=True)  # room an older task of another topology waits for (hold)
-    if held is None and head.enough:
-        return True
-    if held is not None and scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed + held.hosts).enough:
+    beyond = head if held is None else scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=r.claimed + held.hosts)
+    if beyond.enough:
         return True
     if move.move(d, t):  # another cluster can start it now with the same supply
         return False

@@ -57,7 +57,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from falcon_ray import tpu
 from falcon_ray.config import Settings
 from falcon_ray.model import (
     Cluster,
@@ -67,6 +66,7 @@ from falcon_ray.model import (
     ReservationView,
     ReservationWaiter,
 )
+from falcon_ray.nodepools.ledger import pool_hosts
 from falcon_ray.spec import SupplyMode
 
 LARGE = 0.5  # a slice holds room when it needs at least this share of the reservation's hosts
@@ -100,7 +100,7 @@ def hold_over(
             continue
         if (w.supply_mode or SupplyMode.RESERVATION.value) != SupplyMode.RESERVATION.value:
             continue
-        hosts = _hosts(cluster, w.topology)
+        hosts = pool_hosts(cluster.tpu_type, w.topology)
         if hosts is not None and LARGE * r.count <= hosts <= r.count:
             return Hold(w, hosts)
     return None
@@ -136,7 +136,7 @@ def freed_by(o: ReservationOccupant, settings: Settings) -> dt.datetime:
 def shadow(hold: Hold, r: ReservationView, occupants: tuple[ReservationOccupant, ...], cluster: Cluster, now: dt.datetime, settings: Settings) -> dt.datetime | None:
     """The latest time the held room is free (the contract); None: with the hosts other
     owners hold, it cannot be."""
-    pools = sorted((freed_by(o, settings), _hosts(cluster, o.topology) or 0) for o in occupants)
+    pools = sorted((freed_by(o, settings), pool_hosts(cluster.tpu_type, o.topology) or 0) for o in occupants)
     free = r.count - r.foreign - sum(hosts for _, hosts in pools)
     if free >= hold.hosts:
         return now
@@ -154,13 +154,6 @@ def ends_in_time(t: QueueTask, by: dt.datetime | None, now: dt.datetime, setting
         return True
     start = now + dt.timedelta(seconds=settings.node_pool_timeout_s if create else 0.0)
     return start + dt.timedelta(seconds=t.spec.timeout_seconds + RELEASE_S) <= by
-
-
-def _hosts(cluster: Cluster, topology: str) -> int | None:
-    try:
-        return tpu.lookup(cluster.tpu_type, topology).hosts
-    except tpu.UnknownShape:
-        return None
 
 
 __all__ = ["LARGE", "RELEASE_S", "Hold", "ends_in_time", "freed_by", "hold_for", "hold_over", "holding", "shadow", "short"]

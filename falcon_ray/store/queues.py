@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 from collections.abc import Iterable
 
 import sqlalchemy as sa
@@ -29,7 +28,7 @@ import sqlalchemy as sa
 from falcon_ray import lifecycle as lc
 from falcon_ray.lifecycle import LeaseState, Status
 from falcon_ray.model import Cluster, Lease, ReservationOccupant, ReservationWaiter, Task
-from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS, SupplyMode
+from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS, SpecError, SupplyMode, TaskSpec, parse_spec
 from falcon_ray.store import tables as t
 from falcon_ray.store.core import StoreCore, field_columns, one_of, row_values
 from falcon_ray.store.registry import registry_select
@@ -55,24 +54,13 @@ class QueueRead:
     entries: dict[int, tuple[dt.datetime | None, bool]] = dataclasses.field(default_factory=dict)
 
 
-def _supply_mode(spec_text: str | None) -> str | None:
-    """The supply mode a task's spec names (None: none, or a spec that does not parse)."""
+def _spec_of(spec_text: str | None) -> TaskSpec | None:
+    """A task's spec as the queue reads it (``parse_spec``); None for one that does not
+    parse (the queue fails such a task; here it holds nothing and has the default limit)."""
     try:
-        spec = json.loads(spec_text or "{}")
-    except ValueError:
+        return parse_spec(spec_text or "{}")
+    except SpecError:
         return None
-    mode = spec.get("supply_mode") if isinstance(spec, dict) else None
-    return mode if isinstance(mode, str) else None
-
-
-def _timeout_s(spec_text: str | None) -> int:
-    """The run limit a task's spec names (the spec's default when it names none or does not parse)."""
-    try:
-        spec = json.loads(spec_text or "{}")
-    except ValueError:
-        spec = {}
-    value = spec.get("timeout_seconds") if isinstance(spec, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_TIMEOUT_SECONDS
 
 
 def _no_entry():
@@ -279,17 +267,23 @@ class QueueStore(StoreCore):
         return bool(rows)
 
     def reservation_waiters(self, cluster_id: str) -> list[ReservationWaiter]:
-        """The cluster's ClusterBusy tasks (at most one a queue: ClusterBusy holds the
+        """The cluster's ClusterBusy tasks (``reservation_waiters_of``)."""
+        return self.reservation_waiters_of([cluster_id]).get(cluster_id, [])
+
+    def reservation_waiters_of(self, cluster_ids: Iterable[str]) -> dict[str, list[ReservationWaiter]]:
+        """Per cluster id, its ClusterBusy tasks (at most one a queue: ClusterBusy holds the
         queue's slot), each with its queue's topology, its submission time, the supply mode
         its spec names and when it entered ClusterBusy (the newest such event), in
         submission order: what the reservation hold reads (``reconcile.hold``). One
-        statement; the spec is read for these few rows only."""
+        statement for all the clusters; the spec is read for these few rows only."""
+        ids = sorted(set(cluster_ids))
+        if not ids:
+            return {}
         j, m, e = t.jobs, t.task_queue, t.task_events
-        cid = sa.bindparam("waiters_cluster", type_=m.c.cluster_id.type)
         busy = lc.CLUSTER_BUSY
         rows = self._read_built(("reservation waiters",), lambda: (
             sa.select(
-                j.c.id, m.c.topology, j.c.created_at, j.c.spec,
+                j.c.cluster_id, j.c.id, m.c.topology, j.c.created_at, j.c.spec,
                 sa.type_coerce(
                     sa.select(sa.func.max(e.c.at))
                     .where(e.c.task_id == j.c.id, e.c.status == busy.status.value, e.c.reason == busy.reason.value)
@@ -298,10 +292,15 @@ class QueueStore(StoreCore):
                 ),
             )
             .select_from(j.join(m, sa.and_(m.c.task_id == j.c.id, m.c.cluster_id == j.c.cluster_id)))
-            .where(j.c.cluster_id == cid, m.c.cluster_id == cid, j.c.status == busy.status.value, j.c.reason == busy.reason.value)
+            .where(j.c.cluster_id.in_(sa.bindparam("waiters_clusters", expanding=True)), j.c.status == busy.status.value, j.c.reason == busy.reason.value)
             .order_by(j.c.created_at, j.c.id)
-        ), {"waiters_cluster": cluster_id})  # fmt: skip
-        return [ReservationWaiter(r[0], r[1], r[2], _supply_mode(r[3]), r[4]) for r in rows]
+        ), {"waiters_clusters": ids})  # fmt: skip
+        out: dict[str, list[ReservationWaiter]] = {}
+        for r in rows:
+            spec = _spec_of(r[4])
+            mode = spec.supply_mode.value if spec is not None and spec.supply_mode is not None else None
+            out.setdefault(r[0], []).append(ReservationWaiter(r[1], r[2], r[3], mode, r[5]))
+        return out
 
     def reservation_occupants(self, cluster_id: str) -> list[ReservationOccupant]:
         """The cluster's reservation pools that hold hosts (``LEASE_HOLDS_RESERVATION``, and
@@ -319,7 +318,11 @@ class QueueStore(StoreCore):
             .where(L.c.cluster_id == cid, L.c.supply_mode == SupplyMode.RESERVATION.value, one_of(L.c.state, holding))
             .order_by(L.c.id)
         ), {"occupants_cluster": cluster_id})  # fmt: skip
-        return [ReservationOccupant(r[0], r[1], r[2], r[3], _timeout_s(r[4]), r[5], r[6]) for r in rows]
+        out = []
+        for r in rows:
+            spec = _spec_of(r[4]) if r[2] is not None else None
+            out.append(ReservationOccupant(r[0], r[1], r[2], r[3], spec.timeout_seconds if spec else DEFAULT_TIMEOUT_SECONDS, r[5], r[6]))
+        return out
 
     GRANTED_LOOKBACK = dt.timedelta(days=1)  # how far back the last granted actor is looked for
 

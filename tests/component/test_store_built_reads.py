@@ -222,7 +222,7 @@ def test_the_reservation_holds_reads_name_each_clusters_own_busy_tasks_and_reser
     spec supply mode and ClusterBusy entry; ``reservation_occupants``: its reservation pools
     that hold hosts or are being deleted, with their live task's submission and timeout."""
     east, west = fleet["east"], fleet["west"]
-    busy = store.submit_task("east-busy", {"tpu_type": "v6e", "topology": "2x4", "image": "img:1", "supply_mode": "reservation", "timeout_seconds": 7200})
+    busy = store.submit_task("east-busy", {"tpu_type": "v6e", "topology": "2x4", "image": "img:1", "command": ["run"], "supply_mode": "reservation", "timeout_seconds": 7200})
     assert store.transition(busy, lc.NEW, lc.WAITING, "queued", cluster_id=east.id, topology="2x4")
     assert store.transition(busy, lc.WAITING, lc.PROVISIONING, "picked")
     assert store.transition(busy, lc.PROVISIONING, lc.CLUSTER_BUSY, "no room")

@@ -335,3 +335,18 @@ def test_a_slice_as_large_as_the_reservation_is_not_starved_by_a_stream_of_small
     assert held <= 1800.0 + run_s + DELETE_S + create_s + 600.0, held  # hold, the drain, its create; 10 min of steps
     assert starved >= 5 * 3600.0 - 3600.0, starved  # until the stream's last runs ended
     assert report["time_to_running_s"]["topology"]["v6e/2x2"]["n"] == 24
+
+
+def test_a_queue_reads_its_clusters_busy_tasks_again_only_once_a_hold_could_have_begun():
+    """A reservation cluster with no long wait: each step of its busy queue would read the
+    cluster's ClusterBusy tasks (114 reads over these 2.4 hours); a read that found no
+    waiter old enough answers until one could be (``reservation_hold_after_s``)."""
+    fleet = {"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=0)]}
+    tasks = [_task(i, 600.0 * i, 1200.0, "2x2") for i in range(12)]
+
+    def reads(sim) -> int:
+        return sum(n for s in sim.controller_stores for k, n in s.breakdown.items() if "reservation_waiters" in k)
+
+    report, sim = _run(fleet, tasks, look=reads)
+    assert report["outcomes"] == {"Succeeded": 12}
+    assert 1 <= sim.looked <= 2 * report["simulated_s"] / Settings().reservation_hold_after_s + 2, sim.looked

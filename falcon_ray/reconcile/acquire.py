@@ -213,7 +213,8 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         by = hold.shadow(own, r, d.queue.reservation_occupants, d.queue.cluster, d.now, d.settings)
         if by is not None:
             text += d.msg("reservation_holding", hosts=own.hosts, by=stamp(max(by, d.now)))
-    if t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.settings, d.phase_age_s(t)):
+    # the limit is for a reservation without room; a task the hold keeps out of free room never fails of it
+    if held is None and t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.settings, d.phase_age_s(t)):
         limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.settings) or 0)
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=d.msg("reservation_wait_over", limit=limit) + text))
         return False

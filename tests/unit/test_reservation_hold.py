@@ -7,7 +7,7 @@ import datetime as dt
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
-from falcon_ray.lifecycle import LeaseState
+from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.model import (
     ClusterView,
     Destination,
@@ -163,3 +163,14 @@ def test_the_waiters_own_message_says_its_room_is_held_and_free_by_when():
     by = (NOW + dt.timedelta(seconds=36000 - 3600 + RELEASE_S)).strftime("%Y-%m-%d %H:%M")  # the 4x8's limit
     assert f"its 16 host(s) are held for it against newer tasks of other topologies, free by {by} UTC" in upd.message
     assert "waiting since" in upd.message
+
+
+def test_a_task_held_out_of_free_room_never_fails_of_the_reservation_wait_limit():
+    limited = Settings(reservation_hold_after_s=1800, reservation_wait_limit_s=600)
+    t = task(5, phase=lc.CLUSTER_BUSY, age_s=3000, in_phase_s=2400, timeout_seconds=86400)
+    view = ClusterView(reservation=ReservationView(count=16, in_use=8))
+    held = decide(state([t], reservation_waiters=(waiter(2),), reservation_occupants=BUSY), view, NOW, limited)
+    assert not transitions(held) and not effects(held, CreateLease)  # still ClusterBusy: there was room, the hold kept it
+    full = ClusterView(reservation=ReservationView(count=16, in_use=16))
+    no_room = decide(state([t]), full, NOW, limited)
+    assert transitions(no_room) == {(5, lc.failed(Reason.NODE_POOL_FAILED))}

@@ -25,7 +25,10 @@ idempotent and may be retried.
   under a new name); a delete is retried until it succeeds, each failure counted so
   the QueueActor can report it.
 - One Job watch (list, then watch from the list's resourceVersion, re-list on 410)
-  keeps the Job cache and wakes the QueueActor of the Job's queue through the port.
+  keeps the Job cache and wakes the QueueActor of a Job's queue through the port when
+  what its decisions read of the Job changed: an event that changes the Job's view, a
+  re-list that finds it changed or gone (the first list, which makes the cache synced,
+  wakes every queue it finds a Job of).
 - Four loops, each a ``Ticker`` unless another ``loops`` factory was given (guarded,
   timed, shown in ``snapshot()["loops"]``):
   connect-then-watch, the operation worker, the orphan scan, the gauges.
@@ -561,6 +564,8 @@ class ClusterGateway:
                     queues[jv.task_id] = q
         uids = {obs.uid for obs in observations}
         with self.lock:
+            before, was_synced = self.job_cache.jobs, self.job_cache.synced
+            labels = dict(self.job_cache.queue_label)
             self.job_cache.jobs = views
             self.job_cache.queue_label.update(queues)
             self.job_cache.synced = True
@@ -569,7 +574,11 @@ class ClusterGateway:
                     cache.pop(uid, None)
         self.conn.last_ok["kubernetes"] = self.clock.time()
         metrics.watch_relist(self.name)
-        for q in set(queues.values()):
+        # a re-list that finds every Job as the events left it changes nothing a decision
+        # reads: it wakes the queues of the Jobs it found changed or gone (all of them after
+        # the first list, which makes the view synced)
+        changed = set(views) if not was_synced else {tid for tid in views.keys() | before.keys() if views.get(tid) != before.get(tid)}
+        for q in sorted({queues.get(tid) or labels.get(tid, "") for tid in changed} - {""}):
             self._wake_queue(q)
 
     def _wake_queue(self, queue_label: str) -> None:

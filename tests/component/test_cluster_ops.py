@@ -16,8 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from actors.cluster import ClusterGateway
+from falcon_ray import render
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
+from falcon_ray.kube import JobObservation
 from falcon_ray.model import OpKind, OpState, PoolView, ReservationView
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
@@ -228,3 +230,31 @@ def test_the_read_only_views_a_scheduler_reads_say_when_the_operations_can_next_
     assert gateway.pool_owner("falcon-a") == "2x2" and gateway.pool_owner("falcon-x") is None
     gateway.pool_cache.listed_at, gateway.reservation.read_at = 10.0, 12.0
     assert gateway.view_listed_at == 12.0
+
+
+def _job(task_id: int, topology: str, phase: str = "Running", uid: str = "") -> JobObservation:
+    return JobObservation(
+        task_id=task_id, name=f"falcon-t{task_id}", uid=uid or f"uid-{task_id}", namespace="falcon", phase=phase,
+        active=1 if phase == "Running" else 0, ready=0, succeeded=1 if phase == "Succeeded" else 0, failed=0, expected=1,
+        message="", resource_version="1", labels={render.LABEL_QUEUE: render.queue_label("edge-a", topology)},
+    )
+
+
+def test_a_relist_wakes_only_the_queues_whose_jobs_it_finds_changed_or_gone(gateway):
+    """The first list makes the Job cache synced and wakes every queue it finds a Job of; a
+    re-list (after a dropped watch, or its period) that finds each Job as the events left it
+    wakes nobody, one that finds a Job changed or gone wakes that Job's queue."""
+    port = gateway.port
+    jobs = [_job(1, "2x2"), _job(2, "4x4"), _job(3, "2x2")]
+    gateway._on_resync(jobs)
+    assert sorted(port.took("hint")) == [("hint", "edge-a", "2x2"), ("hint", "edge-a", "4x4")]
+    gateway._on_resync(jobs)
+    assert port.took("hint") == []
+    gateway._on_job(_job(2, "4x4", phase="Succeeded"))  # an event between the lists: its queue is told then
+    assert port.took("hint") == [("hint", "edge-a", "4x4")]
+    gateway._on_resync([jobs[0], _job(2, "4x4", phase="Succeeded"), jobs[2]])
+    assert port.took("hint") == []
+    gateway._on_resync([jobs[0], _job(2, "4x4", phase="Succeeded")])  # task 3's Job is gone
+    assert port.took("hint") == [("hint", "edge-a", "2x2")]
+    gateway._on_resync([_job(1, "2x2", phase="Succeeded"), _job(2, "4x4", phase="Succeeded")])  # missed while the watch was down
+    assert port.took("hint") == [("hint", "edge-a", "2x2")]

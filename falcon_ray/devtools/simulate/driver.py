@@ -40,13 +40,15 @@ there, live). What runs when:
   round's own writes are in the rows, so a step before that tick would repeat them), at
   most ``QUIET_MAX_S`` away; at its next tick when its last step lost, was refused or
   failed an effect, failed, or ended at ``MAX_ROUNDS`` still moving. Besides: at once on
-  a hint; at its next tick when another queue of its cluster acted while it waits,
-  acquires or holds an unused pool (``_shares_cluster``: the reservation ledger, which
-  topologies wait), when any queue acted while it holds a ClusterBusy task (it may move
-  it), and when the ClusterActor started, failed or ended one of its operations (what
-  ``observe`` shows of it is not what the queue last saw); and when the fleet changed
-  one of its pools or its reservation's use, at the first tick at which the
-  ClusterActor's cached view is due for a refresh. ``exact=True`` steps every queue at
+  a hint; at its next tick when another queue of its cluster changed what this queue's
+  decisions read of that queue's rows (``_visible``, ``_reads``: the reservation's
+  ledger, waiters and occupants; which topologies have a Pending task), while it holds a
+  ClusterBusy task when a queue of another cluster of its TPU type changed what a move
+  there reads, and when the ClusterActor started, failed or ended one of its operations
+  (what ``observe`` shows of it is not what the queue last saw); and when the fleet
+  changed one of its pools or its reservation's use (or, while it holds a ClusterBusy
+  task, another cluster of its TPU type's reservation use), at the first tick at which
+  the ClusterActor's cached view is due for a refresh. ``exact=True`` steps every queue at
   every tick instead (docs/simulate.md compares the two).
 
 Determinism: one thread runs at a time (``schedule``), the fleet draws from the seed,
@@ -73,11 +75,13 @@ from actors.queue import MAX_ROUNDS, QueueReconciler
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.devtools.demo import register_clusters
-from falcon_ray.lifecycle import TERMINAL
+from falcon_ray.lifecycle import TERMINAL, LeaseState
 from falcon_ray.model import OpState
+from falcon_ray.nodepools import ledger
 from falcon_ray.reconcile.due import next_due
 from falcon_ray.render import POOL_NAME_PREFIX
 from falcon_ray.sim.fleet import FleetConfig
+from falcon_ray.spec import SupplyMode
 from falcon_ray.store import Store
 from falcon_ray.store.migrate import upgrade
 
@@ -87,6 +91,7 @@ from .schedule import ScheduledLoop, Scheduler, VirtualClock, Worker
 log = logging.getLogger("falcon.simulate")
 START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
 GAUGES_EVERY_S = 3600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
+ALL_CHANGED = (True, True, True)  # a queue's step that may have changed every part of ``_visible``
 DEFAULT_TAIL_S = 8 * 86400.0  # without until_s: the run ends at the latest this long after the last submission
 QUIET_MAX_S = 3600.0  # a quiet queue steps at least this often (virtual seconds): a safety net
 MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages
@@ -163,6 +168,10 @@ class Simulation:
         self._op_seen: dict[str, set[str]] = {}  # cluster -> its operations queued or running at the last look
         self._queues_of: dict[str, list[QueueReconciler]] = {}  # cluster -> its queues, in creation order
         self._in_flight: dict[QueueReconciler, tuple[Any, set[str]]] = {}  # queue -> (its last view, that view's queued or running operations)
+        self._visible: dict[int, tuple[tuple[Any, ...], ...] | None] = {}  # id(queue) -> what other queues read of it, after its last step
+        self._shown_changed: dict[int, tuple[bool, ...]] = {}  # id(queue) -> its last step changed that (each part)
+        self._tpu_type = {c.name: c.tpu_type for c in fleet.clusters}
+        self._has_reservation = {c.name: c.reservation is not None for c in fleet.clusters}
         self.poller = IntakePoller(settings, self._controller_store(), self.port, self.clock)
         self.poller_loop = self._loop("poller", self.poller.poll_once, self.poller.interval)
         self.poller_loop.next_after = self._poller_next
@@ -296,8 +305,16 @@ class Simulation:
         """The queue's step; ``rounds_cut`` says whether it ended at ``MAX_ROUNDS`` with its
         last round still moving (what that round decided is not in its observations)."""
         before = q.rounds
-        applied = q.step()
-        self.rounds_cut[id(q)] = q.rounds - before >= MAX_ROUNDS
+        try:
+            applied = q.step()
+        finally:
+            self.rounds_cut[id(q)] = q.rounds - before >= MAX_ROUNDS
+            shown, last = _visible(q), self._visible.get(id(q))
+            if shown is None or last is None:
+                self._shown_changed[id(q)] = ALL_CHANGED
+            else:
+                self._shown_changed[id(q)] = tuple(a != b for a, b in zip(shown, last, strict=True))
+            self._visible[id(q)] = shown
         return applied
 
     # ---- the port's wake-ups --------------------------------------------------------------------
@@ -316,16 +333,34 @@ class Simulation:
             return
         self._changed_since_check = True
         self._poke_poller()  # a queue that changed anything may have handed a task back
-        cluster = loop.name.split(" ", 1)[1].split("/", 1)[0]
+        cluster, topology = loop.name.split(" ", 1)[1].split("/", 1)
         self._acted.add(cluster)
         if self.exact:
             return
-        for (c, _topology), (q, other) in self.queues.items():
-            # the same cluster's queues that wait or acquire share its reservation ledger and
-            # its capacity (a queue of Running tasks reads neither); a queue with a ClusterBusy
-            # task may move it to a cluster that now has room
-            if other is not loop and ((c == cluster and _shares_cluster(q)) or _holds_busy(q)):
-                other.wake_on_tick()
+        acting = self.queues[(cluster, topology)][0]
+        shown = self._shown_changed.get(id(acting), ALL_CHANGED)
+        if self.rounds_cut.get(id(acting)):
+            shown = ALL_CHANGED  # its last round's decision is not in its observations
+        if not any(shown):
+            return
+        for (c, t), (q, other) in self.queues.items():
+            # the same cluster's queues whose decisions read what this one changed of the
+            # rows they share (``_reads``: the reservation's ledger, which topologies wait);
+            # a queue with a ClusterBusy task may move it to a cluster of its TPU type where
+            # this one changed what a move reads there (``_visible``)
+            if other is loop:
+                continue
+            if c == cluster:
+                ledger_read, pending_read = _reads(q)
+                if (shown[LEDGER] and ledger_read) or (shown[PENDING] and pending_read):
+                    other.wake_on_tick()
+            elif _holds_busy(q) and self._destination_of(c, cluster):
+                if (shown[LEDGER] and self._has_reservation[cluster]) or (shown[TOPOLOGY] and t == topology):
+                    other.wake_on_tick()
+
+    def _destination_of(self, cluster: str, other: str) -> bool:
+        """A ClusterBusy task of ``cluster`` may move to ``other``: another cluster of its TPU type."""
+        return cluster != other and self._tpu_type[cluster] == self._tpu_type[other]
 
     def _fleet_changed(self, cluster: str, pools: set[str], capacity: bool) -> None:
         """The fleet changed what the cluster's ClusterActor observes: the queues of the pools
@@ -339,9 +374,11 @@ class Simulation:
         owners = {g.pool_owner(p) for p in pools}
         every = capacity or None in owners
         due = g.view_listed_at + self.settings.pool_refresh_s
-        for (c, topology), (_q, loop) in self.queues.items():
+        for (c, topology), (q, loop) in self.queues.items():
             if c == cluster and (every or topology in owners):
                 loop.wake_on_tick(due)
+            elif capacity and _holds_busy(q) and self._destination_of(c, cluster):
+                loop.wake_on_tick(due)  # the reservation's room there is what a move reads
 
     def _operations_moved(self, cluster: str) -> None:
         """The operation loop gave control back: a queue whose operation it started, failed or
@@ -486,18 +523,64 @@ class Simulation:
             self._keeper = None
 
 
-def _shares_cluster(q: QueueReconciler) -> bool:
-    """The queue's decisions read what its cluster's other queues change (the reservation
-    ledger, which topologies wait): it has a Waiting or acquiring task or an unused pool,
-    or has not observed yet."""
+LEDGER, PENDING, TOPOLOGY = range(3)  # the parts of ``_visible``
+
+
+def _reads(q: QueueReconciler) -> tuple[bool, bool]:
+    """Whether the queue's next decisions read its cluster's other queues' rows, by part of
+    ``_visible``: the reservation's ledger, waiters and occupants (a ClusterBusy or
+    Recovering task, a Provisioning one that has no pool yet, a Waiting task with the slot
+    free, a ready or idle pool that may be kept or handed over), and whether another
+    topology has a Pending task (an idle reservation pool kept alive, a task waiting for its
+    nodes). A queue that has not observed yet reads both."""
     state = q.last_state
     if state is None:
-        return True
-    return (
-        bool(state.waiting)
-        or any(t.phase in lc.ACQUIRING_PHASES for t in state.held)
-        or any(x.state in lc.LEASE_UNUSED for x in state.leases)
+        return True, True
+    pooled = {x.task_id for x in state.leases if x.task_id is not None}
+    acquiring = [t for t in state.held if t.phase in lc.ACQUIRING_PHASES]
+    ledger = (
+        any(t.phase in (lc.CLUSTER_BUSY, lc.RECOVERING) for t in state.held)
+        or any(t.phase == lc.PROVISIONING and t.id not in pooled for t in acquiring)
+        or (bool(state.waiting) and not acquiring)
+        or any(x.state in (LeaseState.READY, LeaseState.IDLE) for x in state.leases)
     )
+    pending = any(t.phase == lc.WAITING_FOR_NODE for t in state.held) or any(
+        x.state == LeaseState.IDLE and x.supply_mode == SupplyMode.RESERVATION for x in state.leases
+    )
+    return ledger, pending
+
+
+def _visible(q: QueueReconciler) -> tuple[tuple[Any, ...], ...] | None:
+    """What the other queues' decisions read of this queue after its step, in three parts
+    (None: it has not observed).
+
+    ``LEDGER``, read by the cluster's other queues and by a move to the cluster: its
+    reservation pools as the ledger and the reservation hold count them (which hold
+    hosts, which are being deleted, whose task), its ClusterBusy task and since when (the
+    hold's waiters) and its reservation pools' tasks' Job submissions (the hold's shadow).
+    ``PENDING``: whether it has a Pending task (``other_topology_waiting``). ``TOPOLOGY``,
+    read only by a move of the same topology to the cluster: its ready idle pools' supply
+    modes and how many tasks claim its slot.
+
+    A step that changed none of these changed nothing another queue decides on; what it
+    changed in the fleet comes back through ``_fleet_changed`` and ``_operations_moved``."""
+    state = q.last_state
+    if state is None:
+        return None
+    held = state.held
+    reserving = [x for x in state.leases if x.supply_mode == SupplyMode.RESERVATION]
+    tasks_on = {x.task_id for x in reserving if x.task_id is not None}
+    ledger_part = (
+        tuple((x.name, ledger.holds_reservation(x), x.state == LeaseState.DELETING, x.task_id) for x in reserving),
+        tuple((t.id, t.phase_since) for t in held if t.phase == lc.CLUSTER_BUSY),
+        tuple((t.id, t.dispatched_at) for t in held if t.id in tasks_on),
+    )
+    pending = (bool(state.waiting) or any(t.phase.status == lc.Status.PENDING for t in held),)
+    topology = (
+        tuple(sorted(x.supply_mode for x in state.leases if x.state == LeaseState.IDLE and x.ready_at is not None)),
+        len(state.waiting) + sum(1 for t in held if t.phase in lc.ACQUIRING_PHASES),
+    )
+    return ledger_part, pending, topology
 
 
 def _holds_busy(q: QueueReconciler) -> bool:

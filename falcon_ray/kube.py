@@ -24,6 +24,10 @@ Contract
   re-lists on 410 Gone, and backs off exponentially with jitter on other errors.
   ``reconnects``, ``relists``, ``errors``, ``last_event_at`` and ``last_ok_at`` show how
   it is doing.
+- Transport: every call goes through ``KubeApi._json`` (a body the caller owns) or
+  ``KubeApi._borrowed_json`` (a body the caller reads at once and neither changes nor keeps
+  any part of; over HTTP the two are the same call). A subclass answering in process may
+  override ``_borrowed_json`` to hand out its own objects uncopied.
 
 Job phases (``JobObservation.phase``)
 -------------------------------------
@@ -381,6 +385,11 @@ class KubeApi:
         except Exception as exc:
             raise classify(exc) from exc
 
+    def _borrowed_json(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """``_json`` for a caller that only reads the body, before its next API call, and keeps
+        no part of it (what it keeps is built of str, int, bool and other immutable values)."""
+        return self._json(call, *args, **kwargs)
+
     def _absent_ok(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         try:
             return self._json(call, *args, **kwargs)
@@ -394,7 +403,7 @@ class KubeApi:
         meta = manifest["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:
-            job = self._json(self.batch.create_namespaced_job, namespace, dict(manifest))
+            job = self._borrowed_json(self.batch.create_namespaced_job, namespace, dict(manifest))
             return JobRef(name, namespace, str(job.get("metadata", {}).get("uid") or ""), True)
         except CloudError as e:
             if e.kind != ErrorKind.ALREADY_EXISTS:
@@ -428,7 +437,7 @@ class KubeApi:
     def list_jobs(
         self, namespace: str, label_selector: str = MANAGED_SELECTOR
     ) -> tuple[list[JobObservation], str]:
-        body = self._json(self.batch.list_namespaced_job, namespace, label_selector=label_selector)
+        body = self._borrowed_json(self.batch.list_namespaced_job, namespace, label_selector=label_selector)
         jobs = [JobObservation.from_job(j) for j in body.get("items") or []]
         return jobs, str((body.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -437,7 +446,7 @@ class KubeApi:
         """Create a Service; False when one of that name already exists."""
         meta = manifest["metadata"]
         try:
-            self._json(self.core.create_namespaced_service, meta["namespace"], dict(manifest))
+            self._borrowed_json(self.core.create_namespaced_service, meta["namespace"], dict(manifest))
             return True
         except CloudError as e:
             if e.kind == ErrorKind.ALREADY_EXISTS:
@@ -452,12 +461,13 @@ class KubeApi:
         return [_pod_info(p) for p in self._list_pod_dicts(namespace, label_selector)]
 
     def _list_pod_dicts(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        body = self._json(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+        """The pods' bodies, borrowed (see ``_borrowed_json``): for this class's readers only."""
+        body = self._borrowed_json(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
         return list(body.get("items") or [])
 
     def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
         kwargs = {"label_selector": label_selector} if label_selector else {}
-        body = self._json(self.core.list_node, **kwargs)
+        body = self._borrowed_json(self.core.list_node, **kwargs)
         return [
             NodeInfo(
                 name=str(n["metadata"]["name"]),
@@ -473,7 +483,11 @@ class KubeApi:
         A node list that cannot be read is marked so (then an absent node proves nothing)."""
         pods = tuple(_pod_end(p) for p in self._list_pod_dicts(namespace, f"job-name={job}"))
         try:
-            body = self._json(self.core.list_node, label_selector=f"{NODEPOOL_LABEL}={pool}") if pool else {"items": []}
+            body = (
+                self._borrowed_json(self.core.list_node, label_selector=f"{NODEPOOL_LABEL}={pool}")
+                if pool
+                else {"items": []}
+            )
             nodes, listed = tuple(_node_state(n) for n in body.get("items") or []), bool(pool)
         except CloudError as e:
             log.warning("nodes of pool %s: %s", pool, e)

@@ -347,8 +347,18 @@ class NodePool:
         return self.idle_chip_seconds + running
 
     def to_json(self, cluster: SimCluster, enums_as_int: bool) -> dict[str, Any]:
+        """The pool as GKE's NodePool JSON, a copy that shares nothing with the pool."""
+        return copy_out(self.json_view(cluster, enums_as_int))
+
+    def json_view(self, cluster: SimCluster, enums_as_int: bool) -> dict[str, Any]:
+        """``to_json``'s body uncopied: a new top-level dict and ``config`` whose other values
+        are the ``request``'s own (made by clone in ``_describe``, never changed). For a reader
+        that changes nothing in it; ``copy_out`` of it, however much later, is what ``to_json``
+        answered when it was made."""
         c = cluster.config
-        body = copy_out(self.request)  # made by clone in _describe, never changed
+        body = dict(self.request)
+        if isinstance(body.get("config"), dict):
+            body["config"] = dict(body["config"])  # its machineType default is set below
         body["name"] = self.name
         body.setdefault("config", {}).setdefault("machineType", self.machine_type)
         body.setdefault("locations", list(self.zones))

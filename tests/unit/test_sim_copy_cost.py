@@ -127,13 +127,30 @@ def test_a_listed_pools_raw_json_cannot_change_the_pool():
     assert gke.list_node_pools("p-c1", "us-east5-b", "c1")[0].resource_labels == {"falcon": "yes"}
 
 
+def test_a_pools_view_is_its_json_uncopied_and_a_listed_pool_copies_it_when_raw_is_read():
+    fleet, scheduler = _fleet()
+    gke, pool = _pool(fleet)
+    _run(scheduler, 3600)
+    c = fleet.clusters["c1"]
+    view = pool.json_view(c, False)
+    assert view == pool.to_json(c, False) and list(view) == list(pool.to_json(c, False))
+    assert view["placementPolicy"] is pool.request["placementPolicy"]
+    assert view["config"] is not pool.request["config"] and "machineType" in view["config"]
+    (info,) = gke.list_node_pools("p-c1", "us-east5-b", "c1")
+    assert info.labels == {"team": "a"} and info.labels is not pool.request["config"]["labels"]
+    assert info.resource_labels == {"falcon": "yes"} and info.status == "RUNNING"
+    assert dict(info.raw) == pool.to_json(c, False) and len(info.raw) == len(view)
+    assert info.raw["placementPolicy"] is not pool.request["placementPolicy"]
+    assert gke.get_node_pool("p-c1", "us-east5-b", "c1", "pool-a").raw["config"] == pool.to_json(c, False)["config"]
+
+
 def test_listed_objects_share_nothing_with_the_store_nor_with_each_other():
     fleet, scheduler = _fleet()
     _pool(fleet)
     _run(scheduler, 3600)
     kube = _kube(fleet)
     store = fleet.clusters["c1"].store
-    body = kube._list("nodes", None, "cloud.google.com/gke-nodepool")
+    body = kube._json(kube.core.list_node, label_selector="cloud.google.com/gke-nodepool")
     assert len(body["items"]) == 1
     (node,) = body["items"]
     stored = store.list("nodes")[0]
@@ -141,14 +158,38 @@ def test_listed_objects_share_nothing_with_the_store_nor_with_each_other():
     node["metadata"]["labels"]["x"] = "y"
     node["status"]["conditions"].clear()
     assert "x" not in stored["metadata"]["labels"] and stored["status"]["conditions"]
-    again = kube._list("nodes", None, "cloud.google.com/gke-nodepool")["items"][0]
+    again = kube._json(kube.core.list_node, label_selector="cloud.google.com/gke-nodepool")["items"][0]
     assert again == stored
     # two lists in one answer are two objects (the copy shares nothing between its places)
     store.create("pods", _pod("a"))
     store.create("pods", _pod("b"))
-    a, b = kube._list("pods", NS, "app=x")["items"]
+    a, b = kube._json(kube.core.list_namespaced_pod, NS, label_selector="app=x")["items"]
     a["metadata"]["labels"]["app"] = "changed"
     assert b["metadata"]["labels"] == {"app": "x"}
+
+
+def test_a_borrowed_body_holds_the_stored_objects_and_reads_as_a_copy_would():
+    fleet, scheduler = _fleet()
+    _pool(fleet)
+    _run(scheduler, 3600)
+    kube = _kube(fleet)
+    store = fleet.clusters["c1"].store
+    store.create("pods", _pod("a"))
+    selector = "cloud.google.com/gke-nodepool"
+    borrowed = kube._borrowed_json(kube.core.list_node, label_selector=selector)
+    (node,) = borrowed["items"]
+    assert node is store.list("nodes")[0]
+    assert borrowed == kube._json(kube.core.list_node, label_selector=selector)
+    calls = dict(fleet.calls)
+    nodes = kube.list_nodes(selector)
+    assert fleet.calls["kubernetes"] == calls["kubernetes"] + 1  # counted as one call, as before
+    assert [(n.name, n.pool, n.ready) for n in nodes] == [(node["metadata"]["name"], "pool-a", True)]
+    assert kube.list_pods(NS, "app=x")[0].name == "a"
+    assert kube._borrowed_json(kube.core.list_namespaced_pod, NS, label_selector="app=x")["items"][0] is store.get("pods", NS, "a")
+    ref = kube.create_job({**JOB, "metadata": {**JOB["metadata"], "namespace": NS}})
+    assert ref.created and ref.uid == store.get("jobs", NS, "j1")["metadata"]["uid"]
+    (job,) = kube.list_jobs(NS, "falcon.dev/task-id")[0]
+    assert (job.name, job.uid, job.task_id) == ("j1", ref.uid, 1)
 
 
 def test_a_label_selector_is_applied_as_parsed_and_a_bad_one_is_refused_every_time():
@@ -182,7 +223,7 @@ def test_a_jobs_record_keeps_the_manifest_as_received_apart_from_the_stored_job(
     fleet, _ = _fleet()
     kube = _kube(fleet)
     c = fleet.clusters["c1"]
-    created = kube._create("jobs", NS, JOB)
+    created = kube._json(kube.batch.create_namespaced_job, NS, JOB)
     rec = c.job_records[(NS, "j1")]
     assert rec["manifest"] == JOB  # as received: no namespace, no defaults, no server metadata
     stored = c.store.get("jobs", NS, "j1")

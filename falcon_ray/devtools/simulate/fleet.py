@@ -24,8 +24,11 @@ clients of one connection, each with the methods and results of the real one:
 - ``SimCompute`` (``ComputeApi.reservation``) and ``SimResourcePolicies``
   (``ResourcePolicyApi.get``).
 - ``SimKube``: ``falcon_ray.kube.KubeApi`` itself, every method of it, with its
-  transport (``_json``) answered by the cluster's object store and admission rules
-  instead of HTTP.
+  transport (``_json``, ``_borrowed_json``) answered by the cluster's object store and
+  admission rules instead of HTTP. ``_json``'s body is a copy that shares nothing with the
+  store; ``_borrowed_json``'s holds the store's own objects, uncopied: its callers only read
+  it, and a stored object is never changed in place (a write replaces it), so what they
+  read is what a copy would have shown.
 - ``SimJobWatcher`` (``falcon_ray.kube.JobWatcher``'s surface: ``step``, ``close``,
   ``reconnects``, ``relists``, ``last_event_at``, ``last_ok_at``): a list, then every
   Job event of the namespace and selector as the cluster's store emits it (no event is
@@ -219,7 +222,7 @@ class SimGke:
     def get_node_pool(self, project: str, location: str, cluster: str, name: str) -> PoolInfo | None:
         c = self._cluster(project, location, cluster)
         try:
-            return _pool_info(self._call(c, lambda: c.pools.get(name).to_json(c, False)))
+            return _pool_info(self._call(c, lambda: c.pools.get(name).json_view(c, False)))
         except CloudError as e:
             if e.kind == ErrorKind.NOT_FOUND:
                 return None
@@ -227,7 +230,7 @@ class SimGke:
 
     def list_node_pools(self, project: str, location: str, cluster: str) -> list[PoolInfo]:
         c = self._cluster(project, location, cluster)
-        return [_pool_info(p) for p in self._call(c, lambda: [p.to_json(c, False) for p in c.pools.visible()])]
+        return [_pool_info(p) for p in self._call(c, lambda: [p.json_view(c, False) for p in c.pools.visible()])]
 
     def delete_node_pool(self, project: str, location: str, cluster: str, name: str) -> str | None:
         c = self._cluster(project, location, cluster)
@@ -268,7 +271,9 @@ class SimGke:
         pass
 
 
-def _pool_info(p: Mapping[str, Any]) -> PoolInfo:
+def _pool_info(p: dict[str, Any]) -> PoolInfo:
+    """``PoolInfo`` of a pool's ``NodePool.json_view``: its fields are read now, into values
+    that share nothing with the pool; ``raw`` copies the view at its first read."""
     config = p.get("config") or {}
     autoscaling = p.get("autoscaling") or {}
     return PoolInfo(
@@ -281,8 +286,36 @@ def _pool_info(p: Mapping[str, Any]) -> PoolInfo:
         labels=dict(config.get("labels") or {}),
         resource_labels=dict(config.get("resourceLabels") or {}),
         locations=tuple(p.get("locations") or ()),
-        raw=p,
+        raw=_CopiedOnRead(p),
     )
+
+
+class _CopiedOnRead(Mapping[str, Any]):
+    """A read-only view's ``copy_out``, made when first read (the controller never reads a
+    ``PoolInfo.raw``). The view's nested values must never change, as a pool's ``request``'s."""
+
+    __slots__ = ("_view", "_copy")
+
+    def __init__(self, view: dict[str, Any]) -> None:
+        self._view: dict[str, Any] | None = view
+        self._copy: dict[str, Any] | None = None
+
+    def _body(self) -> dict[str, Any]:
+        if self._copy is None:
+            self._copy, self._view = copy_out(self._view), None
+        return self._copy
+
+    def __getitem__(self, key: str) -> Any:
+        return self._body()[key]
+
+    def __iter__(self):
+        return iter(self._body())
+
+    def __len__(self) -> int:
+        return len(self._body())
+
+    def __repr__(self) -> str:
+        return repr(self._body())
 
 
 class SimCompute:
@@ -371,18 +404,25 @@ class SimKube(KubeApi):
         pass
 
     def _json(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return copy_out(self._answer(call, args, kwargs))
+
+    def _borrowed_json(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self._answer(call, args, kwargs)
+
+    def _answer(self, call: _Verb, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The body of one API call, made of the store's own objects (the caller copies it)."""
         self.fleet.count("kubernetes")
         try:
             return getattr(self, "_" + call.name)(*args, **kwargs)
         except KubeError as e:
             raise _kube(e) from None
 
-    # ---- the API calls KubeApi makes --------------------------------------------------------------
+    # ---- the API calls KubeApi makes: bodies of the store's own objects, uncopied ------------------
 
     def _list(self, plural: str, namespace: str | None, label_selector: str | None = None) -> dict[str, Any]:
         selector = _selector(label_selector)
         store = self.cluster.store
-        items = copy_out([o for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))])
+        items = [o for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))]
         return {"metadata": {"resourceVersion": str(store.rv)}, "items": items}
 
     def _create(self, plural: str, namespace: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -409,7 +449,7 @@ class SimKube(KubeApi):
         obj = c.store.create(plural, body, uid=uid)
         if plural == "jobs":
             c.record_job_create(obj, received)
-        return copy_out(obj)
+        return obj
 
     def _next_service_ip(self) -> str:
         self._service_ips += 1
@@ -419,7 +459,7 @@ class SimKube(KubeApi):
         obj = self.cluster.store.get(plural, namespace, name)
         if obj is None:
             raise admission.not_found(RESOURCES[plural], name)
-        return copy_out(obj)
+        return obj
 
     def _create_namespaced_job(self, namespace: str, body: Mapping[str, Any], **_: Any) -> dict[str, Any]:
         return self._create("jobs", namespace, body)
@@ -430,7 +470,7 @@ class SimKube(KubeApi):
     def _delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str = "Background", **_: Any) -> dict[str, Any]:
         self._get("jobs", namespace, name)
         deleted = self.cluster.workloads.delete_job(namespace, name, propagation_policy or "Background")
-        return copy_out(deleted) if deleted is not None else {"kind": "Status", "status": "Success"}
+        return deleted if deleted is not None else {"kind": "Status", "status": "Success"}
 
     def _list_namespaced_job(self, namespace: str, label_selector: str | None = None, **_: Any) -> dict[str, Any]:
         return self._list("jobs", namespace, label_selector)
@@ -440,7 +480,7 @@ class SimKube(KubeApi):
 
     def _delete_namespaced_service(self, name: str, namespace: str, **_: Any) -> dict[str, Any]:
         self._get("services", namespace, name)
-        return copy_out(self.cluster.store.delete("services", namespace, name) or {})
+        return self.cluster.store.delete("services", namespace, name) or {}
 
     def _list_namespaced_pod(self, namespace: str, label_selector: str | None = None, **_: Any) -> dict[str, Any]:
         return self._list("pods", namespace, label_selector)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.devtools.simulate.driver import LEDGER, PENDING, TOPOLOGY, _reads, _visible
+from falcon_ray.devtools.simulate.driver import PENDING, POOLS, SHADOW, TOPOLOGY, WAITERS, _reads, _visible
 from falcon_ray.lifecycle import LeaseState
 from tests.unit.test_reconcile import lease, state, task
 
@@ -19,7 +19,7 @@ def _q(tasks=(), leases=()):
 
 def _changed(before, after) -> set[int]:
     a, b = _visible(before), _visible(after)
-    return {i for i in (LEDGER, PENDING, TOPOLOGY) if a[i] != b[i]}
+    return {i for i in (POOLS, WAITERS, SHADOW, PENDING, TOPOLOGY) if a[i] != b[i]}
 
 
 def test_a_queue_that_has_not_observed_reads_everything_and_shows_nothing_yet():
@@ -39,14 +39,14 @@ def test_a_reservation_pools_task_submitting_its_job_moves_the_holds_shadow():
     pool = lease(1, "falcon-t1-2x2", LeaseState.IN_USE, task_id=1)
     before = _q([task(1, phase=lc.DISPATCHING)], [pool])
     after = _q([task(1, phase=lc.RUNNING, dispatched_s=0)], [pool])
-    assert LEDGER in _changed(before, after)
+    assert _changed(before, after) == {SHADOW, PENDING, TOPOLOGY}
 
 
 def test_a_reservation_pool_that_stops_holding_hosts_changes_the_ledger_a_flex_one_does_not():
     def pools(state_, mode):
         return [lease(1, "falcon-t1-2x2", state_, mode=mode)]
 
-    assert _changed(_q(leases=pools(LeaseState.IDLE, "reservation")), _q(leases=pools(LeaseState.DELETING, "reservation"))) == {LEDGER, TOPOLOGY}
+    assert _changed(_q(leases=pools(LeaseState.IDLE, "reservation")), _q(leases=pools(LeaseState.DELETING, "reservation"))) == {POOLS, TOPOLOGY}
     assert _changed(_q(leases=pools(LeaseState.IDLE, "flex-start")), _q(leases=pools(LeaseState.DELETING, "flex-start"))) == {TOPOLOGY}
     # from being created to ready and in use: it holds its hosts throughout
     assert _changed(_q(leases=pools(LeaseState.CREATING, "reservation")), _q(leases=pools(LeaseState.READY, "reservation"))) == set()
@@ -59,7 +59,7 @@ def test_a_first_pending_task_shows_that_a_topology_waits_and_adds_a_claimant():
 
 
 def test_a_task_turning_cluster_busy_is_a_waiter_the_reservation_hold_reads():
-    assert LEDGER in _changed(_q([task(1, phase=lc.PROVISIONING)]), _q([task(1, phase=lc.CLUSTER_BUSY, in_phase_s=0)]))
+    assert _changed(_q([task(1, phase=lc.PROVISIONING)]), _q([task(1, phase=lc.CLUSTER_BUSY, in_phase_s=0)])) == {WAITERS}
 
 
 def test_what_a_queues_decisions_read_of_the_other_queues_follows_its_tasks_and_pools():

@@ -91,7 +91,7 @@ from .schedule import ScheduledLoop, Scheduler, VirtualClock, Worker
 log = logging.getLogger("falcon.simulate")
 START = dt.datetime(2026, 1, 5)  # a Monday, 00:00 UTC: the generated traces' daily pattern starts here
 GAUGES_EVERY_S = 3600.0  # the gauges (metrics and the ledger's figures on the cluster row) decide nothing
-ALL_CHANGED = (True, True, True)  # a queue's step that may have changed every part of ``_visible``
+ALL_CHANGED = (True,) * 5  # a queue's step that may have changed every part of ``_visible``
 DEFAULT_TAIL_S = 8 * 86400.0  # without until_s: the run ends at the latest this long after the last submission
 QUIET_MAX_S = 3600.0  # a quiet queue steps at least this often (virtual seconds): a safety net
 MONITOR_S = 300.0  # virtual seconds between two looks at the live tasks' Messages
@@ -168,7 +168,7 @@ class Simulation:
         self._op_seen: dict[str, set[str]] = {}  # cluster -> its operations queued or running at the last look
         self._queues_of: dict[str, list[QueueReconciler]] = {}  # cluster -> its queues, in creation order
         self._in_flight: dict[QueueReconciler, tuple[Any, set[str]]] = {}  # queue -> (its last view, that view's queued or running operations)
-        self._visible: dict[int, tuple[tuple[Any, ...], ...] | None] = {}  # id(queue) -> what other queues read of it, after its last step
+        self._visible: dict[int, tuple[Any, ...] | None] = {}  # id(queue) -> what other queues read of it, after its last step
         self._shown_changed: dict[int, tuple[bool, ...]] = {}  # id(queue) -> its last step changed that (each part)
         self._tpu_type = {c.name: c.tpu_type for c in fleet.clusters}
         self._has_reservation = {c.name: c.reservation is not None for c in fleet.clusters}
@@ -351,12 +351,34 @@ class Simulation:
             if other is loop:
                 continue
             if c == cluster:
-                ledger_read, pending_read = _reads(q)
-                if (shown[LEDGER] and ledger_read) or (shown[PENDING] and pending_read):
+                if self._reads_change(q, shown):
                     other.wake_on_tick()
             elif _holds_busy(q) and self._destination_of(c, cluster):
-                if (shown[LEDGER] and self._has_reservation[cluster]) or (shown[TOPOLOGY] and t == topology):
+                there = (shown[POOLS] or shown[WAITERS]) and self._has_reservation[cluster]
+                if there or (shown[TOPOLOGY] and t == topology):
                     other.wake_on_tick()
+
+    def _reads_change(self, q: QueueReconciler, shown: tuple[bool, ...]) -> bool:
+        """Queue ``q``'s next step reads a part of another queue of its cluster that changed
+        (``shown``, by part of ``_visible``): the cluster's ClusterBusy tasks only once its kept
+        ones are due for a re-read (``QueueReconciler.waiters_due``), the reservation pools'
+        Job submissions only while a waiter it knows of holds room (the hold's shadow)."""
+        ledger_read, pending_read = _reads(q)
+        if shown[PENDING] and pending_read:
+            return True
+        if not ledger_read:
+            return False
+        if shown[POOLS] or (shown[WAITERS] and self.clock.monotonic() >= q.waiters_due):
+            return True
+        return shown[SHADOW] and self._holding_known(q)
+
+    def _holding_known(self, q: QueueReconciler) -> bool:
+        """A waiter the queue last read has waited long enough to hold room."""
+        state, after = q.last_state, self.settings.reservation_hold_after_s
+        if state is None or after is None:
+            return False
+        now = self.clock.now()
+        return any(w.since is not None and (now - w.since).total_seconds() >= after for w in state.reservation_waiters)
 
     def _destination_of(self, cluster: str, other: str) -> bool:
         """A ClusterBusy task of ``cluster`` may move to ``other``: another cluster of its TPU type."""
@@ -421,7 +443,10 @@ class Simulation:
         if not isinstance(loop.result, int) or state is None or view is None or q.mirror.must_read or self.rounds_cut.get(id(q)):
             return now + tick
         self.probes += 1
-        return now + next_due(state, view, self.clock.now(), self.settings, tick, max(1, int(QUIET_MAX_S // tick))) * tick
+        horizon = max(1, int(QUIET_MAX_S // tick))
+        if now < q.waiters_due and _reads(q)[0]:  # its next step re-reads the cluster's ClusterBusy tasks then
+            horizon = min(horizon, max(1, -int(-(q.waiters_due - now - 1e-9) // tick)))
+        return now + next_due(state, view, self.clock.now(), self.settings, tick, horizon) * tick
 
     # ---- the poller's cadence -------------------------------------------------------------------
 
@@ -523,7 +548,7 @@ class Simulation:
             self._keeper = None
 
 
-LEDGER, PENDING, TOPOLOGY = range(3)  # the parts of ``_visible``
+POOLS, WAITERS, SHADOW, PENDING, TOPOLOGY = range(5)  # the parts of ``_visible``
 
 
 def _reads(q: QueueReconciler) -> tuple[bool, bool]:
@@ -550,17 +575,18 @@ def _reads(q: QueueReconciler) -> tuple[bool, bool]:
     return ledger, pending
 
 
-def _visible(q: QueueReconciler) -> tuple[tuple[Any, ...], ...] | None:
-    """What the other queues' decisions read of this queue after its step, in three parts
+def _visible(q: QueueReconciler) -> tuple[Any, ...] | None:
+    """What the other queues' decisions read of this queue after its step, in five parts
     (None: it has not observed).
 
-    ``LEDGER``, read by the cluster's other queues and by a move to the cluster: its
-    reservation pools as the ledger and the reservation hold count them (which hold
-    hosts, which are being deleted, whose task), its ClusterBusy task and since when (the
-    hold's waiters) and its reservation pools' tasks' Job submissions (the hold's shadow).
-    ``PENDING``: whether it has a Pending task (``other_topology_waiting``). ``TOPOLOGY``,
-    read only by a move of the same topology to the cluster: its ready idle pools' supply
-    modes and how many tasks claim its slot.
+    Read by the cluster's other queues (``_reads``) and, the first two, by a move to the
+    cluster: ``POOLS``, its reservation pools as the ledger and the reservation hold count
+    them (which hold hosts, which are being deleted, whose task); ``WAITERS``, its
+    ClusterBusy task and since when (the hold's waiters); ``SHADOW``, its reservation
+    pools' tasks' Job submissions (the hold's shadow); ``PENDING``, whether it has a
+    Pending task (``other_topology_waiting``). ``TOPOLOGY``, read only by a move of the
+    same topology to the cluster: its ready idle pools' supply modes and how many tasks
+    claim its slot.
 
     A step that changed none of these changed nothing another queue decides on; what it
     changed in the fleet comes back through ``_fleet_changed`` and ``_operations_moved``."""
@@ -570,17 +596,16 @@ def _visible(q: QueueReconciler) -> tuple[tuple[Any, ...], ...] | None:
     held = state.held
     reserving = [x for x in state.leases if x.supply_mode == SupplyMode.RESERVATION]
     tasks_on = {x.task_id for x in reserving if x.task_id is not None}
-    ledger_part = (
+    return (
         tuple((x.name, ledger.holds_reservation(x), x.state == LeaseState.DELETING, x.task_id) for x in reserving),
         tuple((t.id, t.phase_since) for t in held if t.phase == lc.CLUSTER_BUSY),
         tuple((t.id, t.dispatched_at) for t in held if t.id in tasks_on),
+        bool(state.waiting) or any(t.phase.status == lc.Status.PENDING for t in held),
+        (
+            tuple(sorted(x.supply_mode for x in state.leases if x.state == LeaseState.IDLE and x.ready_at is not None)),
+            len(state.waiting) + sum(1 for t in held if t.phase in lc.ACQUIRING_PHASES),
+        ),
     )
-    pending = (bool(state.waiting) or any(t.phase.status == lc.Status.PENDING for t in held),)
-    topology = (
-        tuple(sorted(x.supply_mode for x in state.leases if x.state == LeaseState.IDLE and x.ready_at is not None)),
-        len(state.waiting) + sum(1 for t in held if t.phase in lc.ACQUIRING_PHASES),
-    )
-    return ledger_part, pending, topology
 
 
 def _holds_busy(q: QueueReconciler) -> bool:

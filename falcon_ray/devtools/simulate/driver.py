@@ -399,8 +399,10 @@ class Simulation:
         for (c, topology), (q, loop) in self.queues.items():
             if c == cluster and (every or topology in owners):
                 loop.wake_on_tick(due)
-            elif capacity and _holds_busy(q) and self._destination_of(c, cluster):
-                loop.wake_on_tick(due)  # the reservation's room there is what a move reads
+            elif (capacity or self._has_reservation[cluster]) and _holds_busy(q) and self._destination_of(c, cluster):
+                # the reservation's room there is what a move reads: its use, and its pools'
+                # registered nodes, which the ledger stops counting as claimed
+                loop.wake_on_tick(due)
 
     def _operations_moved(self, cluster: str) -> None:
         """The operation loop gave control back: a queue whose operation it started, failed or

@@ -304,13 +304,14 @@ class Simulation:
     def _step_queue(self, q: QueueReconciler) -> int:
         """The queue's step; ``rounds_cut`` says whether it ended at ``MAX_ROUNDS`` with its
         last round still moving (what that round decided is not in its observations)."""
-        before = q.rounds
+        before, failed = q.rounds, True
         try:
             applied = q.step()
+            failed = False
         finally:
             self.rounds_cut[id(q)] = q.rounds - before >= MAX_ROUNDS
             shown, last = _visible(q), self._visible.get(id(q))
-            if shown is None or last is None:
+            if shown is None or last is None or failed:  # a failed step's writes may not be in its observations
                 self._shown_changed[id(q)] = ALL_CHANGED
             else:
                 self._shown_changed[id(q)] = tuple(a != b for a, b in zip(shown, last, strict=True))
@@ -565,16 +566,16 @@ def _reads(q: QueueReconciler) -> tuple[bool, bool]:
         return True, True
     pooled = {x.task_id for x in state.leases if x.task_id is not None}
     acquiring = [t for t in state.held if t.phase in lc.ACQUIRING_PHASES]
-    ledger = (
+    reads_ledger = (
         any(t.phase in (lc.CLUSTER_BUSY, lc.RECOVERING) for t in state.held)
         or any(t.phase == lc.PROVISIONING and t.id not in pooled for t in acquiring)
         or (bool(state.waiting) and not acquiring)
         or any(x.state in (LeaseState.READY, LeaseState.IDLE) for x in state.leases)
     )
-    pending = any(t.phase == lc.WAITING_FOR_NODE for t in state.held) or any(
+    reads_pending = any(t.phase == lc.WAITING_FOR_NODE for t in state.held) or any(
         x.state == LeaseState.IDLE and x.supply_mode == SupplyMode.RESERVATION for x in state.leases
     )
-    return ledger, pending
+    return reads_ledger, reads_pending
 
 
 def _visible(q: QueueReconciler) -> tuple[Any, ...] | None:

@@ -565,20 +565,20 @@ class ClusterGateway:
         uids = {obs.uid for obs in observations}
         with self.lock:
             before, was_synced = self.job_cache.jobs, self.job_cache.synced
-            labels = dict(self.job_cache.queue_label)
             self.job_cache.jobs = views
             self.job_cache.queue_label.update(queues)
             self.job_cache.synced = True
+            # a re-list that finds every Job as the events left it changes nothing a decision
+            # reads: it wakes the queues of the Jobs it found changed or gone (all of them after
+            # the first list, which makes the view synced); a gone Job's queue is its label's
+            changed = views.keys() if not was_synced else {t for t in views.keys() | before.keys() if views.get(t) != before.get(t)}
+            wake = sorted({self.job_cache.queue_label.get(t, "") for t in changed} - {""})
             for cache in (self.job_cache.failure_detail, self.job_cache.evidence, self.job_cache.runs):  # Jobs gone while the watch was down
                 for uid in [u for u in cache if u not in uids]:
                     cache.pop(uid, None)
         self.conn.last_ok["kubernetes"] = self.clock.time()
         metrics.watch_relist(self.name)
-        # a re-list that finds every Job as the events left it changes nothing a decision
-        # reads: it wakes the queues of the Jobs it found changed or gone (all of them after
-        # the first list, which makes the view synced)
-        changed = set(views) if not was_synced else {tid for tid in views.keys() | before.keys() if views.get(tid) != before.get(tid)}
-        for q in sorted({queues.get(tid) or labels.get(tid, "") for tid in changed} - {""}):
+        for q in wake:
             self._wake_queue(q)
 
     def _wake_queue(self, queue_label: str) -> None:

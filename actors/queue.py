@@ -419,9 +419,8 @@ class QueueReconciler:
     def _reservation_occupants(self, cluster: Cluster, waiters: tuple[ReservationWaiter, ...]) -> tuple[ReservationOccupant, ...]:
         """The cluster's reservation pools, for the hold's backfill: read only while a
         waiter has waited long enough to hold room, at most once a second."""
-        after = self.s.reservation_hold_after_s
         now_dt = self.clock.now()
-        if after is None or not any(w.since is not None and (now_dt - w.since).total_seconds() >= after for w in waiters):
+        if not any(hold.waited_long(w, now_dt, self.s) for w in waiters):
             return ()
         now = self.clock.monotonic()
         if now - self.occupants_at[0] >= DESTINATIONS_TTL_S:

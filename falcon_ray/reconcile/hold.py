@@ -79,6 +79,12 @@ class Hold:
     hosts: int  # the room held: the waiter's slice
 
 
+def waited_long(w: ReservationWaiter, now: dt.datetime, settings: Settings) -> bool:
+    """The waiter has been ClusterBusy for ``reservation_hold_after_s`` (never, with holds off)."""
+    after = settings.reservation_hold_after_s
+    return after is not None and w.since is not None and (now - w.since).total_seconds() >= after
+
+
 def hold_over(
     waiters: tuple[ReservationWaiter, ...],
     cluster: Cluster,
@@ -90,13 +96,12 @@ def hold_over(
 ) -> Hold | None:
     """The hold on ``cluster``'s reservation against ``topology``'s tasks submitted after
     ``before`` (None: against any of them). See the module's contract."""
-    after = settings.reservation_hold_after_s
-    if after is None or not cluster.default_reservation or r is None:
+    if settings.reservation_hold_after_s is None or not cluster.default_reservation or r is None:
         return None
     for w in sorted(waiters, key=lambda w: w.order):
         if before is not None and w.order >= before:
             return None  # the rest were submitted later still
-        if w.topology == topology or w.since is None or (now - w.since).total_seconds() < after:
+        if w.topology == topology or not waited_long(w, now, settings):
             continue
         if (w.supply_mode or SupplyMode.RESERVATION.value) != SupplyMode.RESERVATION.value:
             continue

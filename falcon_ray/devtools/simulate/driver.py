@@ -78,6 +78,7 @@ from falcon_ray.devtools.demo import register_clusters
 from falcon_ray.lifecycle import TERMINAL, LeaseState
 from falcon_ray.model import OpState
 from falcon_ray.nodepools import ledger
+from falcon_ray.reconcile import hold
 from falcon_ray.reconcile.due import next_due
 from falcon_ray.render import POOL_NAME_PREFIX
 from falcon_ray.sim.fleet import FleetConfig
@@ -311,7 +312,8 @@ class Simulation:
         finally:
             self.rounds_cut[id(q)] = q.rounds - before >= MAX_ROUNDS
             shown, last = _visible(q), self._visible.get(id(q))
-            if shown is None or last is None or failed:  # a failed step's writes may not be in its observations
+            if shown is None or last is None or failed or self.rounds_cut[id(q)]:
+                # a failed step's writes, or what a step cut at MAX_ROUNDS decided last, may not be in its observations
                 self._shown_changed[id(q)] = ALL_CHANGED
             else:
                 self._shown_changed[id(q)] = tuple(a != b for a, b in zip(shown, last, strict=True))
@@ -340,8 +342,6 @@ class Simulation:
             return
         acting = self.queues[(cluster, topology)][0]
         shown = self._shown_changed.get(id(acting), ALL_CHANGED)
-        if self.rounds_cut.get(id(acting)):
-            shown = ALL_CHANGED  # its last round's decision is not in its observations
         if not any(shown):
             return
         for (c, t), (q, other) in self.queues.items():
@@ -374,12 +374,10 @@ class Simulation:
         return shown[SHADOW] and self._holding_known(q)
 
     def _holding_known(self, q: QueueReconciler) -> bool:
-        """A waiter the queue last read has waited long enough to hold room."""
-        state, after = q.last_state, self.settings.reservation_hold_after_s
-        if state is None or after is None:
-            return False
-        now = self.clock.now()
-        return any(w.since is not None and (now - w.since).total_seconds() >= after for w in state.reservation_waiters)
+        """A waiter the queue last read has waited long enough to hold room (then its step
+        reads the reservation's pools: ``QueueReconciler._reservation_occupants``)."""
+        state, now = q.last_state, self.clock.now()
+        return state is not None and any(hold.waited_long(w, now, self.settings) for w in state.reservation_waiters)
 
     def _destination_of(self, cluster: str, other: str) -> bool:
         """A ClusterBusy task of ``cluster`` may move to ``other``: another cluster of its TPU type."""

@@ -112,9 +112,12 @@ class QueueReconciler:
         self.lock = threading.Lock()
         self.last_state: QueueState | None = None
         self.last_view: ClusterView | None = None
+        self.last_plan: reconcile.Plan | None = None  # the decision on last_state / last_view, as of last_plan_at
+        self.last_plan_at: dt.datetime | None = None
         self.rounds = 0
         self.idle_accounted_at = self.clock.monotonic()
         self.history: list[StartSample] | None = None  # None: not read yet
+        self.history_value: QueueHistory | None = None  # the last history observed
         self.started: set[int] = set()  # reached Running since the history was brought up to date
         self.clusters: list[Cluster] | None = None  # the registry as last read; None: read it
         self.clusters_at = -float("inf")  # when the registry was last read
@@ -163,12 +166,15 @@ class QueueReconciler:
         after it (see the module docstring)."""
         self._begin_step()
         applied, plan = 0, None
+        self.last_plan = None
         for _ in range(MAX_ROUNDS):
             observed = self.observe(fresh=self.mirror.must_read)  # 1. observe
             self.mirror.must_read = False  # later rounds: the rows as kept, with this queue's own won writes
             if observed is None:
                 break
-            plan = reconcile.plan(*observed, self.clock.now(), self.s)  # 2. decide, once per round
+            now = self.clock.now()
+            plan = reconcile.plan(*observed, now, self.s)  # 2. decide, once per round
+            self.last_plan, self.last_plan_at = plan, now
             if not plan.groups:
                 break
             progressed = self.effects.run(plan.groups)  # 3. act
@@ -329,7 +335,10 @@ class QueueReconciler:
                 self.history = [x for x in self.history if x.task_id != tid] + [sample]
         self.started.clear()
         del self.history[: -eta.HISTORY_TASKS]
-        return QueueHistory(tuple(self.history))
+        samples = tuple(self.history)
+        if self.history_value is None or self.history_value.samples != samples:
+            self.history_value = QueueHistory(samples)  # the same value (and its model, eta.model_of) while no start is added
+        return self.history_value
 
     def _sample(self, tid: int, mode, spec: TaskSpec | str, phases: list) -> StartSample | None:
         """One start from the task's (phase, entered at) pairs."""

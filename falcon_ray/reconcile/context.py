@@ -19,6 +19,7 @@ rule 8) and ``leave``/``leave_all`` for the tasks that leave it in this call.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections import defaultdict
 
 from falcon_ray import faults, messages, scheduling
@@ -58,6 +59,7 @@ def fmt_limit(seconds: float) -> str:
     return f"{int(seconds // 60)}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
 
 
+@functools.lru_cache(maxsize=4096)
 def stamp(at: dt.datetime) -> str:
     """An instant as the Messages show it (UTC, to the minute): a live wait says since when it
     waits, not for how long, so its text does not change as time passes and nothing has to

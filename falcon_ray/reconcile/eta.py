@@ -40,6 +40,7 @@ beyond), so a Message need not change while the estimate holds.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import heapq
 import statistics
 from collections.abc import Mapping, Sequence
@@ -133,7 +134,25 @@ class Model:
         return max(0.0, timeout_s - age) if left is None else min(left, max(0.0, timeout_s - age))
 
 
+_MODELS: dict[int, tuple[QueueHistory, Model | None]] = {}  # id(history) -> (history, its model)
+_MODELS_KEPT = 256
+
+
 def model_of(history: QueueHistory) -> Model | None:
+    """The model of a history, worked out once per history value: a history is immutable, and
+    a step decides several times on the same one (its rounds, its Messages, and in the
+    simulation the search for its next due tick)."""
+    kept = _MODELS.get(id(history))
+    if kept is not None and kept[0] is history:
+        return kept[1]
+    model = _model_of(history)
+    if len(_MODELS) >= _MODELS_KEPT:
+        _MODELS.clear()
+    _MODELS[id(history)] = (history, model)
+    return model
+
+
+def _model_of(history: QueueHistory) -> Model | None:
     samples = history.samples
     if len(samples) < MIN_SAMPLES:
         return None
@@ -284,6 +303,7 @@ def choices(now: dt.datetime, seconds: float) -> tuple[dt.datetime, ...]:
     return (lo, hi) if (at - lo) < (hi - at) else (hi, lo)
 
 
+@functools.lru_cache(maxsize=4096)
 def fmt_at(at: dt.datetime) -> str:
     """A rounded start time as the Message shows it (UTC, like "waiting since")."""
     return at.strftime("%Y-%m-%d %H:%M")

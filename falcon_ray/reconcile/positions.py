@@ -18,7 +18,7 @@ import datetime as dt
 from falcon_ray import lifecycle as lc
 from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import eta
-from falcon_ray.reconcile.context import Decision
+from falcon_ray.reconcile.context import Decision, stamp
 from falcon_ray.reconcile.effects import RefreshMessages
 
 SHOWN_AHEAD = 5
@@ -31,7 +31,7 @@ def _since(d: Decision, at) -> str:
         key = at.replace(second=0, microsecond=0)
         text = d.since_texts.get(key)
         if text is None:
-            text = d.since_texts[key] = d.msg("waiting_since", at=at.strftime("%Y-%m-%d %H:%M"))
+            text = d.since_texts[key] = d.msg("waiting_since", at=stamp(at))
         d.since_texts[at] = text
     return text
 

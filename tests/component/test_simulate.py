@@ -111,6 +111,29 @@ def test_the_same_seed_gives_the_same_report_with_or_without_the_left_out_steps_
     assert first["tasks"] == 4 and sum(first["outcomes"].values()) == 4
 
 
+def test_the_steps_last_decision_is_what_the_due_tick_search_would_decide_again(monkeypatch):
+    """The search for a queue's next step starts from the step's last plan instead of
+    deciding again at the same instant: the two must be the same groups, every time."""
+    from falcon_ray import reconcile
+    from falcon_ray.devtools.simulate import driver
+
+    given, searched = [], []
+
+    def checked(state, view, now, settings, tick, horizon, done=None, guess=None):
+        if done is not None:
+            assert done == reconcile.decide(state, view, now, settings)
+            given.append(now)
+        searched.append(guess)
+        return driver_next_due(state, view, now, settings, tick, horizon, done=done, guess=guess)
+
+    driver_next_due = driver.next_due
+    monkeypatch.setattr(driver, "next_due", checked)
+    report, _ = _run(MIXED, _mixed_tasks()[:9], seed=2)
+    assert sum(report["outcomes"].values()) == 9
+    assert len(given) > 0.9 * len(searched) > 50, (len(given), len(searched))
+    assert sum(g is not None for g in searched) > 0.9 * len(searched)
+
+
 def test_a_task_on_an_idle_reservation_cluster_runs_at_the_fleets_create_register_and_pod_start_times():
     fleet = {"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=0)]}
     report, sim = _run(fleet, [_task(0, 0.0, 60.0)])

@@ -162,3 +162,14 @@ def test_a_steady_estimate_keeps_its_time_as_the_clock_moves():
     for minutes in range(0, 40, 3):
         later = NOW + dt.timedelta(minutes=minutes)
         assert shown in eta.choices(later, (start - later).total_seconds())
+
+
+def test_a_historys_model_is_worked_out_once_and_a_new_history_gets_its_own():
+    h = history(*creates(300))
+    m = eta.model_of(h)
+    assert eta.model_of(h) is m  # the same value: the step's rounds and Messages share it
+    longer = history(*creates(900))
+    assert eta.model_of(longer).create(FLEX) == pytest.approx(900) and eta.model_of(h).create(FLEX) == pytest.approx(300)
+    for i in range(2 * eta._MODELS_KEPT):  # the memo is bounded and stays right past its bound
+        assert eta.model_of(history(*creates(100 + i))).create(FLEX) == pytest.approx(100 + i)
+    assert len(eta._MODELS) <= eta._MODELS_KEPT

@@ -93,3 +93,29 @@ def _limit_only(limit_s: float):
         return [EffectGroup("task 1: timeout", (UpdateTask(1, (), "failed"),))] if waited >= limit_s else []
 
     return decide
+
+
+@pytest.mark.parametrize("guess", [1, 2, 29, 30, 31, 59, 60, 61, 120, 599, 600, 900])
+@pytest.mark.parametrize(("now_s", "limit_s"), [(0.0, None), (59.0, None), (0.0, 30.0), (30.0, 30.0), (10.0, 700.0)])
+def test_a_guess_never_changes_the_answer(guess, now_s, limit_s):
+    decide = _decide_with_minute_counter(limit_s) if limit_s != 700.0 else _limit_only(limit_s)
+    at = T0 + dt.timedelta(seconds=now_s)
+    assert next_due(None, None, at, Settings(), 1.0, 600, decide=decide, guess=guess) == next_due(None, None, at, Settings(), 1.0, 600, decide=decide)
+
+
+def test_a_right_guess_costs_two_decisions_and_the_callers_decision_spares_one():
+    """A queue whose Messages move once a minute is due a minute after each step: the last
+    answer, tried first, is confirmed by the tick before it."""
+    asked: list[float] = []
+    inner = _decide_with_minute_counter()
+
+    def decide(queue, view, now, settings):
+        asked.append((now - T0).total_seconds())
+        return inner(queue, view, now, settings)
+
+    done = inner(None, None, T0, Settings())
+    assert next_due(None, None, T0, Settings(), 1.0, 3600, decide=decide, done=done, guess=60) == 60
+    assert asked == [60.0, 59.0]
+    asked.clear()
+    assert next_due(None, None, T0, Settings(), 1.0, 3600, decide=decide, guess=3600) == 60  # wrong: searched below it
+    assert asked[0] == 0.0 and asked[1] == 3600.0 and len(asked) <= 2 + 2 * 12, asked

@@ -169,6 +169,7 @@ class Simulation:
         self._op_seen: dict[str, set[str]] = {}  # cluster -> its operations queued or running at the last look
         self._queues_of: dict[str, list[QueueReconciler]] = {}  # cluster -> its queues, in creation order
         self._in_flight: dict[QueueReconciler, tuple[Any, set[str]]] = {}  # queue -> (its last view, that view's queued or running operations)
+        self._due_guess: dict[QueueReconciler, int] = {}  # queue -> its last next_due answer (tried first the next time)
         self._visible: dict[int, tuple[Any, ...] | None] = {}  # id(queue) -> what other queues read of it, after its last step
         self._shown_changed: dict[int, tuple[bool, ...]] = {}  # id(queue) -> its last step changed that (each part)
         self._tpu_type = {c.name: c.tpu_type for c in fleet.clusters}
@@ -437,7 +438,8 @@ class Simulation:
         step's rounds go on while they move something), at most ``QUIET_MAX_S`` away. A
         queue that lost, was refused or failed an effect (its next round reads), whose
         step failed, ended at ``MAX_ROUNDS`` still moving or has not observed yet steps at
-        its next tick."""
+        its next tick. The search starts from what the step decided last (``last_plan``,
+        when it decided at this instant) and tries the queue's last answer first."""
         now = self.clock.monotonic()
         tick = q.interval()
         state, view = q.last_state, q.last_view
@@ -447,7 +449,11 @@ class Simulation:
         horizon = max(1, int(QUIET_MAX_S // tick))
         if now < q.waiters_due and _reads(q)[0]:  # its next step re-reads the cluster's ClusterBusy tasks then
             horizon = min(horizon, max(1, -int(-(q.waiters_due - now - 1e-9) // tick)))
-        return now + next_due(state, view, self.clock.now(), self.settings, tick, horizon) * tick
+        plan, at = q.last_plan, self.clock.now()
+        done = plan.groups + plan.messages() if plan is not None and q.last_plan_at == at else None
+        k = next_due(state, view, at, self.settings, tick, horizon, done=done, guess=self._due_guess.get(q))
+        self._due_guess[q] = k
+        return now + k * tick
 
     # ---- the poller's cadence -------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ iteration, after the scheduler's. Every method must run on the loop thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .kube_store import WatchEvent
@@ -57,14 +58,17 @@ def unschedulable(pod: dict[str, Any]) -> bool:
     )
 
 
-def nodes_needed(pods: list[dict[str, Any]], chips_per_host: int) -> int:
-    """Empty nodes of ``chips_per_host`` TPU chips that hold ``pods`` (first fit, largest first)."""
+def nodes_needed(
+    pods: list[dict[str, Any]], chips_per_host: int, tpu: Callable[[dict[str, Any]], int] = tpu_request
+) -> int:
+    """Empty nodes of ``chips_per_host`` TPU chips that hold ``pods`` (first fit, largest first);
+    ``tpu``: a pod's ``tpu_request``."""
     if not pods:
         return 0
     if not chips_per_host:
         return 1  # CPU and memory are not accounted: one node holds any number of such pods
     free: list[int] = []
-    for want in sorted((tpu_request(p) for p in pods), reverse=True):
+    for want in sorted((tpu(p) for p in pods), reverse=True):
         slot = next((i for i, room in enumerate(free) if room >= want), None)
         if slot is None:
             free.append(chips_per_host - want)
@@ -73,10 +77,12 @@ def nodes_needed(pods: list[dict[str, Any]], chips_per_host: int) -> int:
     return len(free)
 
 
-def _fits(pod: dict[str, Any], pool: NodePool, node: dict[str, Any]) -> bool:
-    """True when ``node`` (a new node of ``pool``) would take the pod."""
+def _fits(pod: dict[str, Any], pool: NodePool, node: dict[str, Any], want: int | None = None) -> bool:
+    """True when ``node`` (a new node of ``pool``) would take the pod (``want``: its
+    ``tpu_request``, worked out here when not given)."""
     spec = pod.get("spec") or {}
-    want = tpu_request(pod)
+    if want is None:
+        want = tpu_request(pod)
     if want > pool.chips_per_host:
         return False
     requested = {TPU_RESOURCE} if want else set()
@@ -91,6 +97,8 @@ class Autoscaler:
         self._pass_armed = False
         self._scale_up_armed: set[str] = set()  # pools with a scale-up attempt on a timer
         self._empty_since: dict[str, float] = {}  # node name -> monotonic time it became empty
+        # pool name -> (the pool, its template): a pool's labels, zones and taints never change
+        self._templates: dict[str, tuple[NodePool, dict[str, Any]]] = {}
         self.store.add_listener(self._on_event)
 
     def _on_event(self, ev: WatchEvent) -> None:
@@ -108,7 +116,7 @@ class Autoscaler:
         pods = self.store.list("pods")
         demand = self._demand(pods)
         for pool in self.cluster.pools.autoscaled():
-            if pool.name not in self._scale_up_armed and self._nodes_to_add(pool, demand) > 0:
+            if pool.name not in self._scale_up_armed and self._nodes_to_add(pool, demand, self.cluster.workloads.pod_tpu) > 0:
                 self._arm_scale_up(pool, self._first_wait(pool))
         self._scale_down(pods)
 
@@ -129,7 +137,7 @@ class Autoscaler:
         self._scale_up_armed.discard(pool.name)
         if pool not in self.cluster.pools.autoscaled():
             return
-        wanted = self._nodes_to_add(pool, self._demand(self.store.list("pods")))
+        wanted = self._nodes_to_add(pool, self._demand(self.store.list("pods")), self.cluster.workloads.pod_tpu)
         if wanted <= 0:
             return
         free = self.cluster.pools.free_hosts(pool)
@@ -143,21 +151,35 @@ class Autoscaler:
         """Unschedulable pods by the autoscaled pool that takes them: the first by name they fit."""
         templates = [(pool, self._template(pool)) for pool in self.cluster.pools.autoscaled()]
         demand: dict[str, list[dict[str, Any]]] = {}
+        tpu = self.cluster.workloads.pod_tpu
         for pod in filter(unschedulable, pods):
-            owner = next((pool for pool, node in templates if _fits(pod, pool, node)), None)
+            want = tpu(pod)
+            owner = next((pool for pool, node in templates if _fits(pod, pool, node, want)), None)
             if owner is not None:
                 demand.setdefault(owner.name, []).append(pod)
         return demand
 
     def _template(self, pool: NodePool) -> dict[str, Any]:
-        """What a new node of ``pool`` would look like (labels, zone, taints, capacity)."""
-        return node_object(self.cluster, pool, f"template-{pool.name}", 0, pool.zones[0])
+        """What a new node of ``pool`` would look like (labels, zone, taints, capacity): made once
+        per pool, since what ``_fits`` reads of it (labels, taints) depends only on the pool's
+        request, name, supply, machine type, family and zones, which never change. Read only."""
+        hit = self._templates.get(pool.name)
+        if hit is not None and hit[0] is pool:
+            return hit[1]
+        node = node_object(self.cluster, pool, f"template-{pool.name}", 0, pool.zones[0])
+        self._templates[pool.name] = (pool, node)
+        return node
 
     @staticmethod
-    def _nodes_to_add(pool: NodePool, demand: dict[str, list[dict[str, Any]]]) -> int:
-        """Nodes ``pool`` should gain now: its pods packed on new nodes, less those provisioning."""
+    def _nodes_to_add(
+        pool: NodePool,
+        demand: dict[str, list[dict[str, Any]]],
+        tpu: Callable[[dict[str, Any]], int] = tpu_request,
+    ) -> int:
+        """Nodes ``pool`` should gain now: its pods packed on new nodes, less those provisioning
+        (``tpu``: a pod's ``tpu_request``)."""
         assert pool.autoscaling is not None
-        needed = nodes_needed(demand.get(pool.name, []), pool.chips_per_host) - pool.provisioning
+        needed = nodes_needed(demand.get(pool.name, []), pool.chips_per_host, tpu) - pool.provisioning
         if needed <= 0:
             return 0
         step = pool.slice_hosts

@@ -42,7 +42,7 @@ from .autoscaler import Autoscaler
 from .disruptions import Disruptions
 from .errors import GoogleError
 from .fleet import ClusterConfig, Faults, Timings, WorkloadPolicyConfig, region_of
-from .kube_store import ObjectStore, copy_out, rfc3339
+from .kube_store import ObjectStore, WatchEvent, copy_out, rfc3339
 from .machines import family_for_type
 from .node_pools import NodePool, NodePools, node_object
 from .workloads import Workloads
@@ -94,6 +94,10 @@ class SimCluster:
         else:  # a given clock: stamps in its time, uids from the cluster's seed (a replayable run)
             uid_rng = random.Random(f"{seed}:{config.name}:uids")
             self.store = ObjectStore(config.watch_history, stamp=self.stamp, new_uid=lambda: str(uuid.UUID(int=uid_rng.getrandbits(128), version=4)))
+        # (namespace, name) -> spec.nodeName of each stored pod in phase Running, kept by a listener
+        # registered before any other, so it is current whenever anything reads it
+        self._running_pods: dict[tuple[str, str], Any] = {}
+        self.store.add_listener(self._index_pod)
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
         self.autoscaler = Autoscaler(self)  # after Workloads: its pass sees the scheduler's verdicts
@@ -264,16 +268,26 @@ class SimCluster:
 
         Call it before a pool's size changes, so each stretch is counted at the chips it had.
         """
-        running_nodes = {
-            (p.get("spec") or {}).get("nodeName")
-            for p in self.store.list("pods")
-            if (p.get("status") or {}).get("phase") == "Running"
-        }
+        running_nodes = self.running_nodes()
         now = self.mono()
         for pool in self.pools.history:
             pool.idle_chip_seconds = pool.idle_total(now)
             idle = pool.billed and not any(n in running_nodes for n in pool.node_names)
             pool.idle_mark = now if idle else None
+
+    def running_nodes(self) -> set[Any]:
+        """The ``spec.nodeName`` of every stored pod in phase Running (None for one without)."""
+        return set(self._running_pods.values())
+
+    def _index_pod(self, ev: WatchEvent) -> None:
+        if ev.plural != "pods":
+            return
+        md = ev.obj["metadata"]
+        key = (md.get("namespace", ""), md["name"])
+        if ev.type != "DELETED" and (ev.obj.get("status") or {}).get("phase") == "Running":
+            self._running_pods[key] = (ev.obj.get("spec") or {}).get("nodeName")
+        else:
+            self._running_pods.pop(key, None)
 
     def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
         """A Job created through the API; ``manifest``: the body as received, JSON-shaped (as

@@ -210,9 +210,7 @@ class Disruptions:
         now = self.cluster.mono()
         elapsed, self._last_tick = now - self._last_tick, now
         chance = 1.0 - math.exp(-rate * elapsed / 3600.0)
-        hosting = sorted(
-            {p["spec"].get("nodeName") for p in self.store.list("pods") if _phase(p) == "Running"} - {None}
-        )
+        hosting = sorted(self.cluster.running_nodes() - {None})
         for node in hosting:
             if node in self._busy or self.store.get("nodes", "", node) is None:
                 continue

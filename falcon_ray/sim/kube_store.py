@@ -123,6 +123,8 @@ class ObjectStore:
         self.history_limit = history_limit
         self.compacted_rv = 0  # events with rv <= this are gone from history
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
+        # each kind's keys in sorted order, worked out again only after a create or delete of that kind
+        self._sorted_keys: dict[str, list[tuple[str, str]] | None] = {p: None for p in RESOURCES}
         self._history: deque[WatchEvent] = deque()
         self._watchers: set[Watcher] = set()
         self._listeners: list[Callable[[WatchEvent], None]] = []
@@ -137,8 +139,12 @@ class ObjectStore:
 
     def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         items = self._objects[plural]
-        keys = sorted(k for k in items if namespace is None or k[0] == namespace)
-        return [items[k] for k in keys]
+        keys = self._sorted_keys[plural]
+        if keys is None:
+            keys = self._sorted_keys[plural] = sorted(items)
+        if namespace is None:
+            return [items[k] for k in keys]
+        return [items[k] for k in keys if k[0] == namespace]
 
     def count(self, plural: str) -> int:
         return len(self._objects[plural])
@@ -170,6 +176,7 @@ class ObjectStore:
         md.pop("deletionTimestamp", None)
         md["resourceVersion"] = str(self._next_rv())
         self._objects[plural][key] = obj
+        self._sorted_keys[plural] = None
         self._emit(WatchEvent(self.rv, "ADDED", plural, copy_out(obj)))
         return obj
 
@@ -180,6 +187,8 @@ class ObjectStore:
         if prev.get("spec") != obj.get("spec"):
             md["generation"] = int(prev["metadata"].get("generation", 1)) + 1
         md["resourceVersion"] = str(self._next_rv())
+        if key not in self._objects[plural]:
+            self._sorted_keys[plural] = None
         self._objects[plural][key] = obj
         self._emit(WatchEvent(self.rv, "MODIFIED", plural, copy_out(obj), prev))
         return obj
@@ -202,6 +211,7 @@ class ObjectStore:
         obj = self._objects[plural].pop((namespace, name), None)
         if obj is None:
             return None
+        self._sorted_keys[plural] = None
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self._emit(WatchEvent(self.rv, "DELETED", plural, copy_out(obj)))
         return obj

@@ -267,7 +267,43 @@ class Workloads:
         self._unschedulable_msg: dict[str, str] = {}
         self._bound: set[str] = set()  # uids of pods the kubelet has taken over
         self.logs: dict[str, list[str]] = {}  # pod uid -> log lines
+        # kept by _on_event, for the stored pods: the controlling Job's uid -> its pods' (namespace, name)
+        self._owned: dict[str, set[tuple[str, str]]] = {}
+        self._owner_of: dict[tuple[str, str], str] = {}
+        self._tpu: dict[str, tuple[Any, int]] = {}  # pod uid -> (resourceVersion, tpu_request)
         self.store.add_listener(self._on_event)
+
+    def pod_tpu(self, pod: dict[str, Any]) -> int:
+        """``tpu_request`` of a stored pod, worked out once per resourceVersion (a stored object is
+        never changed in place: a write stores a new one with a new resourceVersion)."""
+        md = pod["metadata"]
+        rv = md.get("resourceVersion")
+        hit = self._tpu.get(md["uid"])
+        if hit is not None and hit[0] == rv:
+            return hit[1]
+        want = tpu_request(pod)
+        self._tpu[md["uid"]] = (rv, want)
+        return want
+
+    def _job_pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        """The stored pods of ``namespace`` whose controller is the Job ``job_uid``, in the
+        store's order (as ``store.list`` filtered by ``owner_job``)."""
+        keys = sorted(k for k in self._owned.get(job_uid, ()) if k[0] == namespace)
+        return [self.store.get("pods", *k) for k in keys]  # type: ignore[misc]
+
+    def _index_owner(self, key: tuple[str, str], owner_uid: str | None) -> None:
+        old = self._owner_of.get(key)
+        if old == owner_uid:
+            return
+        if old is not None:
+            keys = self._owned[old]
+            keys.discard(key)
+            if not keys:
+                del self._owned[old]
+            del self._owner_of[key]
+        if owner_uid is not None:
+            self._owner_of[key] = owner_uid
+            self._owned.setdefault(owner_uid, set()).add(key)
 
     # ---- event intake --------------------------------------------------------------------------
     def _on_event(self, ev: WatchEvent) -> None:
@@ -281,6 +317,9 @@ class Workloads:
             md = ev.obj["metadata"]
             owner = owner_job(ev.obj)
             phase = (ev.obj.get("status") or {}).get("phase", "Pending")
+            self._index_owner(
+                (md.get("namespace", ""), md["name"]), owner[1] if owner and ev.type != "DELETED" else None
+            )
             if owner:
                 self._dirty_jobs.add((md.get("namespace", ""), owner[0]))
                 if ev.type == "DELETED":
@@ -291,6 +330,7 @@ class Workloads:
                 self.logs.pop(md["uid"], None)
                 self._bound.discard(md["uid"])
                 self._unschedulable_msg.pop(md["uid"], None)
+                self._tpu.pop(md["uid"], None)
             self._schedule_needed = True
         elif ev.plural == "nodes":
             self._schedule_needed = True
@@ -507,7 +547,7 @@ class Workloads:
         spec = job.get("spec") or {}
         track = self._tracks.setdefault(uid, JobTrack())
         track.policy = spec.get("podFailurePolicy")
-        pods = [p for p in self.store.list("pods", ns) if (owner_job(p) or ("", ""))[1] == uid]
+        pods = self._job_pods(ns, uid)
         for p in pods:
             phase = (p.get("status") or {}).get("phase", "Pending")
             if phase in TERMINAL:
@@ -695,7 +735,7 @@ class Workloads:
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
                 if phase not in TERMINAL:
-                    used[node] += tpu_request(pod)  # a terminating pod holds its TPU until it is gone
+                    used[node] += self.pod_tpu(pod)  # a terminating pod holds its TPU until it is gone
                 if pod["metadata"].get("deletionTimestamp"):
                     continue
                 if phase == "Pending" and pod["metadata"]["uid"] not in self._bound:
@@ -704,9 +744,10 @@ class Workloads:
                 pending.append(pod)
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         by_name = {n["metadata"]["name"]: n for n in nodes}
+        alloc: dict[str, int] = {}
         for pod in pending:
             try:
-                self._place(pod, nodes, by_name, used)
+                self._place(pod, nodes, by_name, used, alloc)
             except Exception:  # noqa: BLE001 - one odd pod must not stall scheduling
                 md = pod["metadata"]
                 log.exception(
@@ -722,15 +763,17 @@ class Workloads:
         nodes: list[dict[str, Any]],
         by_name: dict[str, dict[str, Any]],
         used: Counter[str],
+        alloc: dict[str, int],
     ) -> None:
-        """Bind one pending pod, or record why it cannot be bound."""
+        """Bind one pending pod, or record why it cannot be bound (``alloc``: the allocatable
+        ``google.com/tpu`` of the nodes read so far in this pass, by name)."""
         spec = pod.get("spec") or {}
         preset = spec.get("nodeName")
         if preset:
             if preset in by_name:  # bound by its creator; the kubelet of that node starts it
                 self._bind(pod, by_name[preset])
             return
-        want = tpu_request(pod)
+        want = self.pod_tpu(pod)
         requested = {TPU_RESOURCE} if want else set()
         reasons: Counter[str] = Counter()
         for node in nodes:
@@ -743,8 +786,13 @@ class Workloads:
                 t = blocking[0]
                 reasons[f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value', '')}}}"] += 1
                 continue
-            alloc = quantity((node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0"))
-            if want > alloc - used[node["metadata"]["name"]]:
+            name = node["metadata"]["name"]
+            free = alloc.get(name)
+            if free is None:
+                free = alloc[name] = quantity(
+                    (node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0")
+                )
+            if want > free - used[name]:
                 reasons[f"Insufficient {TPU_RESOURCE}"] += 1
                 continue
             used[node["metadata"]["name"]] += want

@@ -98,6 +98,9 @@ class SimCluster:
         # registered before any other, so it is current whenever anything reads it
         self._running_pods: dict[tuple[str, str], Any] = {}
         self.store.add_listener(self._index_pod)
+        # the pools of pools.history that refresh_idle may still change, in history's order
+        self._idle_open: list[NodePool] = []
+        self._idle_seen = 0
         self.pools = NodePools(self)
         self.workloads = Workloads(self)
         self.autoscaler = Autoscaler(self)  # after Workloads: its pass sees the scheduler's verdicts
@@ -270,10 +273,19 @@ class SimCluster:
         """
         running_nodes = self.running_nodes()
         now = self.mono()
-        for pool in self.pools.history:
+        history = self.pools.history
+        if len(history) != self._idle_seen:  # pools accepted since the last call (history only grows)
+            self._idle_open.extend(history[self._idle_seen :])
+            self._idle_seen = len(history)
+        still_open = []
+        for pool in self._idle_open:
             pool.idle_chip_seconds = pool.idle_total(now)
             idle = pool.billed and not any(n in running_nodes for n in pool.node_names)
             pool.idle_mark = now if idle else None
+            # a deleted pool is never billed again: once it is not idle, nothing here changes it again
+            if pool.deleted_at is None or pool.idle_mark is not None:
+                still_open.append(pool)
+        self._idle_open = still_open
 
     def running_nodes(self) -> set[Any]:
         """The ``spec.nodeName`` of every stored pod in phase Running (None for one without)."""

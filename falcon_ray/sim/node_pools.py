@@ -255,6 +255,12 @@ class Operation:
     ended_at: float | None = None
     error: dict[str, Any] | None = None
 
+    @property
+    def target_link(self) -> str:
+        """The operation's ``targetLink``: its node pool's URL."""
+        c = self.cluster.config
+        return f"https://container.googleapis.com/v1/projects/{c.project}/locations/{c.location}/clusters/{c.name}/nodePools/{self.pool}"
+
     def to_json(self, enums_as_int: bool) -> dict[str, Any]:
         c = self.cluster.config
         base = f"projects/{c.project}/locations/{c.location}"
@@ -265,7 +271,7 @@ class Operation:
             "operationType": OP_TYPE[self.op_type] if enums_as_int else self.op_type,
             "status": OP_STATUS[self.status] if enums_as_int else self.status,
             "selfLink": f"https://container.googleapis.com/v1/{base}/operations/{self.name}",
-            "targetLink": f"https://container.googleapis.com/v1/{base}/clusters/{c.name}/nodePools/{self.pool}",
+            "targetLink": self.target_link,
             "startTime": google_time(self.started_at),
         }
         if self.ended_at is not None:

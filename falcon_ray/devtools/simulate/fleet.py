@@ -249,22 +249,23 @@ class SimGke:
         )
         if owner is None:
             raise CloudError(ErrorKind.NOT_FOUND, f"Not found: operation {name} in projects/{project}/locations/{location}.", 404)
-        op = self._call(owner, lambda: owner.pools.operations[name].to_json(False))
-        done = op["status"] == "DONE"
+        # the fields of the operation's to_json(False) that OperationInfo holds, read from it directly
+        op = self._call(owner, lambda: owner.pools.operations[name])
+        done = op.status == "DONE"
         error: CloudError | None = None
-        if done and op.get("error"):
-            e = op["error"]
+        if done and op.error:
+            e = op.error
             error = classify(status_pb2.Status(code=int(e.get("code") or 0), message=str(e.get("message") or "")))
-        elif done and op.get("statusMessage"):
-            error = from_rpc_status(2, op["statusMessage"])
+        elif done and op.error is not None and op.error["message"]:  # to_json's statusMessage
+            error = from_rpc_status(2, op.error["message"])
         return OperationInfo(
-            name=op["name"],
-            status=op["status"],
+            name=op.name,
+            status=op.status,
             done=done,
             error=error,
-            target=op.get("targetLink", ""),
-            operation_type=op.get("operationType", ""),
-            detail=op.get("detail", ""),
+            target=op.target_link,
+            operation_type=op.op_type,
+            detail="",  # to_json has no detail
         )
 
     def close(self) -> None:

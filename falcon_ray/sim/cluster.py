@@ -75,6 +75,8 @@ class SimCluster:
         self.clock = clock
         self.faults: Faults = config.faults.model_copy(deep=True)
         self.timings: Timings = config.timings.model_copy(deep=True)
+        self._stamp_at: float | None = None  # the clock's time that _stamp_text shows
+        self._stamp_text = ""
         self.rng = random.Random(f"{seed}:{config.name}")  # names (operations, nodes, pods, events)
         # fault draws get their own generator: they depend only on the sequence of API calls
         self.fault_rng = random.Random(f"{seed}:{config.name}:faults")
@@ -119,7 +121,10 @@ class SimCluster:
 
     def stamp(self) -> str:
         """Now as an RFC 3339 timestamp (seconds), for the objects' server-set times."""
-        return rfc3339(datetime.fromtimestamp(self.clock.time(), UTC))
+        now = self.clock.time()
+        if now != self._stamp_at:  # formatted again only when the clock has moved
+            self._stamp_at, self._stamp_text = now, rfc3339(datetime.fromtimestamp(now, UTC))
+        return self._stamp_text
 
     def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         self.loop.call_later(max(0.0, delay), self._guarded, fn, args)

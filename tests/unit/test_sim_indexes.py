@@ -170,3 +170,21 @@ def test_idle_accounting_still_counts_every_pool_that_can_change():
     _run(scheduler, 600)
     c.refresh_idle()
     assert pool.idle_chip_seconds == settled and c.idle_chip_seconds() == round(settled, 3)
+
+
+def test_a_listed_pool_shows_each_status_it_goes_through():
+    fleet, scheduler = _fleet()
+    gke = SimGke(fleet)
+    gke.create_node_pool("p-c1", "us-east5-b", "c1", POOL)
+    c = fleet.clusters["c1"]
+    seen = []
+    for step in range(3):
+        if step == 2:
+            gke.delete_node_pool("p-c1", "us-east5-b", "c1", "pool-a")
+        for info in gke.list_node_pools("p-c1", "us-east5-b", "c1"):
+            pool = c.pools.pools[info.name]
+            assert info.status == pool.status and dict(info.raw) == pool.to_json(c, False)
+            assert gke.get_node_pool("p-c1", "us-east5-b", "c1", "pool-a").status == pool.status
+            seen.append(info.status)
+        _run(scheduler, 3600)
+    assert seen[1:] == ["RUNNING", "STOPPING"]

@@ -14,7 +14,9 @@ clients of one connection, each with the methods and results of the real one:
 
 - ``SimGke`` (``falcon_ray.gcp.GkeApi``): ``get_cluster``, ``create_node_pool``,
   ``get_node_pool``, ``list_node_pools``, ``delete_node_pool``, ``get_operation``;
-  ``PoolInfo``, ``OperationInfo``, ``ClusterEndpoint``; failures as ``CloudError``
+  ``PoolInfo``, ``OperationInfo``, ``ClusterEndpoint`` (a pool's fields read from its
+  ``json_view``, kept until its status or status message changes, as nothing else in it
+  ever does); failures as ``CloudError``
   through ``falcon_ray.errors.classify``, as the real client maps them. A read or
   delete refused as transient or rate-limited is tried again at once (the real client
   retries it after a back-off, up to ``api_retry_timeout_s``), at most ``RETRIES`` times.
@@ -61,7 +63,7 @@ from falcon_ray.sim.cluster import SimCluster
 from falcon_ray.sim.errors import GoogleError, KubeError
 from falcon_ray.sim.fleet import FleetConfig
 from falcon_ray.sim.kube_store import RESOURCES, WatchEvent, clone, copy_out
-from falcon_ray.sim.node_pools import NODEPOOL_LABEL
+from falcon_ray.sim.node_pools import NODEPOOL_LABEL, NodePool
 from falcon_ray.sim.selectors import parse_label_selector
 
 from .schedule import Scheduler
@@ -137,6 +139,20 @@ class VirtualFleet:
             self.clusters[cfg.name] = c
         self.calls: dict[str, int] = {}
         self.read_rngs: dict[str, random.Random] = {}
+        # (cluster, pool) -> (the pool, its status and message then, its json_view(c, False))
+        self._views: dict[tuple[str, str], tuple[NodePool, str, str, dict[str, Any]]] = {}
+
+    def pool_view(self, c: SimCluster, pool: NodePool) -> dict[str, Any]:
+        """``pool.json_view(c, False)``, made again only when the pool's status or status message
+        changed: nothing else it shows ever changes (its request, name, zones, machine type,
+        creation time). Read only, as the view is."""
+        key = (c.config.name, pool.name)
+        hit = self._views.get(key)
+        if hit is not None and hit[0] is pool and hit[1] == pool.status and hit[2] == pool.status_message:
+            return hit[3]
+        view = pool.json_view(c, False)
+        self._views[key] = (pool, pool.status, pool.status_message, view)
+        return view
 
     def count(self, api: str) -> None:
         self.calls[api] = self.calls.get(api, 0) + 1
@@ -222,7 +238,7 @@ class SimGke:
     def get_node_pool(self, project: str, location: str, cluster: str, name: str) -> PoolInfo | None:
         c = self._cluster(project, location, cluster)
         try:
-            return _pool_info(self._call(c, lambda: c.pools.get(name).json_view(c, False)))
+            return _pool_info(self._call(c, lambda: self.fleet.pool_view(c, c.pools.get(name))))
         except CloudError as e:
             if e.kind == ErrorKind.NOT_FOUND:
                 return None
@@ -230,7 +246,7 @@ class SimGke:
 
     def list_node_pools(self, project: str, location: str, cluster: str) -> list[PoolInfo]:
         c = self._cluster(project, location, cluster)
-        return [_pool_info(p) for p in self._call(c, lambda: [p.json_view(c, False) for p in c.pools.visible()])]
+        return [_pool_info(p) for p in self._call(c, lambda: [self.fleet.pool_view(c, p) for p in c.pools.visible()])]
 
     def delete_node_pool(self, project: str, location: str, cluster: str, name: str) -> str | None:
         c = self._cluster(project, location, cluster)

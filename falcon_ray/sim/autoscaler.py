@@ -116,7 +116,10 @@ class Autoscaler:
         pods = self.store.list("pods")
         demand = self._demand(pods)
         for pool in self.cluster.pools.autoscaled():
-            if pool.name not in self._scale_up_armed and self._nodes_to_add(pool, demand, self.cluster.workloads.pod_tpu) > 0:
+            if (
+                pool.name not in self._scale_up_armed
+                and self._nodes_to_add(pool, demand, self.cluster.workloads.pod_tpu) > 0
+            ):
                 self._arm_scale_up(pool, self._first_wait(pool))
         self._scale_down(pods)
 
@@ -137,7 +140,9 @@ class Autoscaler:
         self._scale_up_armed.discard(pool.name)
         if pool not in self.cluster.pools.autoscaled():
             return
-        wanted = self._nodes_to_add(pool, self._demand(self.store.list("pods")), self.cluster.workloads.pod_tpu)
+        wanted = self._nodes_to_add(
+            pool, self._demand(self.store.list("pods")), self.cluster.workloads.pod_tpu
+        )
         if wanted <= 0:
             return
         free = self.cluster.pools.free_hosts(pool)

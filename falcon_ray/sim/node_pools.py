@@ -259,7 +259,8 @@ class Operation:
     def target_link(self) -> str:
         """The operation's ``targetLink``: its node pool's URL."""
         c = self.cluster.config
-        return f"https://container.googleapis.com/v1/projects/{c.project}/locations/{c.location}/clusters/{c.name}/nodePools/{self.pool}"
+        base = f"projects/{c.project}/locations/{c.location}"
+        return f"https://container.googleapis.com/v1/{base}/clusters/{c.name}/nodePools/{self.pool}"
 
     def to_json(self, enums_as_int: bool) -> dict[str, Any]:
         c = self.cluster.config

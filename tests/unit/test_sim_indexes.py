@@ -14,7 +14,9 @@ from falcon_ray.sim.kube_store import ObjectStore
 from falcon_ray.sim.workloads import owner_job, tpu_request
 
 START = dt.datetime(2026, 1, 5)
-FLEET = {"clusters": [{"name": "c1", "project": "p-c1", "location": "us-east5-b", "tpu_type": "v6e", "chips": 64}]}
+FLEET = {
+    "clusters": [{"name": "c1", "project": "p-c1", "location": "us-east5-b", "tpu_type": "v6e", "chips": 64}]
+}
 POOL = {
     "name": "pool-a",
     "initialNodeCount": 1,
@@ -59,7 +61,9 @@ def test_a_listing_is_in_key_order_after_any_creates_updates_and_deletes():
         keys = sorted(store._objects["pods"])
         assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in store.list("pods")] == keys
         for space in ("a", "b", "z"):
-            assert [o["metadata"]["name"] for o in store.list("pods", space)] == [n for s, n in keys if s == space]
+            assert [o["metadata"]["name"] for o in store.list("pods", space)] == [
+                n for s, n in keys if s == space
+            ]
 
 
 def test_a_jobs_pods_and_the_running_nodes_follow_every_write():

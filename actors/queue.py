@@ -112,8 +112,7 @@ class QueueReconciler:
         self.lock = threading.Lock()
         self.last_state: QueueState | None = None
         self.last_view: ClusterView | None = None
-        self.last_plan: reconcile.Plan | None = None  # the decision on last_state / last_view, as of last_plan_at
-        self.last_plan_at: dt.datetime | None = None
+        self.last_plan: reconcile.Plan | None = None  # the last round's decision, on last_state / last_view
         self.rounds = 0
         self.idle_accounted_at = self.clock.monotonic()
         self.history: list[StartSample] | None = None  # None: not read yet
@@ -172,9 +171,7 @@ class QueueReconciler:
             self.mirror.must_read = False  # later rounds: the rows as kept, with this queue's own won writes
             if observed is None:
                 break
-            now = self.clock.now()
-            plan = reconcile.plan(*observed, now, self.s)  # 2. decide, once per round
-            self.last_plan, self.last_plan_at = plan, now
+            plan = self.last_plan = reconcile.plan(*observed, self.clock.now(), self.s)  # 2. decide, once per round
             if not plan.groups:
                 break
             progressed = self.effects.run(plan.groups)  # 3. act

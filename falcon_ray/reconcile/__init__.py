@@ -84,6 +84,15 @@ class Plan:
         self.groups: list[EffectGroup] = list(d.groups)
         self._messages: list[EffectGroup] | None = None
 
+    @property
+    def now(self) -> dt.datetime:
+        """The instant decided at."""
+        return self._d.now
+
+    def decided(self) -> list[EffectGroup]:
+        """The groups followed by the Messages: what ``decide`` returns."""
+        return self.groups + self.messages()
+
     def messages(self) -> list[EffectGroup]:
         if self._messages is None:
             before = len(self._d.groups)
@@ -112,8 +121,7 @@ def plan(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings)
 
 def decide(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings) -> list[EffectGroup]:
     """The rules 1-8: ``plan``'s groups followed by its Messages."""
-    p = plan(q, view, now, settings)
-    return p.groups + p.messages()
+    return plan(q, view, now, settings).decided()
 
 
 __all__ = [

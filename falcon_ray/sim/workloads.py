@@ -787,12 +787,12 @@ class Workloads:
                 reasons[f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value', '')}}}"] += 1
                 continue
             name = node["metadata"]["name"]
-            free = alloc.get(name)
-            if free is None:
-                free = alloc[name] = quantity(
+            allocatable = alloc.get(name)
+            if allocatable is None:
+                allocatable = alloc[name] = quantity(
                     (node.get("status") or {}).get("allocatable", {}).get(TPU_RESOURCE, "0")
                 )
-            if want > free - used[name]:
+            if want > allocatable - used[name]:
                 reasons[f"Insufficient {TPU_RESOURCE}"] += 1
                 continue
             used[node["metadata"]["name"]] += want

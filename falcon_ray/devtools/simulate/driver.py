@@ -450,7 +450,7 @@ class Simulation:
         if now < q.waiters_due and _reads(q)[0]:  # its next step re-reads the cluster's ClusterBusy tasks then
             horizon = min(horizon, max(1, -int(-(q.waiters_due - now - 1e-9) // tick)))
         plan, at = q.last_plan, self.clock.now()
-        done = plan.groups + plan.messages() if plan is not None and q.last_plan_at == at else None
+        done = plan.decided() if plan is not None and plan.now == at else None
         k = next_due(state, view, at, self.settings, tick, horizon, done=done, guess=self._due_guess.get(q))
         self._due_guess[q] = k
         return now + k * tick

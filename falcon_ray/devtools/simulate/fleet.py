@@ -54,7 +54,7 @@ from google.api_core import exceptions as gexc
 from google.rpc import status_pb2
 from kubernetes.client.exceptions import ApiException
 
-from falcon_ray.errors import CloudError, classify, from_rpc_status
+from falcon_ray.errors import CloudError, classify
 from falcon_ray.gcp import ClusterEndpoint, OperationInfo, PoolInfo, ReservationInfo
 from falcon_ray.kube import JobObservation, KubeApi
 from falcon_ray.model import ErrorKind
@@ -272,8 +272,6 @@ class SimGke:
         if done and op.error:
             e = op.error
             error = classify(status_pb2.Status(code=int(e.get("code") or 0), message=str(e.get("message") or "")))
-        elif done and op.error is not None and op.error["message"]:  # to_json's statusMessage
-            error = from_rpc_status(2, op.error["message"])
         return OperationInfo(
             name=op.name,
             status=op.status,

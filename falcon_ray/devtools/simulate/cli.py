@@ -161,6 +161,7 @@ def summary(report: dict) -> str:
     ttr = report["time_to_running_s"]["all"]
     lines = [
         f"seed {report['seed']}: {report['tasks']} tasks, {report['simulated_s'] / 3600:.1f} h simulated in {report['wall_s']:.1f} s",
+        f"queue steps: {report['queue_steps']['run']} run, {report['queue_steps']['applied']} carried out a decision",
         "outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()),
         f"time to Running: p50 {ttr['p50']} s, p90 {ttr['p90']} s, p99 {ttr['p99']} s, mean {ttr['mean']} s (n={ttr['n']})",
         f"chip-hours: used {report['used_chip_hours']}, idle {report['idle_chip_hours']}; statements per task {report['statements_per_task']}",

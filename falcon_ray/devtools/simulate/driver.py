@@ -146,6 +146,7 @@ class Simulation:
         self.progress = progress
         self.exact = exact
         self.probes = 0
+        self.steps_applied = 0  # queue steps that carried out at least one group of a decision
         self.rounds_cut: dict[int, bool] = {}  # id(queue) -> its last step ended at MAX_ROUNDS, still moving
         self.clock = VirtualClock(START)
         self.t0 = self.clock.monotonic()
@@ -335,6 +336,8 @@ class Simulation:
         self._written = True  # a step that moved nothing may still have written a Message
         if isinstance(applied, int) and applied == 0:
             return
+        if isinstance(applied, int):
+            self.steps_applied += 1
         self._changed_since_check = True
         self._poke_poller()  # a queue that changed anything may have handed a task back
         cluster, topology = loop.name.split(" ", 1)[1].split("/", 1)
@@ -532,6 +535,11 @@ class Simulation:
     @property
     def simulated_s(self) -> float:
         return self.clock.monotonic() - self.t0
+
+    @property
+    def queue_steps(self) -> dict[str, int]:
+        """The queues' steps so far (``run``), and those that carried out a decision (``applied``)."""
+        return {"run": sum(loop.steps for _q, loop in self.queues.values()), "applied": self.steps_applied}
 
     def run(self) -> None:
         try:

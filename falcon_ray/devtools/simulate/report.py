@@ -21,6 +21,8 @@ aside), rounded, so the same run gives the same bytes:
   pod runs on them; ``used_chip_hours``: the chips of each task's shape times its time
   Running;
 - ``statements_per_task``: the controller's database statements over the run, per task;
+- ``queue_steps``: the queues' steps the run took (``run``) and those that carried out a
+  decision (``applied``): with ``wall_s``, what one step costs;
 - ``eta_error_s``: over the tasks whose Waiting Message gave a start estimate ("expected
   to start around 2026-01-05 14:25 UTC") and that then ran, the median and p90 of |estimated - actual start|,
   from the first estimate shown and from the last;
@@ -146,6 +148,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "idle_chip_hours": round(idle_chip_s / 3600.0, 2),
         "used_chip_hours": round(used_chip_s / 3600.0, 2),
         "statements_per_task": round(statements / len(tasks), 1) if tasks else None,
+        "queue_steps": sim.queue_steps,
         "eta_error_s": _eta_error(sim.messages, started_at),
         **_invariants(sim, tasks, events, fleet, end),
     }

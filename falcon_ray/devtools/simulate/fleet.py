@@ -63,7 +63,7 @@ from falcon_ray.sim.cluster import SimCluster
 from falcon_ray.sim.errors import GoogleError, KubeError
 from falcon_ray.sim.fleet import FleetConfig
 from falcon_ray.sim.kube_store import RESOURCES, WatchEvent, clone, copy_out
-from falcon_ray.sim.node_pools import NODEPOOL_LABEL, NodePool
+from falcon_ray.sim.node_pools import NODEPOOL_LABEL, NodePool, Operation
 from falcon_ray.sim.selectors import parse_label_selector
 
 from .schedule import Scheduler
@@ -141,6 +141,9 @@ class VirtualFleet:
         self.read_rngs: dict[str, random.Random] = {}
         # (cluster, pool) -> (the pool, its status and message then, its json_view(c, False))
         self._views: dict[tuple[str, str], tuple[NodePool, str, str, dict[str, Any]]] = {}
+        self._clusters_at: dict[tuple[str, str], list[SimCluster]] = {}
+        # (cluster, operation) -> (the operation, its OperationInfo while it has no error)
+        self._op_infos: dict[tuple[str, str], tuple[Operation, OperationInfo]] = {}
 
     def pool_view(self, c: SimCluster, pool: NodePool) -> dict[str, Any]:
         """``pool.json_view(c, False)``, made again only when the pool's status or status message
@@ -153,6 +156,37 @@ class VirtualFleet:
         view = pool.json_view(c, False)
         self._views[key] = (pool, pool.status, pool.status_message, view)
         return view
+
+    def clusters_at(self, project: str, location: str) -> list[SimCluster]:
+        """The clusters of ``project`` and ``location``, in the fleet's order (a cluster's project
+        and location never change, nor do the fleet's clusters)."""
+        key = (project, location)
+        hit = self._clusters_at.get(key)
+        if hit is None:
+            hit = self._clusters_at[key] = [
+                c for c in self.clusters.values() if c.config.project == project and c.config.location == location
+            ]
+        return hit
+
+    def operation_info(self, c: SimCluster, op: Operation) -> OperationInfo:
+        """``OperationInfo`` of an operation without an error, made again only when its status
+        changes: nothing else it shows ever changes (its name, type and target pool). Frozen, and
+        of strings and a bool only, so one instance can be handed to every caller."""
+        key = (c.config.name, op.name)
+        hit = self._op_infos.get(key)
+        if hit is not None and hit[0] is op and hit[1].status == op.status:
+            return hit[1]
+        info = OperationInfo(
+            name=op.name,
+            status=op.status,
+            done=op.status == "DONE",
+            error=None,
+            target=op.target_link,
+            operation_type=op.op_type,
+            detail="",  # to_json has no detail
+        )
+        self._op_infos[key] = (op, info)
+        return info
 
     def count(self, api: str) -> None:
         self.calls[api] = self.calls.get(api, 0) + 1
@@ -259,24 +293,19 @@ class SimGke:
 
     def get_operation(self, project: str, location: str, operation: str) -> OperationInfo:
         name = operation.rsplit("/", 1)[-1]
-        owner = next(
-            (c for c in self.fleet.clusters.values() if c.config.project == project and c.config.location == location and name in c.pools.operations),
-            None,
-        )
+        owner = next((c for c in self.fleet.clusters_at(project, location) if name in c.pools.operations), None)
         if owner is None:
             raise CloudError(ErrorKind.NOT_FOUND, f"Not found: operation {name} in projects/{project}/locations/{location}.", 404)
         # the fields of the operation's to_json(False) that OperationInfo holds, read from it directly
         op = self._call(owner, lambda: owner.pools.operations[name])
-        done = op.status == "DONE"
-        error: CloudError | None = None
-        if done and op.error:
-            e = op.error
-            error = classify(status_pb2.Status(code=int(e.get("code") or 0), message=str(e.get("message") or "")))
+        if op.status != "DONE" or not op.error:
+            return self.fleet.operation_info(owner, op)
+        e = op.error
         return OperationInfo(
             name=op.name,
             status=op.status,
-            done=done,
-            error=error,
+            done=True,
+            error=classify(status_pb2.Status(code=int(e.get("code") or 0), message=str(e.get("message") or ""))),
             target=op.target_link,
             operation_type=op.op_type,
             detail="",  # to_json has no detail
@@ -443,7 +472,7 @@ class SimKube(KubeApi):
     def _create(self, plural: str, namespace: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
         rk = RESOURCES[plural]
         body = clone(dict(manifest))
-        received = copy_out(body) if plural == "jobs" else {}  # a Job as received, for its record
+        received = copy_out(body) if plural == "jobs" else {}  # a Job as received: its record's own copy
         md = body.setdefault("metadata", {})
         md["namespace"] = namespace
         for key in _SERVER_METADATA:
@@ -463,7 +492,7 @@ class SimKube(KubeApi):
         admission.validate_status(rk, body)
         obj = c.store.create(plural, body, uid=uid)
         if plural == "jobs":
-            c.record_job_create(obj, received)
+            c.record_job_create(obj, received, owned=True)
         return obj
 
     def _next_service_ip(self) -> str:

@@ -22,8 +22,8 @@ Contract
 * What is stored is JSON-shaped, as :func:`clone` returns it (dicts with str
   keys, lists, str, int, float, bool, None; no tuple): ``create`` and ``update``
   take such values and ``mutate``'s ``change`` keeps them so. The store copies
-  them with :func:`copy_out` (for the events' snapshots and ``mutate``'s
-  working copy) and converts nothing.
+  them with :func:`copy_out` (for the events' snapshots and ``mutate``'s and
+  ``replace``'s working copies) and converts nothing.
 """
 
 from __future__ import annotations
@@ -76,6 +76,24 @@ def copy_out(obj: Any) -> Any:
     only in JSON's types), about three times cheaper than ``clone``: for what goes out to a
     caller. Marshal format 2 shares no object between two places of the copy."""
     return marshal.loads(marshal.dumps(obj, 2))
+
+
+def _same_besides_spec(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """``a == b`` for two objects whose ``spec``s are known to be equal: the same keys, and
+    equal values under every key but ``spec`` (compared as ``==`` on dicts compares them)."""
+    if len(a) != len(b):
+        return False
+    for key, value in a.items():
+        if key == "spec":
+            if key not in b:
+                return False
+            continue
+        if key not in b:
+            return False
+        other = b[key]
+        if value is not other and not value == other:
+            return False
+    return True
 
 
 def rfc3339(ts: datetime | None = None) -> str:
@@ -180,11 +198,14 @@ class ObjectStore:
         self._emit(WatchEvent(self.rv, "ADDED", plural, copy_out(obj)))
         return obj
 
-    def update(self, plural: str, obj: dict[str, Any], prev: dict[str, Any]) -> dict[str, Any]:
-        """Replace the stored object with ``obj`` (same key), bumping resourceVersion and generation."""
+    def update(
+        self, plural: str, obj: dict[str, Any], prev: dict[str, Any], *, same_spec: bool = False
+    ) -> dict[str, Any]:
+        """Replace the stored object with ``obj`` (same key), bumping resourceVersion and generation
+        (``same_spec``: the caller knows ``obj``'s spec is a copy of ``prev``'s, left as it was)."""
         md = obj["metadata"]
         key = (md.get("namespace", ""), md["name"])
-        if prev.get("spec") != obj.get("spec"):
+        if not same_spec and prev.get("spec") != obj.get("spec"):
             md["generation"] = int(prev["metadata"].get("generation", 1)) + 1
         md["resourceVersion"] = str(self._next_rv())
         if key not in self._objects[plural]:
@@ -202,9 +223,24 @@ class ObjectStore:
             return False
         new = copy_out(current)
         change(new)
-        if new == current:
+        # new == current, with the spec compared once for both that and update's generation
+        same_spec = new.get("spec") == current.get("spec")
+        if same_spec and _same_besides_spec(new, current):
             return False
-        self.update(plural, new, current)
+        self.update(plural, new, current, same_spec=same_spec)
+        return True
+
+    def replace(self, plural: str, namespace: str, name: str, key: str, value: Any) -> bool:
+        """``mutate`` with a ``change`` that sets the top-level field ``key`` to ``value`` (which
+        the store then holds: the caller keeps no hold on it), answered without its working
+        copy's compare: the copy equals the stored object in every other field, so it differs
+        exactly when ``key`` is missing or holds something else. True if stored."""
+        current = self.get(plural, namespace, name)
+        if current is None or (key in current and current[key] == value):
+            return False
+        new = copy_out(current)
+        new[key] = value
+        self.update(plural, new, current, same_spec=key != "spec")
         return True
 
     def delete(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -616,10 +616,7 @@ class Workloads:
             else:
                 self.cluster.record_event(job, "Warning", reason, message)
 
-        def write(obj: dict[str, Any]) -> None:
-            obj["status"] = status
-
-        self.store.mutate("jobs", ns, name, write)
+        self.store.replace("jobs", ns, name, "status", status)
 
     def _dirty_and_arm(self, ns: str, name: str) -> None:
         self._dirty_jobs.add((ns, name))

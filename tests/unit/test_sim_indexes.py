@@ -1,11 +1,15 @@
 """The fleet model's indexes and per-object caches answer what a scan of the store would: the
 store's sorted keys, the pods of a Job, the nodes of Running pods, a pod's TPU request, the
-operations GKE reports and the pools whose idle time is still counted."""
+operations GKE reports, the pools whose idle time is still counted and the scheduler's pending
+pods and TPU in use per node."""
 
 from __future__ import annotations
 
 import datetime as dt
 import random
+from collections import Counter
+
+import pytest
 
 from falcon_ray.devtools.simulate.fleet import SimGke, VirtualFleet
 from falcon_ray.devtools.simulate.schedule import Scheduler, VirtualClock
@@ -192,3 +196,74 @@ def test_a_listed_pool_shows_each_status_it_goes_through():
             seen.append(info.status)
         _run(scheduler, 3600)
     assert seen[1:] == ["RUNNING", "STOPPING"]
+
+
+def test_the_schedulers_pending_pods_and_tpu_in_use_follow_every_write():
+    fleet, _ = _fleet()
+    c = fleet.clusters["c1"]
+    w = c.workloads
+    store, rng = c.store, random.Random(11)
+    live: list[tuple[str, str]] = []
+    stamps = ["2026-01-05T00:00:00Z", "2026-01-05T00:00:01Z"]
+    c.stamp = lambda: rng.choice(stamps)  # type: ignore[method-assign]  # ties in creation time, sorted by name
+    for i in range(300):
+        step = rng.random()
+        if step < 0.35 or not live:
+            ns = rng.choice(["x", "y"])
+            pod = _pod(f"p{i % 40}", ns, rng.choice(["u1", None]), tpu=rng.choice(["0", "4", "8"]))
+            if rng.random() < 0.3:
+                pod["spec"]["nodeName"] = rng.choice(["n1", "n2"])
+            if (ns, pod["metadata"]["name"]) not in live:
+                store.create("pods", pod)
+                live.append((ns, pod["metadata"]["name"]))
+        elif step < 0.45:
+            ns, name = live.pop(rng.randrange(len(live)))
+            store.delete("pods", ns, name)
+        elif step < 0.75:
+            node = rng.choice(["n1", "n2", None, ""])
+            phase = rng.choice(["Running", "Succeeded", "Failed", "Pending", None])
+
+            def move(p, node=node, phase=phase):
+                p["spec"]["nodeName"] = node
+                if phase is None:
+                    p["status"].pop("phase", None)
+                else:
+                    p["status"]["phase"] = phase
+
+            store.mutate("pods", *rng.choice(live), move)
+        elif step < 0.85:
+            store.mutate("pods", *rng.choice(live), lambda p: p["metadata"].update(deletionTimestamp="t"))
+        elif step < 0.95:
+            tpu = rng.choice(["4", "16"])
+
+            def more(p, tpu=tpu):
+                p["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"] = tpu
+
+            store.mutate("pods", *rng.choice(live), more)
+        else:
+            pod = store.get("pods", *rng.choice(live))
+            w._bound.symmetric_difference_update({pod["metadata"]["uid"]})
+        used, pending = w._scan_for_schedule()
+        assert not w._unreadable
+        indexed_used, indexed_pending = w._schedule_inputs()
+        assert +indexed_used == +used and all(indexed_used[n] == used[n] for n in ("n1", "n2", "n3"))
+        assert indexed_pending == pending
+        assert [p["metadata"]["name"] for p in indexed_pending] == [p["metadata"]["name"] for p in pending]
+    assert set(w._held) <= {"n1", "n2"}  # a node no pod holds any more is dropped
+
+
+def test_a_pod_the_index_cannot_read_sends_the_scheduler_back_to_the_scan():
+    fleet, _ = _fleet()
+    c = fleet.clusters["c1"]
+    w = c.workloads
+    c.store.create("pods", _pod("a", "x", None))
+    c.store.create("pods", _pod("b", "x", None))
+    c.store.mutate("pods", "x", "b", lambda p: p.update(spec=["not", "an", "object"]))
+    assert w._unreadable == {("x", "b")}
+    with pytest.raises(AttributeError):
+        w._scan_for_schedule()
+    with pytest.raises(AttributeError):
+        w._schedule_inputs()  # raised where the scan raises
+    c.store.delete("pods", "x", "b")
+    assert not w._unreadable
+    assert w._schedule_inputs() == w._scan_for_schedule() == (Counter(), [c.store.get("pods", "x", "a")])

@@ -14,6 +14,9 @@ Contract
 * Watchers subscribe with :meth:`subscribe`; events are pushed to their queues
   synchronously inside the mutation, so "snapshot history, then subscribe" in
   one loop step never loses or repeats an event.
+* ``labelled(plural, key, values)``: the keys of the objects carrying a label, kept
+  at every write (a superset for a selector that requires that label: the caller
+  still applies the selector, in key order).
 * Listeners (the workload controllers) get every event synchronously too; they
   must only record work and schedule it, never mutate the store re-entrantly.
 * All methods run on the simulator's event loop thread; nothing here locks.
@@ -96,6 +99,22 @@ def _same_besides_spec(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
+def _labels_of(obj: Any) -> Any:
+    """An object's ``metadata.labels`` as stored (``None`` for no object)."""
+    if obj is None:
+        return None
+    md = obj.get("metadata")
+    return md.get("labels") if isinstance(md, dict) else None
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def rfc3339(ts: datetime | None = None) -> str:
     return (ts or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -143,6 +162,10 @@ class ObjectStore:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
         # each kind's keys in sorted order, worked out again only after a create or delete of that kind
         self._sorted_keys: dict[str, list[tuple[str, str]] | None] = {p: None for p in RESOURCES}
+        # each kind's keys by label: label key -> label value -> the keys of the objects with it;
+        # an object whose labels are not a map of hashable values is kept apart, in _odd_labels
+        self._labelled: dict[str, dict[str, dict[Any, set[tuple[str, str]]]]] = {p: {} for p in RESOURCES}
+        self._odd_labels: dict[str, set[tuple[str, str]]] = {p: set() for p in RESOURCES}
         self._history: deque[WatchEvent] = deque()
         self._watchers: set[Watcher] = set()
         self._listeners: list[Callable[[WatchEvent], None]] = []
@@ -166,6 +189,43 @@ class ObjectStore:
 
     def count(self, plural: str) -> int:
         return len(self._objects[plural])
+
+    def labelled(self, plural: str, key: str, values: tuple[Any, ...] | None) -> set[tuple[str, str]]:
+        """The keys of the objects whose label ``key`` is one of ``values`` (any value when
+        ``None``), with those of every object whose labels are not a map of hashable values:
+        a superset of the objects a selector requiring such a label matches. A new set."""
+        by_value = self._labelled[plural].get(key, {})
+        out = set(self._odd_labels[plural])
+        for value in by_value if values is None else values:
+            out.update(by_value.get(value, ()))
+        return out
+
+    def _index_labels(self, plural: str, key: tuple[str, str], old: Any, new: Any) -> None:
+        """Move ``key`` in the label index from the labels of ``old`` to those of ``new`` (the
+        objects stored under it before and after a write; ``None`` when there is none)."""
+        before = _labels_of(old)
+        after = _labels_of(new)
+        if before is after or (type(before) is dict and type(after) is dict and before == after):
+            return  # the same entries (equal maps are both indexed, or both kept apart)
+        index = self._labelled[plural]
+        odd = self._odd_labels[plural]
+        if key in odd:
+            odd.discard(key)
+        elif isinstance(before, dict):
+            for label, value in before.items():
+                keys = index[label][value]
+                keys.discard(key)
+                if not keys:
+                    del index[label][value]
+                    if not index[label]:
+                        del index[label]
+        if not after:
+            return
+        if not isinstance(after, dict) or not all(_hashable(v) for v in after.values()):
+            odd.add(key)
+            return
+        for label, value in after.items():
+            index.setdefault(label, {}).setdefault(value, set()).add(key)
 
     # ---- writing -------------------------------------------------------------------------------
     def create(self, plural: str, obj: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
@@ -195,6 +255,7 @@ class ObjectStore:
         md["resourceVersion"] = str(self._next_rv())
         self._objects[plural][key] = obj
         self._sorted_keys[plural] = None
+        self._index_labels(plural, key, None, obj)
         self._emit(WatchEvent(self.rv, "ADDED", plural, copy_out(obj)))
         return obj
 
@@ -208,9 +269,11 @@ class ObjectStore:
         if not same_spec and prev.get("spec") != obj.get("spec"):
             md["generation"] = int(prev["metadata"].get("generation", 1)) + 1
         md["resourceVersion"] = str(self._next_rv())
-        if key not in self._objects[plural]:
+        stored = self._objects[plural].get(key)
+        if stored is None:
             self._sorted_keys[plural] = None
         self._objects[plural][key] = obj
+        self._index_labels(plural, key, stored, obj)
         self._emit(WatchEvent(self.rv, "MODIFIED", plural, copy_out(obj), prev))
         return obj
 
@@ -248,6 +311,7 @@ class ObjectStore:
         if obj is None:
             return None
         self._sorted_keys[plural] = None
+        self._index_labels(plural, (namespace, name), obj, None)
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self._emit(WatchEvent(self.rv, "DELETED", plural, copy_out(obj)))
         return obj

@@ -267,3 +267,84 @@ def test_a_pod_the_index_cannot_read_sends_the_scheduler_back_to_the_scan():
     c.store.delete("pods", "x", "b")
     assert not w._unreadable
     assert w._schedule_inputs() == w._scan_for_schedule() == (Counter(), [c.store.get("pods", "x", "a")])
+
+
+def test_a_selected_listing_is_the_scans_after_any_label_writes():
+    from falcon_ray.devtools.simulate.fleet import SimKube
+    from falcon_ray.sim.selectors import parse_label_selector
+
+    fleet, _ = _fleet()
+    c = fleet.clusters["c1"]
+    store, rng = c.store, random.Random(3)
+    kube = SimKube(fleet, c)
+    selectors = [
+        None,
+        "job-name=a",
+        "job-name=b",
+        "job-name in (a,b)",
+        "job-name",
+        "!job-name",
+        "job-name!=a",
+        "job-name=a,app=x",
+        "app,job-name notin (a)",
+        "app=x,job-name",
+    ]
+    live: list[tuple[str, str]] = []
+    saw_odd = False
+    for i in range(250):
+        step = rng.random()
+        if step < 0.35 or not live:
+            ns = rng.choice(["x", "y"])
+            pod = _pod(f"p{i % 30}", ns, None)
+            labels = {
+                k: v
+                for k, v in (("job-name", rng.choice("ab")), ("app", rng.choice("xy")))
+                if rng.random() < 0.7
+            }
+            if labels:
+                pod["metadata"]["labels"] = labels
+            if (ns, pod["metadata"]["name"]) not in live:
+                store.create("pods", pod)
+                live.append((ns, pod["metadata"]["name"]))
+        elif step < 0.5:
+            ns, name = live.pop(rng.randrange(len(live)))
+            store.delete("pods", ns, name)
+        elif step < 0.8:
+            new = rng.choice(
+                [{}, {"job-name": "a"}, {"job-name": "b", "app": "x"}, {"app": "y"}, {"job-name": ["a"]}]
+            )
+
+            def relabel(p, new=new):
+                if new:
+                    p["metadata"]["labels"] = dict(new)
+                else:
+                    p["metadata"].pop("labels", None)
+
+            store.mutate("pods", *rng.choice(live), relabel)
+        else:
+            store.mutate("pods", *rng.choice(live), lambda p: p["status"].update(phase="Running"))
+        for text in selectors:
+            selector = parse_label_selector(text)
+            for ns in ("x", "y", None):
+                expected = [
+                    o for o in store.list("pods", ns) if selector.matches(o["metadata"].get("labels"))
+                ]
+                if ns is None:
+                    assert kube._list("pods", None, text)["items"] == expected
+                    continue
+                got = kube._list_namespaced_pod(ns, label_selector=text)["items"]
+                assert got == expected and [o is e for o, e in zip(got, expected, strict=True)] == [
+                    True
+                ] * len(got)
+        saw_odd = saw_odd or bool(store._odd_labels["pods"])
+        # the index holds exactly the labelled pods, by label and value
+        for key in ("job-name", "app"):
+            for value in ("a", "b", "x", "y"):
+                want = {
+                    (o["metadata"]["namespace"], o["metadata"]["name"])
+                    for o in store.list("pods")
+                    if (o["metadata"].get("labels") or {}).get(key) == value
+                }
+                odd = store._odd_labels["pods"]
+                assert store.labelled("pods", key, (value,)) - odd == want - odd
+    assert saw_odd  # a pod whose labels cannot be indexed was listed too

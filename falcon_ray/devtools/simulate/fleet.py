@@ -466,7 +466,13 @@ class SimKube(KubeApi):
     def _list(self, plural: str, namespace: str | None, label_selector: str | None = None) -> dict[str, Any]:
         selector = _selector(label_selector)
         store = self.cluster.store
-        items = [o for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))]
+        needed = _needed_label(selector)
+        if needed is None:
+            listed = store.list(plural, namespace)
+        else:  # only the objects that carry a label the selector requires, in the store's order
+            keys = sorted(k for k in store.labelled(plural, *needed) if namespace is None or k[0] == namespace)
+            listed = [store.get(plural, *k) for k in keys]
+        items = [o for o in listed if selector.matches(o["metadata"].get("labels"))]  # type: ignore[index]
         return {"metadata": {"resourceVersion": str(store.rv)}, "items": items}
 
     def _create(self, plural: str, namespace: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -538,6 +544,17 @@ def _selector(text: str | None):
     """``parse_label_selector``, once per text (a ``LabelSelector`` is frozen; a text it
     refuses raises every time)."""
     return parse_label_selector(text)
+
+
+def _needed_label(selector) -> tuple[str, tuple[str, ...] | None] | None:
+    """A label an object must carry to match ``selector`` (its key, and the values it may have,
+    ``None`` for any), as ``ObjectStore.labelled`` takes it; ``None`` when it requires none."""
+    for r in selector.requirements:
+        if r.op in ("=", "in"):
+            return r.key, r.values
+        if r.op == "exists":
+            return r.key, None
+    return None
 
 
 class SimJobWatcher:

@@ -13,6 +13,7 @@ import pytest
 
 from falcon_ray.devtools.simulate.fleet import SimGke, VirtualFleet
 from falcon_ray.devtools.simulate.schedule import Scheduler, VirtualClock
+from falcon_ray.sim.autoscaler import unschedulable
 from falcon_ray.sim.fleet import parse_fleet
 from falcon_ray.sim.kube_store import ObjectStore
 from falcon_ray.sim.workloads import owner_job, tpu_request
@@ -205,6 +206,7 @@ def test_the_schedulers_pending_pods_and_tpu_in_use_follow_every_write():
     store, rng = c.store, random.Random(11)
     live: list[tuple[str, str]] = []
     stamps = ["2026-01-05T00:00:00Z", "2026-01-05T00:00:01Z"]
+    saw_unschedulable = False
     c.stamp = lambda: rng.choice(stamps)  # type: ignore[method-assign]  # ties in creation time, sorted by name
     for i in range(300):
         step = rng.random()
@@ -240,16 +242,35 @@ def test_the_schedulers_pending_pods_and_tpu_in_use_follow_every_write():
                 p["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"] = tpu
 
             store.mutate("pods", *rng.choice(live), more)
-        else:
+        elif step < 0.97:
             pod = store.get("pods", *rng.choice(live))
             w._bound.symmetric_difference_update({pod["metadata"]["uid"]})
+        else:
+            reason = rng.choice(["Unschedulable", "Other"])
+
+            def mark(p, reason=reason):
+                p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason}]
+
+            store.mutate("pods", *rng.choice(live), mark)
         used, pending = w._scan_for_schedule()
         assert not w._unreadable
         indexed_used, indexed_pending = w._schedule_inputs()
         assert +indexed_used == +used and all(indexed_used[n] == used[n] for n in ("n1", "n2", "n3"))
         assert indexed_pending == pending
+        # the autoscaler's reading of the same index: its unschedulable pods and the busy nodes
+        a = c.autoscaler
+        assert list(filter(unschedulable, a._pods()[0])) == list(filter(unschedulable, store.list("pods")))
+        assert a._pods()[1] is False
+        busy = {
+            (p.get("spec") or {}).get("nodeName")
+            for p in store.list("pods")
+            if (p.get("status") or {}).get("phase", "Pending") not in ("Succeeded", "Failed")
+        }
+        assert a._busy(None) == {n for n in busy if n} == {n for n in a._busy(store.list("pods")) if n}
+        saw_unschedulable = saw_unschedulable or any(unschedulable(p) for p in a._pods()[0])
         assert [p["metadata"]["name"] for p in indexed_pending] == [p["metadata"]["name"] for p in pending]
     assert set(w._held) <= {"n1", "n2"}  # a node no pod holds any more is dropped
+    assert saw_unschedulable
 
 
 def test_a_pod_the_index_cannot_read_sends_the_scheduler_back_to_the_scan():
@@ -267,6 +288,11 @@ def test_a_pod_the_index_cannot_read_sends_the_scheduler_back_to_the_scan():
     c.store.delete("pods", "x", "b")
     assert not w._unreadable
     assert w._schedule_inputs() == w._scan_for_schedule() == (Counter(), [c.store.get("pods", "x", "a")])
+    c.store.create("pods", _pod("b", "x", None))
+    c.store.mutate("pods", "x", "b", lambda p: p.update(spec=["not", "an", "object"]))
+    assert c.autoscaler._pods() == (c.store.list("pods"), True)  # the autoscaler scans them all too
+    with pytest.raises(AttributeError):
+        c.autoscaler._run_pass()
 
 
 def test_a_selected_listing_is_the_scans_after_any_label_writes():

@@ -3,19 +3,16 @@ project and location, an operation's ``OperationInfo`` and a quantity's canonica
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
 
 from falcon_ray.devtools.simulate.fleet import SimGke, VirtualFleet
-from falcon_ray.devtools.simulate.schedule import Scheduler, VirtualClock
+from falcon_ray.devtools.simulate.schedule import Scheduler
 from falcon_ray.gcp import OperationInfo
 from falcon_ray.sim import kube_admission
-from falcon_ray.sim.fleet import parse_fleet
 from falcon_ray.sim.kube_store import RESOURCES
 from falcon_ray.sim.quantities import canonical
+from tests.harness.simulate import POOL_2X2, run_for, virtual_fleet
 
-START = dt.datetime(2026, 1, 5)
 LOC = "us-east5-b"
 FLEET = {
     "clusters": [
@@ -24,23 +21,14 @@ FLEET = {
         {"name": "c3", "project": "p-a", "location": LOC, "tpu_type": "v6e", "chips": 64},
     ]
 }
-POOL = {
-    "name": "pool-a",
-    "initialNodeCount": 1,
-    "config": {"machineType": "ct6e-standard-4t"},
-    "placementPolicy": {"tpuTopology": "2x2"},
-}
+POOL = POOL_2X2
 
 
 def _fleet() -> tuple[VirtualFleet, Scheduler]:
-    scheduler = Scheduler(VirtualClock(START))
-    return VirtualFleet(parse_fleet(FLEET), scheduler), scheduler
+    return virtual_fleet(FLEET)
 
 
-def _run(scheduler: Scheduler, seconds: float) -> None:
-    end = scheduler.clock.monotonic() + seconds
-    while scheduler.next_at() is not None and scheduler.next_at() <= end:
-        scheduler.run_next()
+_run = run_for
 
 
 def _scan_owner(fleet: VirtualFleet, project: str, location: str, name: str):

@@ -5,40 +5,29 @@ pods and TPU in use per node."""
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 from collections import Counter
 
 import pytest
 
 from falcon_ray.devtools.simulate.fleet import SimGke, VirtualFleet
-from falcon_ray.devtools.simulate.schedule import Scheduler, VirtualClock
+from falcon_ray.devtools.simulate.schedule import Scheduler
 from falcon_ray.sim.autoscaler import unschedulable
-from falcon_ray.sim.fleet import parse_fleet
 from falcon_ray.sim.kube_store import ObjectStore
 from falcon_ray.sim.workloads import owner_job, tpu_request
+from tests.harness.simulate import POOL_2X2, run_for, virtual_fleet
 
-START = dt.datetime(2026, 1, 5)
 FLEET = {
     "clusters": [{"name": "c1", "project": "p-c1", "location": "us-east5-b", "tpu_type": "v6e", "chips": 64}]
 }
-POOL = {
-    "name": "pool-a",
-    "initialNodeCount": 1,
-    "config": {"machineType": "ct6e-standard-4t"},
-    "placementPolicy": {"tpuTopology": "2x2"},
-}
+POOL = POOL_2X2
 
 
 def _fleet() -> tuple[VirtualFleet, Scheduler]:
-    scheduler = Scheduler(VirtualClock(START))
-    return VirtualFleet(parse_fleet(FLEET), scheduler), scheduler
+    return virtual_fleet(FLEET)
 
 
-def _run(scheduler: Scheduler, seconds: float) -> None:
-    end = scheduler.clock.monotonic() + seconds
-    while scheduler.next_at() is not None and scheduler.next_at() <= end:
-        scheduler.run_next()
+_run = run_for
 
 
 def _pod(name: str, ns: str, owner: str | None, tpu: str = "4") -> dict:

@@ -113,7 +113,7 @@ class Autoscaler:
 
     def _run_pass(self) -> None:
         self._pass_armed = False
-        pods, every = self._pods()
+        pods = self.store.list("pods")
         demand = self._demand(pods)
         for pool in self.cluster.pools.autoscaled():
             if (
@@ -121,29 +121,7 @@ class Autoscaler:
                 and self._nodes_to_add(pool, demand, self.cluster.workloads.pod_tpu) > 0
             ):
                 self._arm_scale_up(pool, self._first_wait(pool))
-        self._scale_down(self._busy(pods if every else None))
-
-    def _pods(self) -> tuple[list[dict[str, Any]], bool]:
-        """The stored pods ``_demand`` needs, in the store's order, and whether they are all of
-        them: those the scheduler may have to place (every pod ``unschedulable`` can be true of),
-        or all of them while one cannot be read from the scheduler's index."""
-        w = self.cluster.workloads
-        if w._unreadable:
-            return self.store.list("pods"), True
-        return [self.store.get("pods", *key) for key in sorted(w._placeable)], False  # type: ignore[misc]
-
-    def _busy(self, pods: list[dict[str, Any]] | None) -> set[str | None]:
-        """The nodes of the pods not ended, as a scan of every stored pod finds them: a scan of
-        ``pods`` (every stored pod) when given, else the scheduler's index of the TPU held per
-        node (a node is held by its bound pods not ended)."""
-        w = self.cluster.workloads
-        if pods is not None:
-            return {
-                (p.get("spec") or {}).get("nodeName")
-                for p in pods
-                if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL
-            }
-        return set(w._held)
+        self._scale_down(pods)
 
     # ---- scale-up ------------------------------------------------------------------------------
     def _first_wait(self, pool: NodePool) -> float:
@@ -162,7 +140,9 @@ class Autoscaler:
         self._scale_up_armed.discard(pool.name)
         if pool not in self.cluster.pools.autoscaled():
             return
-        wanted = self._nodes_to_add(pool, self._demand(self._pods()[0]), self.cluster.workloads.pod_tpu)
+        wanted = self._nodes_to_add(
+            pool, self._demand(self.store.list("pods")), self.cluster.workloads.pod_tpu
+        )
         if wanted <= 0:
             return
         free = self.cluster.pools.free_hosts(pool)
@@ -212,7 +192,12 @@ class Autoscaler:
         return max(0, min(-(-needed // step) * step, room - room % step))
 
     # ---- scale-down ----------------------------------------------------------------------------
-    def _scale_down(self, busy: set[str | None]) -> None:
+    def _scale_down(self, pods: list[dict[str, Any]]) -> None:
+        busy = {
+            (p.get("spec") or {}).get("nodeName")
+            for p in pods
+            if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL
+        }
         now = self.cluster.mono()
         delay = self.cluster.timings.autoscaler_scale_down
         watched: set[str] = set()

@@ -306,10 +306,9 @@ class SimCluster:
         else:
             self._running_pods.pop(key, None)
 
-    def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any], *, owned: bool = False) -> None:
+    def record_job_create(self, job: dict[str, Any], manifest: dict[str, Any]) -> None:
         """A Job created through the API; ``manifest``: the body as received, JSON-shaped (as
-        ``kube_store.clone`` returns it), of which the record keeps a copy; with ``owned``, a copy
-        that the caller made for the record and no one else holds, kept as it is."""
+        ``kube_store.clone`` returns it), of which the record keeps a copy."""
         md = job["metadata"]
         key = (md.get("namespace", ""), md["name"])
         now = self.wall()
@@ -324,7 +323,7 @@ class SimCluster:
                 "ran": [],  # record_job_ran
             }
         rec["creates"] += 1
-        rec["manifest"] = manifest if owned else copy_out(manifest)
+        rec["manifest"] = copy_out(manifest)
         rec["last_created_at"] = now
         rec["created_at"].append(now)
         rec["uid"] = md["uid"]

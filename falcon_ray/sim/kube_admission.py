@@ -28,7 +28,6 @@ in-cluster controllers:
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -98,13 +97,6 @@ def decode_error(rk: ResourceKind, field: str, go_type: str) -> KubeError:
     )
 
 
-@functools.lru_cache(maxsize=1024)
-def _canonical_text(text: str) -> str:
-    """``canonical`` of a quantity given as a string, worked out once per text (a pure function
-    of it; a text it refuses raises every time, as ``lru_cache`` keeps no exception)."""
-    return canonical(text)
-
-
 def normalize_quantities(rk: ResourceKind, resources: Any, where: str) -> None:
     """Canonicalize, in place, a ``{name: quantity}`` map (400 for a value that is not a quantity)."""
     if resources is None:
@@ -113,7 +105,7 @@ def normalize_quantities(rk: ResourceKind, resources: Any, where: str) -> None:
         raise decode_error(rk, where, "v1.ResourceList")
     for name, qty in resources.items():
         try:
-            resources[name] = _canonical_text(qty) if type(qty) is str else canonical(qty)
+            resources[name] = canonical(qty)
         except ValueError as e:
             version = rk.api_version.split("/")[-1]
             if isinstance(qty, (str, int, float)) and not isinstance(qty, bool):

@@ -14,9 +14,6 @@ Contract
 * Watchers subscribe with :meth:`subscribe`; events are pushed to their queues
   synchronously inside the mutation, so "snapshot history, then subscribe" in
   one loop step never loses or repeats an event.
-* ``labelled(plural, key, values)``: the keys of the objects carrying a label, kept
-  at every write (a superset for a selector that requires that label: the caller
-  still applies the selector, in key order).
 * Listeners (the workload controllers) get every event synchronously too; they
   must only record work and schedule it, never mutate the store re-entrantly.
 * All methods run on the simulator's event loop thread; nothing here locks.
@@ -25,8 +22,8 @@ Contract
 * What is stored is JSON-shaped, as :func:`clone` returns it (dicts with str
   keys, lists, str, int, float, bool, None; no tuple): ``create`` and ``update``
   take such values and ``mutate``'s ``change`` keeps them so. The store copies
-  them with :func:`copy_out` (for the events' snapshots and ``mutate``'s and
-  ``replace``'s working copies) and converts nothing.
+  them with :func:`copy_out` (for the events' snapshots and ``mutate``'s
+  working copy) and converts nothing.
 """
 
 from __future__ import annotations
@@ -81,40 +78,6 @@ def copy_out(obj: Any) -> Any:
     return marshal.loads(marshal.dumps(obj, 2))
 
 
-def _same_besides_spec(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """``a == b`` for two objects whose ``spec``s are known to be equal: the same keys, and
-    equal values under every key but ``spec`` (compared as ``==`` on dicts compares them)."""
-    if len(a) != len(b):
-        return False
-    for key, value in a.items():
-        if key == "spec":
-            if key not in b:
-                return False
-            continue
-        if key not in b:
-            return False
-        other = b[key]
-        if value is not other and not value == other:
-            return False
-    return True
-
-
-def _labels_of(obj: Any) -> Any:
-    """An object's ``metadata.labels`` as stored (``None`` for no object)."""
-    if obj is None:
-        return None
-    md = obj.get("metadata")
-    return md.get("labels") if isinstance(md, dict) else None
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
-
-
 def rfc3339(ts: datetime | None = None) -> str:
     return (ts or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -162,10 +125,6 @@ class ObjectStore:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
         # each kind's keys in sorted order, worked out again only after a create or delete of that kind
         self._sorted_keys: dict[str, list[tuple[str, str]] | None] = {p: None for p in RESOURCES}
-        # each kind's keys by label: label key -> label value -> the keys of the objects with it;
-        # an object whose labels are not a map of hashable values is kept apart, in _odd_labels
-        self._labelled: dict[str, dict[str, dict[Any, set[tuple[str, str]]]]] = {p: {} for p in RESOURCES}
-        self._odd_labels: dict[str, set[tuple[str, str]]] = {p: set() for p in RESOURCES}
         self._history: deque[WatchEvent] = deque()
         self._watchers: set[Watcher] = set()
         self._listeners: list[Callable[[WatchEvent], None]] = []
@@ -189,43 +148,6 @@ class ObjectStore:
 
     def count(self, plural: str) -> int:
         return len(self._objects[plural])
-
-    def labelled(self, plural: str, key: str, values: tuple[Any, ...] | None) -> set[tuple[str, str]]:
-        """The keys of the objects whose label ``key`` is one of ``values`` (any value when
-        ``None``), with those of every object whose labels are not a map of hashable values:
-        a superset of the objects a selector requiring such a label matches. A new set."""
-        by_value = self._labelled[plural].get(key, {})
-        out = set(self._odd_labels[plural])
-        for value in by_value if values is None else values:
-            out.update(by_value.get(value, ()))
-        return out
-
-    def _index_labels(self, plural: str, key: tuple[str, str], old: Any, new: Any) -> None:
-        """Move ``key`` in the label index from the labels of ``old`` to those of ``new`` (the
-        objects stored under it before and after a write; ``None`` when there is none)."""
-        before = _labels_of(old)
-        after = _labels_of(new)
-        if before is after or (type(before) is dict and type(after) is dict and before == after):
-            return  # the same entries (equal maps are both indexed, or both kept apart)
-        index = self._labelled[plural]
-        odd = self._odd_labels[plural]
-        if key in odd:
-            odd.discard(key)
-        elif isinstance(before, dict):
-            for label, value in before.items():
-                keys = index[label][value]
-                keys.discard(key)
-                if not keys:
-                    del index[label][value]
-                    if not index[label]:
-                        del index[label]
-        if not after:
-            return
-        if not isinstance(after, dict) or not all(_hashable(v) for v in after.values()):
-            odd.add(key)
-            return
-        for label, value in after.items():
-            index.setdefault(label, {}).setdefault(value, set()).add(key)
 
     # ---- writing -------------------------------------------------------------------------------
     def create(self, plural: str, obj: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
@@ -255,25 +177,19 @@ class ObjectStore:
         md["resourceVersion"] = str(self._next_rv())
         self._objects[plural][key] = obj
         self._sorted_keys[plural] = None
-        self._index_labels(plural, key, None, obj)
         self._emit(WatchEvent(self.rv, "ADDED", plural, copy_out(obj)))
         return obj
 
-    def update(
-        self, plural: str, obj: dict[str, Any], prev: dict[str, Any], *, same_spec: bool = False
-    ) -> dict[str, Any]:
-        """Replace the stored object with ``obj`` (same key), bumping resourceVersion and generation
-        (``same_spec``: the caller knows ``obj``'s spec is a copy of ``prev``'s, left as it was)."""
+    def update(self, plural: str, obj: dict[str, Any], prev: dict[str, Any]) -> dict[str, Any]:
+        """Replace the stored object with ``obj`` (same key), bumping resourceVersion and generation."""
         md = obj["metadata"]
         key = (md.get("namespace", ""), md["name"])
-        if not same_spec and prev.get("spec") != obj.get("spec"):
+        if prev.get("spec") != obj.get("spec"):
             md["generation"] = int(prev["metadata"].get("generation", 1)) + 1
         md["resourceVersion"] = str(self._next_rv())
-        stored = self._objects[plural].get(key)
-        if stored is None:
+        if key not in self._objects[plural]:
             self._sorted_keys[plural] = None
         self._objects[plural][key] = obj
-        self._index_labels(plural, key, stored, obj)
         self._emit(WatchEvent(self.rv, "MODIFIED", plural, copy_out(obj), prev))
         return obj
 
@@ -286,24 +202,9 @@ class ObjectStore:
             return False
         new = copy_out(current)
         change(new)
-        # new == current, with the spec compared once for both that and update's generation
-        same_spec = new.get("spec") == current.get("spec")
-        if same_spec and _same_besides_spec(new, current):
+        if new == current:
             return False
-        self.update(plural, new, current, same_spec=same_spec)
-        return True
-
-    def replace(self, plural: str, namespace: str, name: str, key: str, value: Any) -> bool:
-        """``mutate`` with a ``change`` that sets the top-level field ``key`` to ``value`` (which
-        the store then holds: the caller keeps no hold on it), answered without its working
-        copy's compare: the copy equals the stored object in every other field, so it differs
-        exactly when ``key`` is missing or holds something else. True if stored."""
-        current = self.get(plural, namespace, name)
-        if current is None or (key in current and current[key] == value):
-            return False
-        new = copy_out(current)
-        new[key] = value
-        self.update(plural, new, current, same_spec=key != "spec")
+        self.update(plural, new, current)
         return True
 
     def delete(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -311,7 +212,6 @@ class ObjectStore:
         if obj is None:
             return None
         self._sorted_keys[plural] = None
-        self._index_labels(plural, (namespace, name), obj, None)
         obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self._emit(WatchEvent(self.rv, "DELETED", plural, copy_out(obj)))
         return obj

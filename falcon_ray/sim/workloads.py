@@ -271,13 +271,6 @@ class Workloads:
         self._owned: dict[str, set[tuple[str, str]]] = {}
         self._owner_of: dict[tuple[str, str], str] = {}
         self._tpu: dict[str, tuple[Any, int]] = {}  # pod uid -> (resourceVersion, tpu_request)
-        # kept by _on_event, for the scheduler: the stored pods it may have to place (Pending, and
-        # not being deleted once they have a node), and the TPU held on each node by the pods bound
-        # to it and not ended: (namespace, name) -> (node, tpu); node -> [tpu, pods]
-        self._placeable: set[tuple[str, str]] = set()
-        self._holding: dict[tuple[str, str], tuple[str, int]] = {}
-        self._held: dict[str, list[int]] = {}
-        self._unreadable: set[tuple[str, str]] = set()
         self.store.add_listener(self._on_event)
 
     def pod_tpu(self, pod: dict[str, Any]) -> int:
@@ -312,71 +305,6 @@ class Workloads:
             self._owner_of[key] = owner_uid
             self._owned.setdefault(owner_uid, set()).add(key)
 
-    def _index_schedulable(self, key: tuple[str, str], ev: WatchEvent, phase: str) -> None:
-        """Keep ``_placeable`` and the TPU held per node as ``_scan_for_schedule`` would find them;
-        a pod they cannot be read from (a spec that is not an object, say) is left to that scan."""
-        held = self._holding.pop(key, None)
-        if held is not None:
-            totals = self._held[held[0]]
-            totals[0] -= held[1]
-            totals[1] -= 1
-            if not totals[1]:
-                del self._held[held[0]]
-        self._placeable.discard(key)
-        self._unreadable.discard(key)
-        if ev.type == "DELETED":
-            return
-        pod = ev.obj
-        try:
-            node = (pod.get("spec") or {}).get("nodeName")
-            tpu = self.pod_tpu(pod) if node and phase not in TERMINAL else None
-            placeable = phase == "Pending" and not (node and pod["metadata"].get("deletionTimestamp"))
-        except Exception:  # noqa: BLE001 - the scan raises it again, where it raised before
-            self._unreadable.add(key)
-            return
-        if tpu is not None:
-            self._holding[key] = (node, tpu)
-            totals = self._held.setdefault(node, [0, 0])
-            totals[0] += tpu
-            totals[1] += 1
-        if placeable:
-            self._placeable.add(key)
-
-    def _schedule_inputs(self) -> tuple[Counter[str], list[dict[str, Any]]]:
-        """What ``_scan_for_schedule`` answers, read from the index while it holds every pod."""
-        if self._unreadable:
-            return self._scan_for_schedule()
-        used = Counter({node: totals[0] for node, totals in self._held.items()})
-        pods = [self.store.get("pods", *key) for key in sorted(self._placeable)]
-        pending = [
-            p
-            for p in pods
-            if not (p.get("spec") or {}).get("nodeName") or p["metadata"]["uid"] not in self._bound  # type: ignore[union-attr]
-        ]
-        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-        return used, pending  # type: ignore[return-value]
-
-    def _scan_for_schedule(self) -> tuple[Counter[str], list[dict[str, Any]]]:
-        """The TPU held on each node by the stored pods bound to it and not ended (a terminating
-        pod holds its TPU until it is gone), and the pods to place or hand to their node's kubelet,
-        oldest first (by creation time, then name, in the store's order)."""
-        used: Counter[str] = Counter()
-        pending = []
-        for pod in self.store.list("pods"):
-            phase = (pod.get("status") or {}).get("phase", "Pending")
-            node = (pod.get("spec") or {}).get("nodeName")
-            if node:
-                if phase not in TERMINAL:
-                    used[node] += self.pod_tpu(pod)
-                if pod["metadata"].get("deletionTimestamp"):
-                    continue
-                if phase == "Pending" and pod["metadata"]["uid"] not in self._bound:
-                    pending.append(pod)  # created with spec.nodeName: the kubelet still has to start it
-            elif phase == "Pending":
-                pending.append(pod)
-        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-        return used, pending
-
     # ---- event intake --------------------------------------------------------------------------
     def _on_event(self, ev: WatchEvent) -> None:
         if ev.plural == "jobs":
@@ -403,7 +331,6 @@ class Workloads:
                 self._bound.discard(md["uid"])
                 self._unschedulable_msg.pop(md["uid"], None)
                 self._tpu.pop(md["uid"], None)
-            self._index_schedulable((md.get("namespace", ""), md["name"]), ev, phase)
             self._schedule_needed = True
         elif ev.plural == "nodes":
             self._schedule_needed = True
@@ -689,7 +616,10 @@ class Workloads:
             else:
                 self.cluster.record_event(job, "Warning", reason, message)
 
-        self.store.replace("jobs", ns, name, "status", status)
+        def write(obj: dict[str, Any]) -> None:
+            obj["status"] = status
+
+        self.store.mutate("jobs", ns, name, write)
 
     def _dirty_and_arm(self, ns: str, name: str) -> None:
         self._dirty_jobs.add((ns, name))
@@ -798,7 +728,21 @@ class Workloads:
     # ---- scheduler -----------------------------------------------------------------------------
     def _schedule(self) -> None:
         nodes = [n for n in self.store.list("nodes") if _node_ready(n)]
-        used, pending = self._schedule_inputs()
+        used: Counter[str] = Counter()
+        pending = []
+        for pod in self.store.list("pods"):
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                if phase not in TERMINAL:
+                    used[node] += self.pod_tpu(pod)  # a terminating pod holds its TPU until it is gone
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue
+                if phase == "Pending" and pod["metadata"]["uid"] not in self._bound:
+                    pending.append(pod)  # created with spec.nodeName: the kubelet still has to start it
+            elif phase == "Pending":
+                pending.append(pod)
+        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         by_name = {n["metadata"]["name"]: n for n in nodes}
         alloc: dict[str, int] = {}
         for pod in pending:

@@ -63,7 +63,7 @@ from falcon_ray.sim.cluster import SimCluster
 from falcon_ray.sim.errors import GoogleError, KubeError
 from falcon_ray.sim.fleet import FleetConfig
 from falcon_ray.sim.kube_store import RESOURCES, WatchEvent, clone, copy_out
-from falcon_ray.sim.node_pools import NODEPOOL_LABEL, NodePool, Operation
+from falcon_ray.sim.node_pools import NODEPOOL_LABEL, NodePool
 from falcon_ray.sim.selectors import parse_label_selector
 
 from .schedule import Scheduler
@@ -141,9 +141,6 @@ class VirtualFleet:
         self.read_rngs: dict[str, random.Random] = {}
         # (cluster, pool) -> (the pool, its status and message then, its json_view(c, False))
         self._views: dict[tuple[str, str], tuple[NodePool, str, str, dict[str, Any]]] = {}
-        self._clusters_at: dict[tuple[str, str], list[SimCluster]] = {}
-        # (cluster, operation) -> (the operation, its OperationInfo while it has no error)
-        self._op_infos: dict[tuple[str, str], tuple[Operation, OperationInfo]] = {}
 
     def pool_view(self, c: SimCluster, pool: NodePool) -> dict[str, Any]:
         """``pool.json_view(c, False)``, made again only when the pool's status or status message
@@ -156,37 +153,6 @@ class VirtualFleet:
         view = pool.json_view(c, False)
         self._views[key] = (pool, pool.status, pool.status_message, view)
         return view
-
-    def clusters_at(self, project: str, location: str) -> list[SimCluster]:
-        """The clusters of ``project`` and ``location``, in the fleet's order (a cluster's project
-        and location never change, nor do the fleet's clusters)."""
-        key = (project, location)
-        hit = self._clusters_at.get(key)
-        if hit is None:
-            hit = self._clusters_at[key] = [
-                c for c in self.clusters.values() if c.config.project == project and c.config.location == location
-            ]
-        return hit
-
-    def operation_info(self, c: SimCluster, op: Operation) -> OperationInfo:
-        """``OperationInfo`` of an operation without an error, made again only when its status
-        changes: nothing else it shows ever changes (its name, type and target pool). Frozen, and
-        of strings and a bool only, so one instance can be handed to every caller."""
-        key = (c.config.name, op.name)
-        hit = self._op_infos.get(key)
-        if hit is not None and hit[0] is op and hit[1].status == op.status:
-            return hit[1]
-        info = OperationInfo(
-            name=op.name,
-            status=op.status,
-            done=op.status == "DONE",
-            error=None,
-            target=op.target_link,
-            operation_type=op.op_type,
-            detail="",  # to_json has no detail
-        )
-        self._op_infos[key] = (op, info)
-        return info
 
     def count(self, api: str) -> None:
         self.calls[api] = self.calls.get(api, 0) + 1
@@ -293,19 +259,24 @@ class SimGke:
 
     def get_operation(self, project: str, location: str, operation: str) -> OperationInfo:
         name = operation.rsplit("/", 1)[-1]
-        owner = next((c for c in self.fleet.clusters_at(project, location) if name in c.pools.operations), None)
+        owner = next(
+            (c for c in self.fleet.clusters.values() if c.config.project == project and c.config.location == location and name in c.pools.operations),
+            None,
+        )
         if owner is None:
             raise CloudError(ErrorKind.NOT_FOUND, f"Not found: operation {name} in projects/{project}/locations/{location}.", 404)
         # the fields of the operation's to_json(False) that OperationInfo holds, read from it directly
         op = self._call(owner, lambda: owner.pools.operations[name])
-        if op.status != "DONE" or not op.error:
-            return self.fleet.operation_info(owner, op)
-        e = op.error
+        done = op.status == "DONE"
+        error: CloudError | None = None
+        if done and op.error:
+            e = op.error
+            error = classify(status_pb2.Status(code=int(e.get("code") or 0), message=str(e.get("message") or "")))
         return OperationInfo(
             name=op.name,
             status=op.status,
-            done=True,
-            error=classify(status_pb2.Status(code=int(e.get("code") or 0), message=str(e.get("message") or ""))),
+            done=done,
+            error=error,
             target=op.target_link,
             operation_type=op.op_type,
             detail="",  # to_json has no detail
@@ -466,19 +437,13 @@ class SimKube(KubeApi):
     def _list(self, plural: str, namespace: str | None, label_selector: str | None = None) -> dict[str, Any]:
         selector = _selector(label_selector)
         store = self.cluster.store
-        needed = _needed_label(selector)
-        if needed is None:
-            listed = store.list(plural, namespace)
-        else:  # only the objects that carry a label the selector requires, in the store's order
-            keys = sorted(k for k in store.labelled(plural, *needed) if namespace is None or k[0] == namespace)
-            listed = [store.get(plural, *k) for k in keys]
-        items = [o for o in listed if selector.matches(o["metadata"].get("labels"))]  # type: ignore[index]
+        items = [o for o in store.list(plural, namespace) if selector.matches(o["metadata"].get("labels"))]
         return {"metadata": {"resourceVersion": str(store.rv)}, "items": items}
 
     def _create(self, plural: str, namespace: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
         rk = RESOURCES[plural]
         body = clone(dict(manifest))
-        received = copy_out(body) if plural == "jobs" else {}  # a Job as received: its record's own copy
+        received = copy_out(body) if plural == "jobs" else {}  # a Job as received, for its record
         md = body.setdefault("metadata", {})
         md["namespace"] = namespace
         for key in _SERVER_METADATA:
@@ -498,7 +463,7 @@ class SimKube(KubeApi):
         admission.validate_status(rk, body)
         obj = c.store.create(plural, body, uid=uid)
         if plural == "jobs":
-            c.record_job_create(obj, received, owned=True)
+            c.record_job_create(obj, received)
         return obj
 
     def _next_service_ip(self) -> str:
@@ -544,17 +509,6 @@ def _selector(text: str | None):
     """``parse_label_selector``, once per text (a ``LabelSelector`` is frozen; a text it
     refuses raises every time)."""
     return parse_label_selector(text)
-
-
-def _needed_label(selector) -> tuple[str, tuple[str, ...] | None] | None:
-    """A label an object must carry to match ``selector`` (its key, and the values it may have,
-    ``None`` for any), as ``ObjectStore.labelled`` takes it; ``None`` when it requires none."""
-    for r in selector.requirements:
-        if r.op in ("=", "in"):
-            return r.key, r.values
-        if r.op == "exists":
-            return r.key, None
-    return None
 
 
 class SimJobWatcher:

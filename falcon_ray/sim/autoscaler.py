@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .kube_store import WatchEvent
 from .node_pools import TPU_RESOURCE, NodePool, node_object
 from .selectors import node_matches, tolerates
-from .workloads import TERMINAL, tpu_request
+from .workloads import TERMINAL
 
 if TYPE_CHECKING:
     from .cluster import SimCluster
@@ -58,9 +58,7 @@ def unschedulable(pod: dict[str, Any]) -> bool:
     )
 
 
-def nodes_needed(
-    pods: list[dict[str, Any]], chips_per_host: int, tpu: Callable[[dict[str, Any]], int] = tpu_request
-) -> int:
+def nodes_needed(pods: list[dict[str, Any]], chips_per_host: int, tpu: Callable[[dict[str, Any]], int]) -> int:
     """Empty nodes of ``chips_per_host`` TPU chips that hold ``pods`` (first fit, largest first);
     ``tpu``: a pod's ``tpu_request``."""
     if not pods:
@@ -77,12 +75,9 @@ def nodes_needed(
     return len(free)
 
 
-def _fits(pod: dict[str, Any], pool: NodePool, node: dict[str, Any], want: int | None = None) -> bool:
-    """True when ``node`` (a new node of ``pool``) would take the pod (``want``: its
-    ``tpu_request``, worked out here when not given)."""
+def _fits(pod: dict[str, Any], pool: NodePool, node: dict[str, Any], want: int) -> bool:
+    """True when ``node`` (a new node of ``pool``) would take the pod (``want``: its ``tpu_request``)."""
     spec = pod.get("spec") or {}
-    if want is None:
-        want = tpu_request(pod)
     if want > pool.chips_per_host:
         return False
     requested = {TPU_RESOURCE} if want else set()
@@ -116,10 +111,7 @@ class Autoscaler:
         pods = self.store.list("pods")
         demand = self._demand(pods)
         for pool in self.cluster.pools.autoscaled():
-            if (
-                pool.name not in self._scale_up_armed
-                and self._nodes_to_add(pool, demand, self.cluster.workloads.pod_tpu) > 0
-            ):
+            if pool.name not in self._scale_up_armed and self._nodes_to_add(pool, demand) > 0:
                 self._arm_scale_up(pool, self._first_wait(pool))
         self._scale_down(pods)
 
@@ -140,9 +132,7 @@ class Autoscaler:
         self._scale_up_armed.discard(pool.name)
         if pool not in self.cluster.pools.autoscaled():
             return
-        wanted = self._nodes_to_add(
-            pool, self._demand(self.store.list("pods")), self.cluster.workloads.pod_tpu
-        )
+        wanted = self._nodes_to_add(pool, self._demand(self.store.list("pods")))
         if wanted <= 0:
             return
         free = self.cluster.pools.free_hosts(pool)
@@ -175,15 +165,10 @@ class Autoscaler:
         self._templates[pool.name] = (pool, node)
         return node
 
-    @staticmethod
-    def _nodes_to_add(
-        pool: NodePool,
-        demand: dict[str, list[dict[str, Any]]],
-        tpu: Callable[[dict[str, Any]], int] = tpu_request,
-    ) -> int:
-        """Nodes ``pool`` should gain now: its pods packed on new nodes, less those provisioning
-        (``tpu``: a pod's ``tpu_request``)."""
+    def _nodes_to_add(self, pool: NodePool, demand: dict[str, list[dict[str, Any]]]) -> int:
+        """Nodes ``pool`` should gain now: its pods packed on new nodes, less those provisioning."""
         assert pool.autoscaling is not None
+        tpu = self.cluster.workloads.pod_tpu
         needed = nodes_needed(demand.get(pool.name, []), pool.chips_per_host, tpu) - pool.provisioning
         if needed <= 0:
             return 0

@@ -334,9 +334,9 @@ class Simulation:
 
     def _queue_stepped(self, loop: ScheduledLoop, applied: object) -> None:
         self._written = True  # a step that moved nothing may still have written a Message
-        if isinstance(applied, int) and applied == 0:
-            return
-        if isinstance(applied, int):
+        if isinstance(applied, int):  # not an int: the step failed, and may have changed anything
+            if applied == 0:
+                return
             self.steps_applied += 1
         self._changed_since_check = True
         self._poke_poller()  # a queue that changed anything may have handed a task back

@@ -77,12 +77,13 @@ def test_second_controller_waits_for_the_leader_lease(controller):
 
 def test_pool_delete_that_keeps_failing_is_retried_and_reported(controller):
     run = controller(
-        make_fleet(a={"timings": {"node_register": 1.5}}, with_b=False),
+        make_fleet(a={"timings": {"node_register": 4.0}}, with_b=False),
         pool_delete_report_after=1,
         api_retry_timeout_s=1,
     )
     # an 8 s run: the faults must start before it ends, on a loaded machine too; the nodes'
-    # wait (1.5 s) is read from the event log, not caught live
+    # wait (4 s: a queue step after the create's end must fit in it on a loaded machine) is
+    # read from the event log, not caught live
     tid = run.submit("alice", spec("2x2", 8))
     wait_for(run, tid, phase_is(lc.RUNNING), timeout=60)
     waited = [e.message for e in run.store.events(tid) if lc.phase_of(e.status, e.reason) == lc.WAITING_FOR_NODE]

@@ -97,6 +97,20 @@ class Settings(BaseModel):
     submit_budget_s: float = Field(
         600.0, gt=0, description="a Job submission refused for now (5xx, timeouts) is retried this long, then JobSubmitFailed"
     )
+    # --- the acquisition slot and a contested wait for nodes (docs/architecture.md)
+    strict_slot: bool = Field(
+        False,
+        description="the original rule: at most one task of a queue between its pick and Running, hand-overs "
+        "included; false: the slot serializes acquiring new capacity only, and a waiting task takes an idle pool "
+        "of its topology whose nodes are Ready while the slot holder waits for GKE",
+    )
+    contested_release_limit: int = Field(
+        3,
+        ge=0,
+        description="a task whose pool holds part of its nodes past node_pool_timeout_s while another topology "
+        "waits on the cluster gives the pool back and goes to the head of its queue this many times; the next "
+        "time it ends Failed/NodePoolFailed (capacity not delivered in time)",
+    )
     # --- idle pools: kept after their task ended (docs/bench/keep-alive.md measures the choices)
     idle_pool_handover: bool = Field(
         True,

@@ -43,7 +43,19 @@ import datetime as dt
 from dataclasses import dataclass
 from enum import StrEnum
 
-from falcon_ray.model import JobPhase, JobView, NodeState, PodEnd, PoolStatus, PoolView, RunEvidence
+from falcon_ray.model import (
+    ABANDONED,
+    CONTROLLER_MOVES,
+    RELEASED,
+    SWITCHED,
+    JobPhase,
+    JobView,
+    NodeState,
+    PodEnd,
+    PoolStatus,
+    PoolView,
+    RunEvidence,
+)
 
 
 class Fault(StrEnum):
@@ -61,12 +73,15 @@ class DisruptionKind(StrEnum):
     # not a disruption: a recovery left its pool (gone, or its nodes not back in time) and its
     # attempt's Job name with it; the next attempt, on a new pool, takes the next name. Such a
     # row is not counted against max_recoveries (the disruption before it was).
-    ABANDONED = "abandoned"
+    ABANDONED = ABANDONED
+    # not disruptions either: the controller's own moves (``model.CONTROLLER_MOVES``)
+    RELEASED = RELEASED
+    SWITCHED = SWITCHED
 
 
 def counted(kind: str) -> bool:
     """Does a disruption row of this kind use up one of the task's max_recoveries?"""
-    return kind != DisruptionKind.ABANDONED
+    return kind not in CONTROLLER_MOVES
 
 
 @dataclass(frozen=True)

@@ -50,22 +50,20 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
     clusters = {c.id: c for c in store.list_clusters()}
     active_types = {c.tpu_type for c in clusters.values() if c.active}
     fields = {t.id: _spec_fields(t.spec) for t in tasks}
-    waiting_topologies: dict[str | None, set[str]] = {}
-    for t in tasks:
-        if t.phase in lc.PENDING_PHASES and t.phase != lc.NEW:
-            waiting_topologies.setdefault(t.cluster_id, set()).add(str(fields[t.id].get("topology")))
     entered = store.phase_entered([t.id for t in tasks])
     refused = store.capacity_refused_since([t.id for t in tasks if t.phase == lc.CLUSTER_BUSY])
     creates = _creates(store, tasks)
     out = []
     for t in tasks:
         c = clusters.get(t.cluster_id or "")
-        topology = str(fields[t.id].get("topology"))
         wait = limits.wait_of(
             t.phase,
             job_accepted=t.dispatched_at is not None,
             out_of_service=c is not None and not c.active and c.tpu_type in active_types,
-            contested=bool(waiting_topologies.get(t.cluster_id, set()) - {topology}),
+            # the contested wait counts from the pool's first node, which only the cluster
+            # shows: health reads the database, so it holds WaitingForNode to the capacity
+            # budget (the longer limit), never to a count that would list a task too early
+            contested=False,
             capacity_refused=t.id in refused,
             create_accepted=t.id in creates and creates[t.id].state != LeaseState.REQUESTED,
         )

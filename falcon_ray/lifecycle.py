@@ -165,6 +165,7 @@ _TASK_EDGES: tuple[tuple[Phase | tuple[Phase, ...], Phase, str], ...] = (
         f"{QUEUE}: the fleet disrupted the run (maintenance, repair, reclaim, a lost node or pool) and its recoveries are not used up; its Job is deleted",
     ),
     (RECOVERING, RUNNING, f"{QUEUE}: every pod of the new attempt's Job is active (the attempt's timeout clock starts)"),
+    (WAITING_FOR_NODE, WAITING, f"{QUEUE}: its pool held part of its nodes past node_pool_timeout_s while another topology waited; pool and Job deleted, back at the head of the queue"),
     (RECOVERING, WAITING, f"{QUEUE}: its pool is gone or did not come back within recovery_pool_wait_s; it acquires a new one, ahead of the queue"),
     (RECOVERING, SUCCEEDED, f"{QUEUE}: the new attempt's Job completed"),
     (RECOVERING, failed(Reason.JOB_FAILED), f"{QUEUE}: the new attempt's Job failed by the task's own fault"),

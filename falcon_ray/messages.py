@@ -165,6 +165,26 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "node pool {pool} 的节点在 {limit} 内没有恢复 (recovery_pool_wait_s)",
     ),
     "waiting_recovery": ("{attempt}; ", "{attempt};"),
+    "waiting_released": (
+        "Gave its node pool back at {at} UTC ({detail}); at the head of the queue (release {n} of at most {limit}); ",
+        "已于 {at} UTC 交还 node pool ({detail});排在队首 (第 {n} 次交还,最多 {limit} 次);",
+    ),
+    "released_detail": (
+        "node pool {pool} held {registered}/{expected} node(s) for {limit} since its first node came at {since} UTC while a task of another topology waited for cluster {cluster}'s capacity",
+        "node pool {pool} 自首个节点于 {since} UTC 到达起 {limit} 内只有 {registered}/{expected} 个节点,而另一拓扑的任务在等待集群 {cluster} 的容量",
+    ),
+    "released_text": (
+        "{detail}; gave it back (Job and node pool deleted), back at the head of the queue (release {n} of at most {limit})",
+        "{detail};已交还 (Job 和 node pool 已删除),回到队首 (第 {n} 次交还,最多 {limit} 次)",
+    ),
+    "capacity_not_delivered": (
+        "Capacity not delivered in time: {detail}; the task gave its node pool back {n} time(s), the most contested_release_limit allows. The fleet's capacity, not a fault of the task; it may be submitted again",
+        "容量未能及时交付: {detail};任务已交还 node pool {n} 次,达到 contested_release_limit 上限。这是集群容量问题,不是任务本身的问题,可重新提交",
+    ),
+    "switched_to_idle": (
+        "Took idle node pool {pool}, whose nodes are Ready, instead of waiting for the nodes of its own node pool {own} (deleted)",
+        "改用 node pool {pool} (空闲,节点已 Ready),不再等待自己的 node pool {own} 的节点 (已删除)",
+    ),
     # Running / Succeeded
     "running": ("Pod running ({active}/{expected} active)", "Pod 运行中 ({active}/{expected} active)"),
     "running_attempt": ("Pod running ({active}/{expected} active); {attempt}", "Pod 运行中 ({active}/{expected} active);{attempt}"),

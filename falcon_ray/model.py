@@ -492,14 +492,22 @@ class QueueTask:
 
     @property
     def recoveries(self) -> tuple[Disruption, ...]:
-        """The disruptions that used up one of its max_recoveries (not the abandoned pools)."""
-        return tuple(d for d in self.disruptions if d.kind != "abandoned")
+        """The disruptions that used up one of its max_recoveries (not the controller's own
+        moves: ``CONTROLLER_MOVES``)."""
+        return tuple(d for d in self.disruptions if d.kind not in CONTROLLER_MOVES)
+
+    @property
+    def releases(self) -> tuple[Disruption, ...]:
+        """The pools it gave back because another topology waited for their capacity."""
+        return tuple(d for d in self.disruptions if d.kind == RELEASED)
 
     @property
     def priority(self) -> int:
-        """The pick rule's priority: a task recovering from a disruption goes ahead of every
-        task that has not run yet (its spec's priority orders it among the recovering)."""
-        return self.spec.priority + (RECOVERY_PRIORITY if self.disruptions else 0)
+        """The pick rule's priority: a task recovering from a disruption, or that gave its
+        pool back to another topology, goes ahead of every task that has not run yet (its
+        spec's priority orders it among those)."""
+        ahead = any(d.kind != SWITCHED for d in self.disruptions)
+        return self.spec.priority + (RECOVERY_PRIORITY if ahead else 0)
 
     def with_message(self, message: str) -> QueueTask:
         """The same value with another Message (a copy)."""
@@ -507,6 +515,14 @@ class QueueTask:
 
 
 RECOVERY_PRIORITY = 1000  # above any spec priority (-100..100)
+# ``falcon_task_disruptions`` rows that record a move of the controller's, not a disruption
+# by the fleet: each leaves its attempt's Job name behind (the next Job takes the next one)
+# and none uses up a max_recoveries. ``abandoned``: a recovery left its pool; ``released``:
+# the task gave a pool that held part of its nodes back to another topology and went to the
+# head of its queue (``dispatch.release_contested``); ``switched``: a task waiting for the
+# nodes of its new pool took an idle pool with Ready nodes instead (``acquire.switch_to_idle``).
+ABANDONED, RELEASED, SWITCHED = "abandoned", "released", "switched"
+CONTROLLER_MOVES = frozenset({ABANDONED, RELEASED, SWITCHED})
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ their event logs), the Message changes the run observed and the fleet's own acco
 
 - ``lost``: tasks not terminal at the end;
 - ``stuck``: a task that stayed in one phase with no event and no Message change for longer
-  than that phase's limit (``Limits``);
+  than that phase's limit (``Limits``); Running's is the task's own timeout, the product's
+  default (``spec.DEFAULT_TIMEOUT_SECONDS``) when its spec gives none, as the product runs it;
 - ``second_job_creates``: Jobs the fleet saw created again after one of their creates ran a
   pod (every attempt of a task has its own name, ``falcon-task-ID-aN``: two attempts are two
   Jobs, not a second create; a Job whose pods never ran, deleted with a pool whose nodes
@@ -85,9 +86,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from falcon_ray import lifecycle as lc
-from falcon_ray.model import TaskEvent
+from falcon_ray.model import ABANDONED, CONTROLLER_MOVES, RELEASED, SWITCHED, TaskEvent
 from falcon_ray.render import job_name, service_of_job
 from falcon_ray.sim.fleet import FAST_TIMINGS
+from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
 
 log = logging.getLogger("falcon.chaos")
 
@@ -118,7 +120,7 @@ CREATE_ERROR = "Internal error: the node pool could not be created (simulated bu
 CREATE_ERROR_CODE = 13
 RESERVATION_HOSTS = 6  # edge-a's reservation (issue 10: 6 hosts)
 FLEX_CHIPS = 32  # edge-b, flex-start by default (issue 10: 32 chips)
-DEFAULT_TASK_TIMEOUT = 120  # seconds; the soak's ordinary tasks run for a few seconds
+DEFAULT_TASK_TIMEOUT = 120  # seconds: the timeout the soak's ordinary tasks set (they run a few seconds)
 # Random disruptions (the sim's ``disruption_rate_per_node_hour``, per node with a running pod,
 # per hour of real time). A soak task runs 0.2-2.5 s (timeouts 2-3 s) on 1 host, or 4 for
 # 4x4 (a slice is disrupted whole): ~2.5 node-seconds a run, so 120/h disrupts ~8% of the
@@ -239,7 +241,7 @@ class Limits:
         if phase in (lc.NEW, lc.WAITING, lc.CLUSTER_BUSY):
             return self.waiting
         if phase == lc.RUNNING:
-            return float(timeout_seconds or DEFAULT_TASK_TIMEOUT) + self.margin
+            return float(timeout_seconds or DEFAULT_TIMEOUT_SECONDS) + self.margin
         if phase == lc.WAITING_FOR_NODE:  # nodes that do not come are a capacity wait, ended at
             # the capacity budget
             return max(self.node_pool_timeout, self.capacity_budget, 60.0) + self.margin
@@ -346,9 +348,11 @@ def _own_failure_recovered(tid: int, d: Any, fleet_jobs: dict[str, float | None]
     disruption of the run before it: it is never a recovery of its own."""
     if d.job != job_name(tid, d.attempt):
         return f"the row names Job {d.job!r}, not the task's Job of attempt {d.attempt} ({job_name(tid, d.attempt)})"
-    if d.kind == "abandoned":
+    if d.kind in (RELEASED, SWITCHED):
+        return None  # the controller's own move off a pool that was never run on, not a recovery
+    if d.kind == ABANDONED:
         before = next((r for r in rows if r.attempt == d.attempt - 1), None)
-        if before is None or before.kind == "abandoned":
+        if before is None or before.kind in CONTROLLER_MOVES:
             return "an abandoned attempt that follows no disruption"
         return None
     if d.job not in fleet_jobs:
@@ -450,7 +454,7 @@ def check(
     counts = {k: len(v) for k, v in out.items()}
     rows = [d for tid in (t.id for t in tasks) for d in disruptions.get(tid, ())]
     figures = {
-        "recoveries": sum(1 for d in rows if d.kind != "abandoned"),  # by kind below, the abandoned pools too
+        "recoveries": sum(1 for d in rows if d.kind not in CONTROLLER_MOVES),  # by kind below, the controller's moves too
         "recoveries_by_kind": dict(sorted(Counter(d.kind for d in rows).items())),
         "recovered_tasks": sum(1 for t in tasks if disruptions.get(t.id)),
         "disrupted": sum(1 for t in tasks if _phase(t.status, t.reason) == lc.failed(lc.Reason.DISRUPTED)),
@@ -513,10 +517,12 @@ def failed_by_injection(phase: lc.Phase, message: str) -> bool:
 
 
 def _timeout_of(t: Any) -> float | None:
+    """The task's run-time limit: the row's ``timeout_seconds``, else its spec's, else the
+    product's default for a spec without one (None when the spec is not JSON)."""
     if getattr(t, "timeout_seconds", None):
         return float(t.timeout_seconds)
     try:
-        return float(json.loads(t.spec).get("timeout_seconds") or DEFAULT_TASK_TIMEOUT)
+        return float(json.loads(t.spec).get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
     except Exception:
         return None
 

@@ -45,6 +45,7 @@ from falcon_ray.limits import Wait
 from falcon_ray.model import (
     CAPACITY_KINDS,
     OP_IN_FLIGHT,
+    SWITCHED,
     Lease,
     OpKind,
     OpState,
@@ -61,6 +62,7 @@ from falcon_ray.reconcile.effects import (
     Effect,
     EnsurePool,
     MoveLease,
+    RecordDisruption,
     RecordOperation,
     Transition,
     UpdateTask,
@@ -73,12 +75,12 @@ def acquire(d: Decision, t: QueueTask) -> None:
         finish.execute(d, t)
         return
     lease = d.lease_by_task.get(t.id)
-    if switch_to_idle(d, t, lease):
+    if capacity.release_unfinished(d, t, lease) or switch_to_idle(d, t, lease):
         return
     if lease is None:
         no_pool_yet(d, t)
     elif t.phase == lc.WAITING_FOR_NODE and lease.state == LeaseState.IN_USE:
-        if not pool_lost_capacity(d, t, lease):
+        if not pool_lost_capacity(d, t, lease) and not capacity.contested(d, t, lease, d.cluster.pools.get(lease.name)):
             dispatch.waiting_for_pods(d, t, lease)  # its Job is on a pool that scales from zero
     elif lease.state in (LeaseState.READY, LeaseState.IN_USE):
         pool_ready(d, t, lease)
@@ -124,13 +126,39 @@ def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
 
 
 def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
-    idle = d.free_idle(t)
-    if idle is None or (lease is not None and lease.state not in (LeaseState.REQUESTED, LeaseState.CREATING)):
+    """An idle pool of the topology comes free while ``t`` waits for GKE: take it.
+
+    - its own create has not finished (no lease, Requested, Creating): any idle pool (the
+      one with the most Ready nodes), its own create going to keep-or-delete;
+    - its pool is up and short of Ready nodes (WaitingForNode; a pool that scales from zero
+      has its Job already): only an idle pool whose every node is Ready, a hand-over that
+      needs nothing from GKE. Its own pool and Job are deleted (the pool held the nodes
+      that came, if any, and another idle pool is not wanted for a task that has one), and
+      a ``switched`` row gives the Job on the new pool a name the old Job never had; the
+      next round submits it once the old one is gone (``earlier_attempt_left``)."""
+    if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
+        idle = d.free_idle(t)
+        if idle is None:
+            return False
+        effects = claim_idle(d, t, idle)
+        if lease is not None:
+            effects = d.release(lease, t.id) + effects
+        d.add(f"task {t.id}: switch to idle pool {idle.name}", *effects)
+        return True
+    if not d.waits_for_gke(t):
         return False
-    effects = claim_idle(d, t, idle)
-    if lease is not None:
-        effects = d.release(lease, t.id) + effects
-    d.add(f"task {t.id}: switch to idle pool {idle.name}", *effects)
+    idle = d.free_idle(t, ready=True)
+    if idle is None:
+        return False
+    d.claimed.add(idle.id)
+    d.demand.discard(t.id)
+    record: list[Effect] = []
+    if lease.state == LeaseState.IN_USE or d.job_of(t) is not None:  # a Job may be on it, or be about to
+        record.append(RecordDisruption(t.id, t.attempt, SWITCHED, "", render.job_name(t.id, t.attempt), lease.name))
+    text = d.msg("switched_to_idle", pool=idle.name, own=lease.name)
+    claim = MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, {"task_id": t.id, "idle_since": None})
+    move = Transition(t.id, (t.phase,), lc.DISPATCHING, text, {"node_pool_name": idle.name, "job_uid": None})
+    d.add(f"task {t.id}: switch to ready idle pool {idle.name}", *record, *d.delete_job(t), *d.delete_lease(lease, t.id), claim, move)
     return True
 
 
@@ -419,13 +447,7 @@ def nodes_coming(d: Decision, t: QueueTask, lease: Lease, st: LeaseState, pool: 
     if render.scales_from_zero(lease.supply_mode):
         dispatch.start_on_empty_pool(d, t, lease, st, pool, effects)
         return
-    limit = limits.seconds(Wait.NODES_CONTESTED, d.settings) or 0.0
-    # counted from when the control plane was seen RUNNING without its nodes (the phase, in
-    # the event log): a create that waited behind other operations does not eat the nodes' time
-    waited_for_nodes = d.phase_age_s(t) if t.phase == lc.WAITING_FOR_NODE else 0.0
-    if d.queue.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.settings, waited_for_nodes):
-        detail = f"{pool.registered}/{hosts} node(s) registered and another topology is waiting"
-        fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
+    if capacity.contested(d, t, lease, pool):
         return
     if t.phase == lc.WAITING_FOR_NODE and st == lease.state and capacity.nodes_not_delivered(d, t, lease, pool):
         return

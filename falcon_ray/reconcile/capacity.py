@@ -31,6 +31,18 @@ failed operation and a pool in ERROR. Capacity comes back, so the task does not 
   second non-delivery (or a refusal past the budget) ends it NodePoolFailed. The Message
   says the capacity was not delivered, never that the task failed.
 
+- ``contested(d, t, lease, pool)``: a task in WaitingForNode whose pool holds part of its
+  nodes (some registered, not all) for longer than ``node_pool_timeout_s`` counted from
+  the pool's first node (``PoolView.nodes_since``: when it began to hold capacity), while
+  a task of another topology waits on the cluster, gives the pool back: its Job and pool
+  are deleted, a ``released`` row records it (its attempt's Job name stays behind) and it
+  goes back to Waiting at the head of its queue (``QueueTask.priority``). A pool whose
+  nodes are all registered is never given back (its capacity has come), nor one with no
+  node (it holds nothing). After ``contested_release_limit`` releases the next one ends
+  it NodePoolFailed with a Message that says the capacity did not come in time, the
+  fleet's fault. A release whose move back to Waiting was not made (a crash after its row)
+  is finished without a second row.
+
 A wait for reservation headroom (``acquire.reservation_allows``) is not a refusal and
 has no limit; the budget is checked when GKE refuses, while a backoff runs, and while a
 pool's nodes do not come.
@@ -42,12 +54,12 @@ import datetime as dt
 from dataclasses import dataclass
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import limits, scheduling
+from falcon_ray import limits, render, scheduling
 from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.limits import Wait
-from falcon_ray.model import Lease, PoolView, QueueTask
+from falcon_ray.model import RELEASED, Lease, PoolView, QueueTask
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit, stamp
-from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, Transition
+from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, RecordDisruption, Transition
 
 
 @dataclass(frozen=True)
@@ -184,3 +196,60 @@ def nodes_not_delivered(d: Decision, t: QueueTask, lease: Lease, pool: PoolView 
     # the task's move first, as in Decision.finish: a live task whose Job is gone gets a new one
     d.add(f"task {t.id}: nodes of {lease.name} not delivered", move, *effects)
     return True
+
+
+def contested(d: Decision, t: QueueTask, lease: Lease, pool: PoolView | None) -> bool:
+    """WaitingForNode on a pool that holds part of its nodes past ``node_pool_timeout_s``
+    (from its first node) while another topology waits: give the pool back and go to the
+    head of the queue, or, past ``contested_release_limit``, end NodePoolFailed. True when
+    it was decided here."""
+    hosts = t.spec.shape.hosts
+    if t.phase != lc.WAITING_FOR_NODE or not d.queue.other_topology_waiting:
+        return False
+    if pool is None or pool.nodes_since is None or not 0 < pool.registered < hosts:
+        return False
+    held = (d.now - pool.nodes_since).total_seconds()
+    if not limits.passed(Wait.NODES_CONTESTED, d.settings, held):
+        return False
+    limit = fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.settings) or 0)
+    detail = d.msg(
+        "released_detail", pool=lease.name, registered=pool.registered, expected=hosts, limit=limit,
+        since=stamp(pool.nodes_since), cluster=d.queue.cluster.name,
+    )  # fmt: skip
+    if len(t.releases) >= d.settings.contested_release_limit:
+        text = d.msg("capacity_not_delivered", detail=detail, n=len(t.releases))
+        done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), text)
+        # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
+        d.add(f"task {t.id}: capacity of {lease.name} not delivered in time", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
+        return True
+    _release(d, t, lease, detail, record=True)
+    return True
+
+
+def release_unfinished(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
+    """A release whose row was written and whose move back to Waiting was not (a crash, a
+    lost compare-and-set): the task is still in the phase it entered before the row. Finish
+    it without a second row. True when it was decided here."""
+    last = t.disruptions[-1] if t.disruptions else None
+    if last is None or last.kind != RELEASED or t.phase != lc.WAITING_FOR_NODE:
+        return False
+    if t.phase_since is not None and t.phase_since >= last.at:
+        return False  # released before, picked again since: a new wait
+    _release(d, t, lease, last.detail, record=False)
+    return True
+
+
+def _release(d: Decision, t: QueueTask, lease: Lease | None, detail: str, record: bool) -> None:
+    """Job and pool deleted, then Waiting (a Waiting task holds neither); the ``released``
+    row first, so the next Job (on a new pool) has a name no Job of this pool had."""
+    effects: list[Effect] = []
+    n = len(t.releases)
+    if record:
+        effects.append(RecordDisruption(t.id, t.attempt, RELEASED, "", render.job_name(t.id, t.attempt), detail))
+        n += 1
+    effects += d.delete_job(t)
+    if lease is not None:
+        effects += d.delete_lease(lease, t.id)
+    text = d.msg("released_text", detail=detail, n=n, limit=d.settings.contested_release_limit)
+    back = Transition(t.id, (t.phase,), lc.WAITING, text, {"node_pool_name": None, "job_uid": None})
+    d.add(f"task {t.id}: gave its pool back to another topology", *effects, back)

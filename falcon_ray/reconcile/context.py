@@ -27,6 +27,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
 from falcon_ray.model import (
+    RELEASED,
     ClusterView,
     Disruption,
     JobPhase,
@@ -122,8 +123,7 @@ class Decision:
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
         self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute and by time
         self.expected_texts: dict[int, str] = {}  # rule 8's start estimate texts, by their rounded minute
-        ready = {tid for tid, l in self.lease_by_task.items() if l.state in (LeaseState.READY, LeaseState.IN_USE)}
-        self.demand = Demand(q.waiting, {t.id for t in self.acquiring if t.phase != lc.DISPATCHING and t.id not in ready})
+        self.demand = Demand(q.waiting, {t.id for t in self.acquiring if self.waits_for_gke(t)})
 
     def is_live(self, task_id: int) -> bool:
         return task_id in self.held_ids or task_id in self.queue.waiting
@@ -166,20 +166,41 @@ class Decision:
 
     # ---- idle pools ----------------------------------------------------------------------
 
-    def free_idle(self, t: QueueTask) -> Lease | None:
+    def waits_for_gke(self, t: QueueTask) -> bool:
+        """An acquiring task that waits for GKE to give it capacity: no pool yet, a create
+        not finished, or (WaitingForNode) a pool short of Ready nodes. Such a task takes an
+        idle pool of its topology that comes free (``acquire.switch_to_idle``)."""
+        if t.phase == lc.DISPATCHING:
+            return False
+        lease = self.lease_by_task.get(t.id)
+        if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
+            return True
+        return t.phase == lc.WAITING_FOR_NODE and self.ready_nodes(lease.name) < t.spec.shape.hosts
+
+    def slot_busy(self) -> bool:
+        """A task of the queue holds the acquisition slot: one acquiring new capacity
+        (Provisioning, ClusterBusy, WaitingForNode), or, with ``strict_slot`` (the
+        original's rule), any task between its pick and Running (Dispatching too)."""
+        if self.settings.strict_slot:
+            return bool(self.acquiring)
+        return any(t.phase != lc.DISPATCHING for t in self.acquiring)
+
+    def free_idle(self, t: QueueTask, ready: bool = False) -> Lease | None:
         """An idle pool that can be handed to ``t`` now: its create finished (it was Ready
         once), no Job of an earlier task still holds it, and its nodes outlive ``t``'s run
         (``pools.nodes_last_for``: flex-start's run limit), and no reservation pool while the
         reservation hold keeps ``t`` out of the held room (``reservation_short``). The one with the most Ready nodes
         first: a pool the autoscaler emptied would make the task wait for capacity while
         another idle pool of its topology holds nodes (a 1,000-task soak ended with a queue
-        stuck so)."""
+        stuck so). ``ready``: only a pool whose every node is Ready (a hand-over that needs no
+        capacity from GKE)."""
         run_s = float(t.spec.timeout_seconds)
         held = self.reservation_short(t)  # a reservation pool's hosts go to an older task's held room (hold)
+        hosts = t.spec.shape.hosts
         free = [
             l for l in self.idle
             if l.id not in self.claimed and self.handable(l) and nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s)
-            and not (held and l.supply_mode == SupplyMode.RESERVATION)
+            and not (held and l.supply_mode == SupplyMode.RESERVATION) and (not ready or self.ready_nodes(l.name) >= hosts)
         ]  # fmt: skip
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
 
@@ -338,7 +359,7 @@ class Decision:
 
     def running_text(self, t: QueueTask, active: int) -> str:
         """The Running Message; after a disruption it says which attempt runs and why."""
-        if t.disruptions:
+        if t.recoveries:
             return self.msg("running_attempt", active=active, expected=t.spec.shape.hosts, attempt=self.attempt_text(t))
         return self.msg("running", active=active, expected=t.spec.shape.hosts)
 
@@ -392,6 +413,16 @@ class Decision:
             UpdateTask(t.id, (lc.RECOVERING,), text, fields) if t.phase == lc.RECOVERING else Transition(t.id, (t.phase,), lc.RECOVERING, text, fields)
         )
         self.add(f"task {t.id}: run {job.attempt} disrupted ({verdict.kind}), recovering", record, step, DeleteJob(t.id, job.namespace, job.name))
+
+    def requeued_text(self, t: QueueTask) -> str:
+        """What a Waiting task that was taken off a pool waits for again, before its position:
+        the recovery it is in (``attempt_text``), or the pool it gave back to another
+        topology and when (its last ``released`` row); "" for a task that has not run."""
+        last = t.disruptions[-1] if t.disruptions else None
+        if last is not None and last.kind == RELEASED:
+            n, limit = len(t.releases), self.settings.contested_release_limit
+            return self.msg("waiting_released", detail=last.detail, at=stamp(last.at), n=n, limit=limit)
+        return self.msg("waiting_recovery", attempt=self.attempt_text(t)) if t.recoveries else ""
 
     def waited(self, t: QueueTask) -> str:
         """`` (waiting since 2026-01-05 14:03 UTC)``: when the task entered its phase (the

@@ -14,9 +14,9 @@ as soon as the control plane is RUNNING and the task waits in WaitingForNode, it
 Message saying for how long, until every pod is ready (Running; the timeout clock
 starts then). The pool is kept while it waits. Nodes that do not come are a capacity
 wait (``capacity.nodes_not_delivered``): once ``capacity_budget_s`` is spent the Job and
-pool are deleted and the task moves to another cluster or ends NodePoolFailed. When
-another topology waits on the cluster, the pool holds nodes already and the node-pool
-timeout has passed, the task gives up sooner (NodePoolTimeout, its Job and pool deleted).
+pool are deleted and the task moves to another cluster or ends NodePoolFailed. A pool
+that holds part of its nodes while another topology waits is given back
+(``capacity.contested``, which ``acquire`` asks first).
 """
 
 from __future__ import annotations
@@ -81,14 +81,6 @@ def start_on_empty_pool(d: Decision, t: QueueTask, lease: Lease, st: LeaseState,
     d.add(f"task {t.id}: Job onto empty pool {lease.name}", *effects)
 
 
-def holds_nodes(d: Decision, lease: Lease) -> bool:
-    """A pool that scales from zero holds capacity only once nodes registered: with none it
-    keeps nothing from another topology, so giving up on it would free nothing and fail a
-    task whose capacity (flex-start's whole point) may come."""
-    pool = d.cluster.pools.get(lease.name)
-    return pool is not None and pool.registered > 0
-
-
 def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
     """WaitingForNode with the Job submitted: Running once every pod is ready."""
     job, outcome = d.job_of(t), d.job_outcome(t)
@@ -104,13 +96,6 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
         text = d.running_text(t, job.ready)
         fields = {"job_uid": job.uid, "dispatched_at": d.now}  # the timeout clock starts now
         d.add(f"task {t.id}: running", Transition(t.id, (lc.WAITING_FOR_NODE,), lc.RUNNING, text, fields))
-    elif holds_nodes(d, lease) and d.queue.other_topology_waiting and limits.passed(Wait.NODES_CONTESTED, d.settings, d.phase_age_s(t)):
-        pool = d.cluster.pools.get(lease.name)
-        detail = f"{pool.registered if pool else 0}/{t.spec.shape.hosts} node(s) registered and another topology is waiting"
-        text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.NODES_CONTESTED, d.settings) or 0), detail=detail)
-        # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
-        done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
-        d.add(f"task {t.id}: gave up on nodes", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
     elif capacity.nodes_not_delivered(d, t, lease, d.cluster.pools.get(lease.name)):
         return
     else:

@@ -6,13 +6,19 @@ Contract
 ``rerank(d)``: when the cluster is in maintenance or offline and another active
 cluster of its TPU type exists, every Waiting task is unassigned (Pending, no
 cluster) so the poller ranks it again; they leave the queue's waiting list.
-``pick(d)``: when no task holds the slot and the cluster is active, the pick rule
+``pick(d)``: when no task holds the slot (a task acquiring new capacity: Provisioning,
+ClusterBusy, WaitingForNode; with ``strict_slot``, Dispatching too) and the cluster is
+active, the pick rule
 (``scheduling.pick_next`` on the heads of the highest priority: no pass over the
 waiting list) chooses; its move out of Waiting (to Provisioning or Dispatching) is
 what records its actor as the last granted (``store.queues``); an
 idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
 becomes Provisioning, with its pool's lease and create in the same group when the create
 needs no other step first (``acquire.create_at_pick``). The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
+Then, unless ``strict_slot`` (the original's one task between pick and Running), idle
+pools whose every node is Ready go to the next tasks by the pick rule whoever holds the
+slot (``hand_over_ready``): a hand-over acquires nothing from GKE, so it never waits
+behind a task that does.
 """
 
 from __future__ import annotations
@@ -34,17 +40,38 @@ def rerank(d: Decision) -> None:
 
 
 def pick(d: Decision) -> None:
-    if d.acquiring or not d.queue.cluster_active or not d.waiting_count():
+    if not d.queue.cluster_active or not d.waiting_count():
         return
-    nxt = scheduling.pick_next(d.waiting_heads(), d.queue.last_granted)
-    assert nxt is not None
-    idle = d.free_idle(nxt)
-    if idle is not None:
-        d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
-    else:
-        mode = scheduling.supply_mode_for(nxt.spec, d.queue.cluster.default_reservation)
-        if not create_at_pick(d, nxt, mode):
-            text = d.msg("picked", supply=mode.value)
-            d.add(f"task {nxt.id}: picked", Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
-    d.holders = [nxt]
-    d.leave(nxt)
+    last = d.queue.last_granted
+    if not d.slot_busy():
+        nxt = scheduling.pick_next(d.waiting_heads(), last)
+        assert nxt is not None
+        idle = d.free_idle(nxt)
+        if idle is not None:
+            d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
+        else:
+            mode = scheduling.supply_mode_for(nxt.spec, d.queue.cluster.default_reservation)
+            if not create_at_pick(d, nxt, mode):
+                text = d.msg("picked", supply=mode.value)
+                d.add(f"task {nxt.id}: picked", Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
+        d.holders.append(nxt)
+        d.leave(nxt)
+        last = nxt.actor
+    if not d.settings.strict_slot:
+        hand_over_ready(d, last)
+
+
+def hand_over_ready(d: Decision, last: str) -> None:
+    """The slot serializes acquiring new capacity, not reuse: while idle pools of the
+    topology whose every node is Ready are free, the next task by the pick rule takes one
+    (Dispatching), whoever holds the slot. The pick rule still chooses which task: the first
+    that cannot take such a pool ends the hand-overs of this round."""
+    while d.waiting_count():
+        nxt = scheduling.pick_next(d.waiting_heads(), last)
+        idle = d.free_idle(nxt, ready=True) if nxt is not None else None
+        if nxt is None or idle is None:
+            return
+        d.add(f"task {nxt.id}: picked, hand-over of ready pool {idle.name}", *claim_idle(d, nxt, idle))
+        d.holders.append(nxt)
+        d.leave(nxt)
+        last = nxt.actor

@@ -91,8 +91,8 @@ def positions(d: Decision) -> None:
         seconds = estimates.get(t.id)
         rounded = eta.choices(d.now, seconds) if seconds is not None else (None,)
         head = _head(d, ahead, shown)
-        if t.disruptions:  # a recovering task: which attempt it waits for, and why
-            head = d.msg("waiting_recovery", attempt=d.attempt_text(t)) + head
+        if t.disruptions:  # taken off a pool: which attempt it waits for, or which pool it gave back
+            head = d.requeued_text(t) + head
         since = _since(d, t.phase_since) if t.phase_since else ""
         shows = t.message
         first = head + _expected(d, rounded[0]) + since

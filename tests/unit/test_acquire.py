@@ -11,12 +11,23 @@ import pytest
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
-from falcon_ray.model import Cluster, ClusterView, JobView, Lease, OpView, PoolView, QueueState, QueueTask
+from falcon_ray.model import (
+    Cluster,
+    ClusterView,
+    Disruption,
+    JobView,
+    Lease,
+    OpView,
+    PoolView,
+    QueueState,
+    QueueTask,
+)
 from falcon_ray.reconcile import (
     DeleteJob,
     DeletePool,
     EnsurePool,
     MoveLease,
+    RecordDisruption,
     RecordOperation,
     SubmitJob,
     Transition,
@@ -52,6 +63,9 @@ class Row:
     in_phase_s: float = 0.0
     accepted_s: float | None = None  # GKE accepted the create this long ago (the lease's accepted_at)
     alternatives: bool = False  # another active cluster of the TPU type exists
+    topology: str = "2x2"  # 4x4: a slice of 4 hosts
+    nodes_s: float | None = None  # the pool's first node came this long ago (PoolView.nodes_since)
+    releases: int = 0  # pools the task gave back before (``released`` rows)
 
 
 RUNNING_OK = OpView("create", "done", operation="op-1")
@@ -71,10 +85,26 @@ ROWS = [
         pool=("RUNNING", 0, 0), op=RUNNING_OK, expect_to=lc.WAITING_FOR_NODE, message="0/1 expected node(s) registered"),
     Row("nodes late, nobody else waits: keep waiting past the timeout", lc.WAITING_FOR_NODE, LeaseState.CREATING,
         pool=("RUNNING", 0, 0), op=RUNNING_OK, created_s=3600, absent=(Transition, DeletePool)),
-    Row("nodes late and another topology waits: NodePoolTimeout", lc.WAITING_FOR_NODE, LeaseState.CREATING,
-        pool=("RUNNING", 0, 0), op=RUNNING_OK, created_s=700, in_phase_s=601, other_waiting=True,
-        expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
-        message="another topology is waiting"),
+    # the contested wait (issue 37): counted from the pool's first node, never on a pool whose
+    # nodes are all registered, and a release back to the head of the queue, not a failure
+    Row("nodes late, another topology waits, no node yet: the pool holds nothing, it keeps waiting",
+        lc.WAITING_FOR_NODE, LeaseState.CREATING, pool=("RUNNING", 0, 0), op=RUNNING_OK, created_s=700, in_phase_s=601,
+        other_waiting=True, absent=(Transition, DeletePool)),
+    Row("2/4 nodes held for over the timeout since the first came, another topology waits: pool given back, head of the queue",
+        lc.WAITING_FOR_NODE, LeaseState.CREATING, topology="4x4", pool=("RUNNING", 2, 2, "", None), nodes_s=601,
+        op=RUNNING_OK, created_s=1400, in_phase_s=1300, other_waiting=True, expect_to=lc.WAITING,
+        expect_lease=LeaseState.DELETING, expect=(DeletePool, RecordDisruption), message="release 1 of at most 3"),
+    Row("2/4 nodes, waiting for an hour but the first node came 5 minutes ago: the nodes get their time",
+        lc.WAITING_FOR_NODE, LeaseState.CREATING, topology="4x4", pool=("RUNNING", 2, 2, "", None), nodes_s=300,
+        op=RUNNING_OK, created_s=3700, in_phase_s=3600, other_waiting=True, absent=(Transition, DeletePool)),
+    Row("every node registered, not all Ready, an hour after the first, another topology waits: never given back",
+        lc.WAITING_FOR_NODE, LeaseState.CREATING, topology="4x4", pool=("RUNNING", 4, 2, "", None), nodes_s=3600,
+        op=RUNNING_OK, created_s=3700, in_phase_s=3600, other_waiting=True, absent=(Transition, DeletePool)),
+    Row("2/4 nodes held too long after 3 releases: Failed/NodePoolFailed, the capacity not delivered in time",
+        lc.WAITING_FOR_NODE, LeaseState.CREATING, topology="4x4", pool=("RUNNING", 2, 2, "", None), nodes_s=601,
+        op=RUNNING_OK, created_s=1400, in_phase_s=1300, other_waiting=True, releases=3,
+        expect_to=lc.failed(Reason.NODE_POOL_FAILED), expect_lease=LeaseState.DELETING, expect=(DeletePool,),
+        absent=(RecordDisruption,), message="Capacity not delivered in time"),
     Row("a create that queued long, nodes just due, another topology waits: the nodes get their time",
         lc.WAITING_FOR_NODE, LeaseState.CREATING, pool=("RUNNING", 0, 0), op=RUNNING_OK, created_s=700, in_phase_s=30,
         other_waiting=True, absent=(Transition, DeletePool)),
@@ -114,10 +144,13 @@ ROWS = [
         message=f"(waiting since {stamp(CLOCK() - dt.timedelta(seconds=3700))} UTC)"),
     Row("flex-start nodes came and pods ready: Running, the timeout clock starts", lc.WAITING_FOR_NODE,
         LeaseState.IN_USE, pool=("RUNNING", 1, 1), mode="flex-start", job=("Running", 1), expect_to=lc.RUNNING),
-    Row("flex-start nodes partly there, late, another topology waits: NodePoolTimeout, Job and pool deleted",
-        lc.WAITING_FOR_NODE, LeaseState.IN_USE, pool=("RUNNING", 1, 0), mode="flex-start", job=("Pending", 0),
-        in_phase_s=601, other_waiting=True, expect_to=lc.failed(Reason.NODE_POOL_TIMEOUT),
-        expect_lease=LeaseState.DELETING, expect=(DeleteJob, DeletePool)),
+    Row("flex-start nodes partly there, held past the timeout, another topology waits: given back, Job and pool deleted",
+        lc.WAITING_FOR_NODE, LeaseState.IN_USE, topology="4x4", pool=("RUNNING", 1, 0, "", None), nodes_s=601,
+        mode="flex-start", job=("Pending", 0), in_phase_s=3000, other_waiting=True, expect_to=lc.WAITING,
+        expect_lease=LeaseState.DELETING, expect=(DeleteJob, DeletePool, RecordDisruption)),
+    Row("flex-start capacity delivered after 50 minutes (every node registered), another topology waits: kept (issue 37)",
+        lc.WAITING_FOR_NODE, LeaseState.IN_USE, pool=("RUNNING", 1, 0, "", None), nodes_s=20, mode="flex-start",
+        job=("Pending", 0), in_phase_s=3000, other_waiting=True, absent=(Transition, DeletePool, DeleteJob)),
     Row("flex-start with no node yet holds nothing: another topology waiting does not end the capacity wait",
         lc.WAITING_FOR_NODE, LeaseState.IN_USE, pool=("RUNNING", 0, 0), mode="flex-start", job=("Pending", 0),
         in_phase_s=3700, other_waiting=True, absent=(Transition, DeletePool, DeleteJob)),
@@ -166,9 +199,11 @@ ROWS = [
 def situation(row: Row) -> tuple[QueueState, ClusterView]:
     now = CLOCK()
     cluster = Cluster("c1", "edge-a", "proj", "us-east5-b", "v6e", "logs", "res-a", "active", "falcon-jobs", "falcon-job", now, now)
-    spec = parse_spec({"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["run"], "supply_mode": row.mode})
+    spec = parse_spec({"tpu_type": "v6e", "topology": row.topology, "image": "img:1", "command": ["run"], "supply_mode": row.mode})
     since = now - dt.timedelta(seconds=row.in_phase_s)
-    t = QueueTask(1, "t1", "alice", row.phase, now, None, spec, POOL, None, "", phase_since=since)
+    day_ago = now - dt.timedelta(days=1)
+    released = tuple(Disruption(i, "released", "", f"falcon-task-1-{i}", "held 2/4", day_ago) for i in range(row.releases))
+    t = QueueTask(1, "t1", "alice", row.phase, now, None, spec, POOL, None, "", phase_since=since, disruptions=released)
     leases = ()
     if row.lease is not None:
         created = now - dt.timedelta(seconds=row.created_s)
@@ -176,7 +211,8 @@ def situation(row: Row) -> tuple[QueueState, ClusterView]:
         leases = (Lease(1, "c1", "2x2", POOL, row.mode, row.lease, 1, row.recorded, 0, "", created, created, None, None, None,
                         accepted_at=accepted),)
     others = row.other_waiting
-    pools = {POOL: PoolView(POOL, *row.pool)} if row.pool else {}
+    nodes_since = None if row.nodes_s is None else now - dt.timedelta(seconds=row.nodes_s)
+    pools = {POOL: PoolView(POOL, *row.pool, nodes_since=nodes_since) if len(row.pool) > 3 else PoolView(POOL, *row.pool)} if row.pool else {}
     jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", row.job[0], row.job[1], row.job[1], 1)} if row.job else {}
     view = ClusterView(pools=pools, ops={POOL: row.op} if row.op else {}, jobs=jobs, synced=True)
     state = QueueState(cluster, "2x2", (t,), leases, "", other_topology_waiting=others, alternatives_exist=row.alternatives)

@@ -53,6 +53,7 @@ PLAUSIBLE = {
     "topology": "2x4",
     "tpu_type": "v7x",
     "waited": "12m",
+    "own": "falcon-42-2x2-1",
 }
 
 

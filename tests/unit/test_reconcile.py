@@ -208,8 +208,9 @@ def test_waiting_for_node_is_kept_past_the_timeout_when_no_other_topology_waits(
     view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", 0, 0)}, ops={"falcon-t1-2x2": OpView("create", "done")})
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=5000)]), view, NOW, S)
     assert not transitions(g)
+    # another topology waiting changes nothing for a pool with no node: it holds no capacity (issue 37)
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=5000)], other_topology_waiting=True), view, NOW, S)
-    assert transitions(g) == {(1, lc.failed(Reason.NODE_POOL_TIMEOUT))}
+    assert not transitions(g)
 
 
 def test_pool_running_with_nodes_registering_is_waiting_for_node_then_dispatching():
@@ -528,3 +529,72 @@ def test_abandoned_create_is_late_from_gke_acceptance(name, pool, op, deleted, r
     assert any("did not finish in time" in x.what for x in g) == deleted, name
     assert bool(effects(g, DeletePool)) == deleted, name
     assert bool(effects(g, RecordOperation)) == recorded, name
+
+
+# ---- issue 37: the slot serializes acquiring new capacity, not reuse ------------------------------
+
+
+def _flex_holder(pool_ready: int = 0):
+    """Task 1 holds the slot in WaitingForNode on its new flex-start pool (Job submitted, 0
+    nodes); an idle pool of the topology has its node Ready (``pool_ready`` on the holder's)."""
+    holder = task(1, phase=lc.WAITING_FOR_NODE, pool="falcon-t1-2x2", in_phase_s=1800, supply_mode="flex-start")
+    own = lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1, age_s=1900, mode="flex-start")
+    idle = lease(2, "falcon-t9-2x2", LeaseState.IDLE, None, age_s=4000, mode="on-demand")
+    pools = {
+        "falcon-t1-2x2": PoolView("falcon-t1-2x2", "RUNNING", pool_ready, pool_ready),
+        "falcon-t9-2x2": PoolView("falcon-t9-2x2", "RUNNING", 1, 1, nodes_since=NOW - dt.timedelta(seconds=3000)),
+    }
+    jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", "Pending", 0, 0, 1, node_pool="falcon-t1-2x2")}
+    return holder, own, idle, ClusterView(pools=pools, jobs=jobs, synced=True)
+
+
+def test_a_waiting_task_takes_a_ready_idle_pool_while_the_slot_holder_waits_for_flex_capacity():
+    holder, own, idle, view = _flex_holder()
+    waiting = task(2, actor="bob", age_s=50)
+    second = lease(3, "falcon-t8-2x2", LeaseState.IDLE, None, age_s=4000, mode="on-demand")
+    pools = {**view.pools, "falcon-t8-2x2": PoolView("falcon-t8-2x2", "RUNNING", 1, 1, nodes_since=NOW)}
+    view = ClusterView(pools=pools, jobs=view.jobs, synced=True)
+    g = decide(state([holder, waiting], [own, idle, second]), view, NOW, S)
+    moves = transitions(g)
+    assert moves == {(1, lc.DISPATCHING), (2, lc.DISPATCHING)}, "the holder takes one, the waiting task the other"
+    claims = {e.lease_id: e.fields["task_id"] for e in effects(g, MoveLease) if e.lease_id in (2, 3)}
+    assert sorted(claims.values()) == [1, 2], claims
+    # the original's strict rule: the waiting task stays behind the slot holder until it runs
+    strict = Settings(node_pool_timeout_s=600, create_visibility_grace_s=120, strict_slot=True)
+    g = decide(state([holder, waiting], [own, idle, second]), view, NOW, strict)
+    assert transitions(g) == {(1, lc.DISPATCHING)}
+    # and a Dispatching hand-over holds the slot under the strict rule only
+    dispatching = task(1, phase=lc.DISPATCHING, pool="falcon-t9-2x2", in_phase_s=5)
+    in_use = lease(2, "falcon-t9-2x2", LeaseState.READY, 1, age_s=4000, mode="on-demand")
+    for settings, picked in ((S, True), (strict, False)):
+        g = decide(state([dispatching, waiting], [in_use, second]), view, NOW, settings)
+        assert ((2, lc.DISPATCHING) in transitions(g)) is picked
+
+
+def test_a_hand_over_past_the_slot_needs_every_node_ready():
+    holder, own, idle, view = _flex_holder()
+    waiting = task(2, actor="bob", age_s=50)
+    emptied = dict(view.pools)
+    emptied["falcon-t9-2x2"] = PoolView("falcon-t9-2x2", "RUNNING", 0, 0)  # the autoscaler took its node
+    g = decide(state([holder, waiting], [own, idle]), ClusterView(pools=emptied, jobs=view.jobs, synced=True), NOW, S)
+    assert (2, lc.DISPATCHING) not in transitions(g), "a pool with no node would acquire capacity: that waits for the slot"
+
+
+def test_a_task_waiting_for_flex_nodes_switches_to_a_ready_idle_pool_and_its_new_pool_goes():
+    holder, own, idle, view = _flex_holder()
+    g = decide(state([holder], [own, idle]), view, NOW, S)
+    assert transitions(g) == {(1, lc.DISPATCHING)}
+    recorded = [e for g_ in g for e in g_.effects if type(e).__name__ == "RecordDisruption"]
+    assert recorded and recorded[0].kind == "switched" and recorded[0].job == "falcon-task-1", recorded
+    assert {e.name for e in effects(g, DeletePool)} == {"falcon-t1-2x2"}
+    assert effects(g, DeleteJob), "the Job on the empty pool goes"
+    assert not effects(g, SubmitJob), "the next attempt's Job waits for the old one to be gone"
+    move = next(e for e in effects(g, Transition) if e.task_id == 1)
+    assert move.fields["node_pool_name"] == "falcon-t9-2x2" and "falcon-t9-2x2" in move.message
+
+
+def test_a_task_whose_flex_nodes_came_does_not_switch():
+    holder, own, idle, view = _flex_holder(pool_ready=1)
+    jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", "Pending", 0, 0, 1, node_pool="falcon-t1-2x2")}
+    g = decide(state([holder], [own, idle]), ClusterView(pools=view.pools, jobs=jobs, synced=True), NOW, S)
+    assert "falcon-t1-2x2" not in {e.name for e in effects(g, DeletePool)} and (1, lc.DISPATCHING) not in transitions(g)

@@ -95,14 +95,14 @@ def test_a_write_under_a_stale_epoch_loses(store):
 @pytest.mark.parametrize("write", ["update", "insert"])
 def test_each_guarded_statement_loses_without_a_prior_check(store, write):
     """A stale store that never read the lease: the guard inside the statement decides."""
-    s = Store(store.url)
+    clock = FakeClock()
+    s = Store(store.url, clock=clock)
     cluster = s.add_cluster("edge-a", "p", "us-east5-b", "v6e")
     tid = s.submit_task("alice", {"tpu_type": "v6e", "topology": "2x2", "image": "i", "command": ["x"]})
-    assert s.acquire_leader("first", ttl_s=0.001)
+    assert s.acquire_leader("first", ttl_s=30)
     stale = Store(store.url, epoch=s.leader_epoch("first"))
-    import time
-
-    time.sleep(0.05)
+    assert not s.acquire_leader("second", ttl_s=30)  # first's lease still lives
+    clock.advance(31)  # and now it has lapsed
     assert s.acquire_leader("second", ttl_s=30)
     try:
         with pytest.raises(Fenced):

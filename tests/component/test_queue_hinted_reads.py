@@ -6,8 +6,6 @@ A QueueReconciler on SQLite with a fake port and clock, as in test_queue_reads."
 
 from __future__ import annotations
 
-import time
-
 from falcon_ray import lifecycle as lc
 from tests.harness.fakes import QueueBench
 
@@ -67,8 +65,9 @@ def test_without_a_hint_the_rows_are_read_again_after_queue_full_read_s(tmp_path
     bench.submit("alice")
     bench.step()
     late = bench.submit("carol")
-    time.sleep(0.35)  # the periodic full read bounds what a lost hint costs
-    bench.step(advance=0.5)
+    bench.step(advance=0.2)
+    assert late not in live_ids(bench)  # no hint, and the last full read is younger than 0.3 s
+    bench.step(advance=0.1)  # the periodic full read bounds what a lost hint costs
     assert late in live_ids(bench)
 
 

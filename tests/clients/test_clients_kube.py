@@ -360,8 +360,8 @@ def test_dropped_streams_resume_at_once_and_a_refused_token_is_retried_at_once(s
     _, manifest = submit(kube, pools, FALCON_SIM_RUN_SECONDS="0.2")
     ref = kube.create_job(manifest)
     seen: list[str] = []
-    deadline = time.monotonic() + 10
-    while "Succeeded" not in seen and time.monotonic() < deadline:
+    deadline = time.monotonic() + 10  # wall-clock: the watch reads the HTTP sim's stream over loopback
+    while "Succeeded" not in seen and time.monotonic() < deadline:  # wall-clock: a bound, not a timing claim
         assert w.step(lambda o: seen.append(o.phase) if o.name == ref.name else None) <= 0.5
     assert "Succeeded" in seen
     sim.set_faults(CLUSTER, token_ttl=None)

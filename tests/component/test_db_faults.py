@@ -124,7 +124,7 @@ def test_an_outage_is_waited_out_and_nothing_is_lost(mysql_url):
         report = health.check(sup)
         assert report["database"]["ok"] is False and not report["healthy"]
         assert "OperationalError" in report["database"]["error"]
-        time.sleep(3)  # a few seconds of outage (the soak's is 30 s)
+        time.sleep(3)  # wall-clock: a real MariaDB outage behind a loopback TCP proxy, a few seconds (the soak's is 30 s)
         assert all(direct.get_task(t).phase == lc.NEW for t in during)
 
         proxy.start()  # back on the same port
@@ -142,10 +142,10 @@ def test_an_outage_is_waited_out_and_nothing_is_lost(mysql_url):
 
 
 def _until(cond, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # wall-clock: waits on a real Ticker thread and a real MariaDB
     while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+        assert time.monotonic() < deadline, "timed out"  # wall-clock: a bound, not a timing claim
+        time.sleep(0.1)  # wall-clock: polls a real database
 
 
 def test_a_server_that_never_answers_fails_the_call_within_the_read_timeout():
@@ -170,14 +170,14 @@ def test_a_server_that_never_answers_fails_the_call_within_the_read_timeout():
         except Exception as e:
             outcome.append(e)
 
-    started = time.monotonic()
+    started = time.monotonic()  # wall-clock: the driver's read timeout on a real socket
     worker = threading.Thread(target=call, daemon=True)
     worker.start()
     worker.join(10)
     try:
         assert not worker.is_alive(), "the call hung on a server that never answers"
         assert isinstance(outcome[0], Exception) and "timed out" in str(outcome[0]).lower(), outcome
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 5  # wall-clock: the socket read timeout (0.5 s) is the machine's
     finally:
         silent.close()
         store.dispose()

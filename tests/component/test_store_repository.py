@@ -165,12 +165,12 @@ def test_race_abort_against_controller_writes(store):
     def upper_layer():
         try:
             start.wait()
-            first_win.wait(timeout=30)  # abort while the controller is busy, not before it starts
+            first_win.wait(timeout=30)  # wall-clock: two real threads race on a real database; abort while the controller is busy
             order = ids[:]
             random.Random(7).shuffle(order)
             for tid in order:
                 assert store.request_abort(tid)
-                time.sleep(0.002)
+                time.sleep(0.002)  # wall-clock: spaces the real threads' writes so the race interleaves
         except BaseException as e:
             errors.append(e)
         finally:

@@ -68,12 +68,12 @@ def spec(topology: str = "2x2", run_s: float = 1, **kw) -> dict:
 
 def wait_for(run: DemoRun, task_id: int, pred, timeout: float = 30.0):
     """Poll the task's row until ``pred(row)``; fail with where it got stuck."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout  # wall-clock: e2e only: the controller runs as Ray actors
+    while time.monotonic() < deadline:  # wall-clock: a bound on Ray actors' progress, not a timing claim
         t = run.store.get_task(task_id)
         if pred(t):
             return t
-        time.sleep(0.1)
+        time.sleep(0.1)  # wall-clock: polls the database the Ray actors write
     t = run.store.get_task(task_id)
     raise AssertionError(f"task {task_id} stuck at {t.status}/{t.reason}: {t.message}")
 

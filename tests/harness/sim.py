@@ -179,15 +179,15 @@ def poll_until(probe, timeout: float = 5.0, interval: float = 0.05, what: str = 
     """Call ``probe()`` until it returns something truthy; return that, or fail after ``timeout`` seconds."""
     import time
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # wall-clock: the sim answers from its HTTP server thread
     last = None
     while True:
         last = probe()
         if last:
             return last
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:  # wall-clock: a bound on the HTTP sim's answer, not a timing claim
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-        time.sleep(interval)
+        time.sleep(interval)  # wall-clock: polls the HTTP sim's server thread over loopback
 
 
 def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> FleetConfig:

@@ -50,7 +50,7 @@ def test_serve_prints_the_endpoints_first_and_stops_on_signal(tmp_path, stop_sig
         ) as r:
             assert r.read() == b"ok"
         proc.send_signal(stop_signal)
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=15) == 0  # wall-clock: a real `falcon-ray sim` process exiting on a signal
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -63,7 +63,7 @@ def test_serve_without_a_fleet_uses_the_default_fleet():
         endpoints = json.loads(proc.stdout.readline())
         assert set(endpoints["clusters"]) == {"edge-a", "edge-b", "edge-r"}
         proc.terminate()
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=15) == 0  # wall-clock: a real `falcon-ray sim` process exiting on a signal
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -79,7 +79,7 @@ def test_the_falcon_ray_console_script_serves_too():
         endpoints = json.loads(proc.stdout.readline())
         assert endpoints["stats"].startswith("http://127.0.0.1:")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=15) == 0  # wall-clock: a real `falcon-ray sim` process exiting on a signal
     finally:
         if proc.poll() is None:
             proc.kill()

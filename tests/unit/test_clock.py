@@ -14,12 +14,12 @@ from falcon_ray.clock import SYSTEM, ManualClock
 
 
 def test_the_system_clock_agrees_with_the_machine():
-    assert abs(SYSTEM.time() - time.time()) < 1
-    assert SYSTEM.now().tzinfo is None and SYSTEM.now().microsecond % 1000 == 0
-    assert abs((SYSTEM.now() - dt.datetime.now(dt.UTC).replace(tzinfo=None)).total_seconds()) < 1
+    assert abs(SYSTEM.time() - time.time()) < 1  # wall-clock: tests the system clock itself
+    assert SYSTEM.now().tzinfo is None and SYSTEM.now().microsecond % 1000 == 0  # wall-clock: the system clock itself
+    assert abs((SYSTEM.now() - dt.datetime.now(dt.UTC).replace(tzinfo=None)).total_seconds()) < 1  # wall-clock: the system clock itself
     e = threading.Event()
     e.set()
-    assert SYSTEM.wait(e, 5) is True
+    assert SYSTEM.wait(e, 5) is True  # wall-clock: the system clock itself (a set event: no wait)
 
 
 def test_a_manual_clock_moves_only_when_told():
@@ -50,7 +50,7 @@ def test_a_loop_of_hourly_steps_runs_a_day_in_milliseconds_on_a_manual_clock():
 
     t = Ticker("hourly", step, lambda: 3600.0, logging.getLogger("test"), clock=c)
     try:
-        assert done.wait(10), seen
+        assert done.wait(10), seen  # wall-clock: the Ticker's thread is real; its steps run on the ManualClock
     finally:
         t.drain(10)
     assert seen[:25] == [3600.0 * i for i in range(25)], seen[:25]

@@ -213,8 +213,7 @@ def test_the_scan_sees_what_a_test_does_and_not_an_injected_clock():
 
 def test_reads_planted_in_a_copy_of_the_tests_fail_the_check(tmp_path):
     shutil.copytree(REPO / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    assert scan(tmp_path) == list(repo_scan())
-    before = set(repo_scan())
+    before = set(scan(tmp_path))  # the copy's own scan: another change to tests/ meanwhile does not matter
     target = tmp_path / "tests" / "unit" / "test_tpu.py"
     n = len(target.read_text().splitlines())
     with open(target, "a") as f:

@@ -93,6 +93,18 @@ class Plan:
         """The groups followed by the Messages: what ``decide`` returns."""
         return self.groups + self.messages()
 
+    def ready_pools_left_idle(self) -> int:
+        """Idle pools of the queue whose every node is Ready that this decision left idle
+        while a task still waits in Waiting (0 when none waits): the waste the simulate
+        report integrates over time (``ready_pool_idle_s``). It reads the pool's nodes, not
+        whether a hand-over is allowed: a pool the rules keep from a task counts too."""
+        d = self._d
+        heads = d.waiting_heads() if d.waiting_count() else []
+        if not heads:
+            return 0
+        hosts = heads[0].spec.shape.hosts
+        return sum(1 for l in d.idle if l.id not in d.claimed and d.ready_nodes(l.name) >= hosts)
+
     def messages(self) -> list[EffectGroup]:
         if self._messages is None:
             before = len(self._d.groups)

@@ -593,3 +593,53 @@ def test_an_abandonment_whose_move_back_to_waiting_was_lost_is_finished_not_reco
     assert bench.phase(tid) == "Pending/Provisioning"
     kinds = [(d.attempt, d.kind) for d in bench.store.disruptions([tid])[tid]]
     assert kinds == [(0, "pool-lost"), (1, "abandoned")]
+
+
+# ---- issue 37: a hand-over passes a slot holder that waits for flex capacity ----------------------
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_hand_over_passes_the_slot_holder_waiting_for_flex_capacity(tmp_path, migrated, strict):
+    """Xavier's flex-start pool ran him for 6 days 20 hours: its VMs have 4 hours left of
+    flex-start's 7. Alice holds the slot waiting for the nodes of her new flex-start pool;
+    her run (a day) would not fit on Xavier's pool, Bob's (an hour) does. When Xavier ends,
+    Bob takes the pool at once while Alice keeps waiting for GKE; under the original's rule
+    (``strict_slot``) Bob waits behind Alice."""
+    shutil.copy(migrated, tmp_path / "q.db")
+    b = QueueBench(f"sqlite:///{tmp_path / 'q.db'}", migrate=False, node_pool_timeout_s=600, strict_slot=strict)
+    x = b.submit("xavier", supply_mode="flex-start", timeout_seconds=6 * 86400 + 79200)
+    px, pa = f"falcon-t{x}-2x2", ""
+    b.step(ClusterView())
+    assert b.phase(x) == "Pending/Provisioning"
+    b.step(ClusterView(pools=pool_named(px, nodes=0)))
+    assert b.phase(x) == "Pending/WaitingForNode"
+    came = b.clock.now()
+    xpool = {px: PoolView(px, "RUNNING", 1, 1, nodes_since=came)}
+    b.step(ClusterView(pools=xpool, jobs=job(x, "Running")))
+    assert b.phase(x) == "Running"
+
+    b.clock.advance(6 * 86400 + 72000)  # 6 days 20 hours of Xavier's run
+    a = b.submit("alice", supply_mode="flex-start", timeout_seconds=86400)
+    pa = f"falcon-t{a}-2x2"
+    b.step(ClusterView(pools=xpool, jobs=job(x, "Running")))
+    assert b.phase(a) == "Pending/Provisioning"
+    pools = {**xpool, **pool_named(pa, nodes=0)}
+    jobs = {**job(x, "Running"), a: JobView(a, f"falcon-task-{a}", "falcon-jobs", "ua", "Pending", 0, 0, 1, node_pool=pa)}
+    b.step(ClusterView(pools=pools, jobs=jobs))
+    assert b.phase(a) == "Pending/WaitingForNode", "Alice holds the slot, waiting for flex capacity"
+    bob = b.submit("bob", timeout_seconds=3600)
+    b.step(ClusterView(pools=pools, jobs=jobs), advance=60)
+    assert b.phase(bob) == "Pending/Waiting"
+
+    jobs[x] = job(x, "Succeeded")[x]  # Xavier ends: his pool, with its Ready node, is kept for a waiting task
+    b.step(ClusterView(pools=pools, jobs=jobs), advance=60)
+    assert b.phase(x) == "Succeeded"
+    b.port.calls.clear()
+    b.step(ClusterView(pools=pools, jobs={a: jobs[a]}), advance=5)
+    assert b.phase(a) == "Pending/WaitingForNode", "Alice's day would outlive the pool's VMs: she waits for her own"
+    if strict:
+        assert b.phase(bob) == "Pending/Waiting", "the original's rule: one task between pick and Running"
+        return
+    assert b.phase(bob) == "Pending/Dispatching", "Bob takes the Ready pool past the slot holder"
+    assert b.task(bob).node_pool_name == px
+    assert b.port.took("submit_job") == [("submit_job", f"falcon-task-{bob}")]

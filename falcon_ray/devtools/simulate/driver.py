@@ -147,6 +147,10 @@ class Simulation:
         self.exact = exact
         self.probes = 0
         self.steps_applied = 0  # queue steps that carried out at least one group of a decision
+        # seconds a pool with Ready nodes sat idle while a task of its queue waited in Waiting:
+        # each queue's last decision's count (``Plan.ready_pools_left_idle``), held until its next step
+        self.ready_pool_idle_s = 0.0
+        self._ready_idle: dict[int, tuple[int, float]] = {}  # id(queue) -> (count, since: monotonic)
         self.rounds_cut: dict[int, bool] = {}  # id(queue) -> its last step ended at MAX_ROUNDS, still moving
         self.clock = VirtualClock(START)
         self.t0 = self.clock.monotonic()
@@ -308,10 +312,15 @@ class Simulation:
         """The queue's step; ``rounds_cut`` says whether it ended at ``MAX_ROUNDS`` with its
         last round still moving (what that round decided is not in its observations)."""
         before, failed = q.rounds, True
+        now = self.clock.monotonic()
+        count, since = self._ready_idle.get(id(q), (0, now))
+        self.ready_pool_idle_s += count * (now - since)
         try:
             applied = q.step()
             failed = False
         finally:
+            plan = q.last_plan
+            self._ready_idle[id(q)] = (plan.ready_pools_left_idle() if plan is not None else 0, now)
             self.rounds_cut[id(q)] = q.rounds - before >= MAX_ROUNDS
             shown, last = _visible(q), self._visible.get(id(q))
             if shown is None or last is None or failed or self.rounds_cut[id(q)]:

@@ -21,6 +21,9 @@ aside), rounded, so the same run gives the same bytes:
   pod runs on them; ``used_chip_hours``: the chips of each task's shape times its time
   Running;
 - ``statements_per_task``: the controller's database statements over the run, per task;
+- ``ready_pool_idle_s``: the seconds a pool whose every node was Ready sat Idle while a task
+  of its (cluster, topology) waited in Waiting, summed over pools (each queue's decision
+  counts them; the count holds until its next step);
 - ``queue_steps``: the queues' steps the run took (``run``) and those that carried out a
   decision (``applied``): with ``wall_s``, what one step costs;
 - ``eta_error_s``: over the tasks whose Waiting Message gave a start estimate ("expected
@@ -146,6 +149,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "time_to_running_s": time_to_running,
         "pending_s_by_reason": {k: round(sum(v) / len(v), 1) for k, v in sorted(pending.items())},
         "idle_chip_hours": round(idle_chip_s / 3600.0, 2),
+        "ready_pool_idle_s": round(sim.ready_pool_idle_s, 1),
         "used_chip_hours": round(used_chip_s / 3600.0, 2),
         "statements_per_task": round(statements / len(tasks), 1) if tasks else None,
         "queue_steps": sim.queue_steps,

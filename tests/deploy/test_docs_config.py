@@ -59,6 +59,8 @@ UNITS: dict[str, str] = {
     "capacity_budget_s": "seconds",
     "reservation_hold_after_s": "seconds (null: never)",
     "submit_budget_s": "seconds",
+    "strict_slot": "true or false",
+    "contested_release_limit": "count",
     "idle_pool_handover": "true or false",
     "keep_idle_reservation_s": "seconds",
     "keep_idle_on_demand_s": "seconds",

@@ -12,17 +12,21 @@ Contract
   taints - would satisfy the pod's node selector, required node affinity and
   tolerations, and have room for its ``google.com/tpu``; it goes to the first
   such pool by name. ``timings.autoscaler_scale_up`` after a pool first has
-  candidates (plus ``timings.flex_capacity_wait`` for a flex-start pool), the
-  autoscaler works out again how many nodes the pool's candidates need (packed
-  onto empty nodes, less the nodes already provisioning), rounds up to whole
-  slices for a multi-host TPU pool, caps at the pool's max, and adds what the
-  capacity allows (cluster ``chips``, or the reservation's free hosts). The
-  nodes register ``timings.node_register`` later. When nothing fits it keeps
-  waiting and tries again every ``flex_capacity_wait`` (flex-start) or
-  ``autoscaler_scale_up`` (others): a scale-up never fails, it only waits.
+  candidates (plus ``timings.flex_capacity_wait`` for a flex-start pool: the wait
+  for its capacity), the autoscaler works out again how many nodes the pool's
+  candidates need (packed onto empty nodes, less the nodes already provisioning),
+  rounds up to whole slices for a multi-host TPU pool, caps at the pool's max,
+  and adds what the capacity allows (cluster ``chips``, or the reservation's free
+  hosts; nothing while a stockout of the pool's supply is on). The nodes register
+  ``timings.node_register`` later. When nothing fits it keeps waiting and tries
+  again after ``flex_capacity_wait`` (flex-start) or ``autoscaler_scale_up``
+  (others): a scale-up never fails, it only waits. Each wait is drawn afresh
+  (``SimCluster.draw``) when the timing is a distribution.
 * **Scale-down.** A node of such a pool with no running or pending pod bound to
-  it for ``timings.autoscaler_scale_down`` is removed, never below the pool's
-  min; a multi-host slice goes only as a whole, once all its nodes are due.
+  it for the pool's ``config.consolidationDelay`` (when the cluster honours it,
+  ``ClusterConfig.honours_consolidation_delay``, and the pool's request carries
+  one), else for ``timings.autoscaler_scale_down``, is removed, never below the
+  pool's min; a multi-host slice goes only as a whole, once all its nodes are due.
 
 The pool's hosts, chips and reservation use change with its size (see
 :class:`~falcon_ray.sim.node_pools.NodePools`). Work is triggered by pod and
@@ -117,12 +121,14 @@ class Autoscaler:
 
     # ---- scale-up ------------------------------------------------------------------------------
     def _first_wait(self, pool: NodePool) -> float:
-        t = self.cluster.timings
-        return t.autoscaler_scale_up + (t.flex_capacity_wait if pool.flex else 0.0)
+        """Until the first scale-up attempt: the autoscaler's reaction, and for a flex-start
+        pool the wait for its capacity."""
+        draw = self.cluster.draw
+        return draw("autoscaler_scale_up") + (draw("flex_capacity_wait") if pool.flex else 0.0)
 
     def _retry_wait(self, pool: NodePool) -> float:
-        t = self.cluster.timings
-        return t.flex_capacity_wait if pool.flex else t.autoscaler_scale_up
+        """Until the next attempt of a scale-up that found too little capacity."""
+        return self.cluster.draw("flex_capacity_wait" if pool.flex else "autoscaler_scale_up")
 
     def _arm_scale_up(self, pool: NodePool, delay: float) -> None:
         self._scale_up_armed.add(pool.name)
@@ -140,6 +146,8 @@ class Autoscaler:
         if fits > 0:
             self.cluster.pools.add_hosts(pool, fits)
         if fits < wanted:
+            if free == 0 and self.cluster.stocked_out(pool.supply):
+                self.cluster.fault_counts["stockout"] += 1
             self._arm_scale_up(pool, self._retry_wait(pool))  # no capacity yet: keep waiting
 
     def _demand(self, pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -184,9 +192,9 @@ class Autoscaler:
             if (p.get("status") or {}).get("phase", "Pending") not in TERMINAL
         }
         now = self.cluster.mono()
-        delay = self.cluster.timings.autoscaler_scale_down
         watched: set[str] = set()
         for pool in self.cluster.pools.autoscaled():
+            delay = self.scale_down_delay(pool)
             for node in pool.node_names:
                 watched.add(node)
                 if node in busy:
@@ -201,6 +209,14 @@ class Autoscaler:
             if doomed:
                 self.cluster.pools.remove_nodes(pool, doomed)
         self._empty_since = {n: t for n, t in self._empty_since.items() if n in watched}
+
+    def scale_down_delay(self, pool: NodePool) -> float:
+        """How long a node of ``pool`` stays empty before it is removed: the pool's
+        ``consolidationDelay`` when it sent one and the cluster honours it, else
+        ``timings.autoscaler_scale_down``."""
+        if pool.consolidation_delay is not None and self.cluster.config.honours_consolidation_delay:
+            return pool.consolidation_delay
+        return self.cluster.timings.autoscaler_scale_down
 
     @staticmethod
     def _removable(pool: NodePool, due: set[str]) -> list[str]:

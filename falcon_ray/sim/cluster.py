@@ -15,9 +15,12 @@ Contract
 * ``faults`` / ``timings``: live, validated copies of the fleet file's values,
   replaced wholesale by :meth:`set_faults` / :meth:`set_timings`;
 * private ``random.Random`` generators seeded from the fleet seed and the
-  cluster name - one for generated names, one for fault draws - so one
-  cluster's traffic never shifts another's draws, and the fault sequence depends
-  only on the sequence of GKE/Compute calls to this cluster;
+  cluster name - one for generated names, one for fault draws, one for the
+  timings given as distributions (:meth:`draw`) - so one cluster's traffic never
+  shifts another's draws, the fault sequence depends only on the sequence of
+  GKE/Compute calls to this cluster, and timings that are numbers draw nothing;
+* its stockouts (:meth:`stocked_out`): windows of its clock, counted from when
+  the cluster was built, in which a supply has no capacity;
 * accounting that does not trust any client: Job create counts and manifests,
   idle chip-seconds per pool (chips of a pool whose VMs exist - RUNNING or
   STOPPING - while no pod on its nodes is Running).
@@ -80,6 +83,9 @@ class SimCluster:
         self.rng = random.Random(f"{seed}:{config.name}")  # names (operations, nodes, pods, events)
         # fault draws get their own generator: they depend only on the sequence of API calls
         self.fault_rng = random.Random(f"{seed}:{config.name}:faults")
+        # timings given as distributions draw from their own generator (numbers draw nothing)
+        self.timing_rng = random.Random(f"{seed}:{config.name}:timings")
+        self.started_at = clock.monotonic()  # the zero of the stockouts' windows
         # how many faults were actually injected, by kind (stats()["fault_counts"])
         self.fault_counts: dict[str, int] = {
             "api_503": 0,
@@ -90,6 +96,7 @@ class SimCluster:
             "token_rejected": 0,
             "create_error": 0,
             "webhook_unavailable": 0,
+            "stockout": 0,
         }
         if clock is SYSTEM:
             self.store = ObjectStore(config.watch_history)
@@ -125,6 +132,19 @@ class SimCluster:
         if now != self._stamp_at:  # formatted again only when the clock has moved
             self._stamp_at, self._stamp_text = now, rfc3339(datetime.fromtimestamp(now, UTC))
         return self._stamp_text
+
+    def draw(self, timing: str) -> float:
+        """How long one event of ``timing`` (a :class:`Timings` field) takes this time."""
+        return self.timings.draw(timing, self.timing_rng)
+
+    def stocked_out(self, supply: str) -> bool:
+        """True while one of the cluster's stockouts takes away ``supply`` (its clock's time
+        since the cluster was built is in the window)."""
+        stockouts = self.config.stockouts
+        if not stockouts:
+            return False
+        at = self.mono() - self.started_at
+        return any(s.covers(supply, at) for s in stockouts)
 
     def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         self.loop.call_later(max(0.0, delay), self._guarded, fn, args)

@@ -293,7 +293,7 @@ class Disruptions:
 
     # ---- maintenance ---------------------------------------------------------------------------
     def _notify_maintenance(self, record: dict[str, Any], nodes: list[str]) -> None:
-        notice = self.cluster.timings.maintenance_notice
+        notice = self.cluster.draw("maintenance_notice")
         when = int(self.cluster.wall() + notice)
         for name in nodes:
             self._mutate_node(
@@ -342,7 +342,7 @@ class Disruptions:
         record["drained_at"] = self.cluster.wall()
         record["pods"] = sorted(set(record["pods"]) | {_ref(p) for p in pods})
         self.cluster.call_later(
-            self.cluster.timings.maintenance_duration, self._end_maintenance, record, nodes
+            self.cluster.draw("maintenance_duration"), self._end_maintenance, record, nodes
         )
 
     def _end_maintenance(self, record: dict[str, Any], nodes: list[str]) -> None:
@@ -394,12 +394,12 @@ class Disruptions:
 
             self.store.mutate("pods", md["namespace"], md["name"], not_ready)
             self.cluster.record_event(pod, "Warning", "NodeNotReady", "Node is not ready")
-        self.cluster.call_later(self.cluster.timings.repair_detect, self._recreate, record, pool, nodes)
+        self.cluster.call_later(self.cluster.draw("repair_detect"), self._recreate, record, pool, nodes)
 
     def _recreate(self, record: dict[str, Any], pool: NodePool, nodes: list[str]) -> None:
         """GKE auto-repair: delete the VMs (Nodes) and their pods (PodGC), then register them again."""
         zones = self._delete_nodes(record, nodes, "DeletionByPodGC", PODGC_MESSAGE, None)
-        self.cluster.call_later(self.cluster.timings.node_register, self._reregister, record, pool, zones)
+        self.cluster.call_later(self.cluster.draw("node_register"), self._reregister, record, pool, zones)
 
     # ---- reclaim -------------------------------------------------------------------------------
     def _reclaim(self, record: dict[str, Any], pool: NodePool, nodes: list[str]) -> None:
@@ -420,7 +420,7 @@ class Disruptions:
             self.cluster.autoscaler.poke()
             return  # nodes come back only through the autoscaler, for pending pods
         zones = self._delete_nodes(record, nodes, "DeletionByPodGC", PODGC_MESSAGE, None)
-        self.cluster.call_later(self.cluster.timings.node_register, self._reregister, record, pool, zones)
+        self.cluster.call_later(self.cluster.draw("node_register"), self._reregister, record, pool, zones)
 
     # ---- shared steps --------------------------------------------------------------------------
     def _delete_nodes(

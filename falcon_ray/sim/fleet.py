@@ -7,12 +7,24 @@ Contract
 :class:`FleetConfig`, or raises :class:`FleetConfigError` whose message lists
 every problem as ``location: reason`` (e.g. ``clusters[0].chips: Input should
 be greater than or equal to 0``). Every model forbids unknown keys, so a typo
-in a fleet file is an error, not a silently ignored setting.
+in a fleet file is an error, not a silently ignored setting. ``with_timings(fleet,
+changes)`` is the fleet with the same timings changed in every cluster (a sweep).
 
 The same :class:`Faults` and :class:`Timings` models validate the runtime
 control calls (``SimFleet.set_faults`` / ``set_timings`` and the
 ``POST /sim/clusters/{name}/faults|timings`` endpoints), so a fault can only be
 set to a value the fleet file would also accept. All durations are seconds.
+
+A timing that varies is given as a :class:`LogNormal` ``{median: M, p90: P}`` instead of
+a number: ``Timings.draw(name, rng)`` is the one place a duration is read for an event
+(a number as it is, drawing nothing; a log-normal sampled from ``rng``), so a fleet of
+constants draws exactly what it drew before distributions existed.
+
+A cluster's ``stockouts`` are windows of the fleet's own time (seconds since the
+cluster was built) in which one or more supplies have no capacity
+(:meth:`Stockout.covers`); ``honour_consolidation_delay`` says whether the cluster
+autoscaler removes an empty node after its pool's ``config.consolidationDelay`` (the
+fleet's value, which a cluster may override) or after ``timings.autoscaler_scale_down``.
 
 A cluster's ``location`` is a zone (a zonal cluster) or a region (a regional
 cluster, which must list its ``node_locations``); :attr:`ClusterConfig.zones`
@@ -22,13 +34,25 @@ its reservation (default: the cluster's zone, or its first node location).
 
 from __future__ import annotations
 
+import math
+import random
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from statistics import NormalDist
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # GKE resource names: lower-case letter first, then letters, digits and dashes, no trailing dash.
 _GKE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -77,42 +101,95 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class Timings(_Strict):
-    """How long simulated things take, in seconds (scaled down from real minutes)."""
+# The standard normal's 90th percentile: a log-normal's p90 is its median times exp(sigma * Z90).
+Z90 = NormalDist().inv_cdf(0.9)
 
-    node_pool_create: float = Field(2.0, ge=0, description="create call -> operation DONE, pool RUNNING")
-    node_register: float = Field(1.0, ge=0, description="pool RUNNING -> its v1 Nodes appear Ready")
-    flex_visibility_lag: float = Field(
-        1.0, ge=0, description="flex-start pools answer 404 to get/list this long after the create call"
+
+class LogNormal(_Strict):
+    """A duration that differs from one event to the next: log-normal, fitted to its median
+    and its 90th percentile (seconds). Half the draws are below ``median``, nine in ten below
+    ``p90``; the tail beyond ``p90`` is long (p99 is ``median * (p90 / median) ** 1.82``)."""
+
+    median: float = Field(gt=0, description="half the durations are shorter than this")
+    p90: float = Field(gt=0, description="nine in ten durations are shorter than this; at least the median")
+
+    @model_validator(mode="after")
+    def _p90_not_below_median(self) -> LogNormal:
+        if self.p90 < self.median:
+            raise ValueError(f"p90 ({self.p90:g}) must be at least the median ({self.median:g})")
+        return self
+
+    @property
+    def sigma(self) -> float:
+        """The standard deviation of the duration's logarithm."""
+        return math.log(self.p90 / self.median) / Z90
+
+    def draw(self, rng: random.Random) -> float:
+        """One duration, from ``rng`` (one normal draw; p90 == median gives the median)."""
+        return self.median * math.exp(self.sigma * rng.normalvariate(0.0, 1.0))
+
+
+def _duration_kind(value: Any) -> str | None:
+    """Which form a timing is given in: a number of seconds or a ``{median, p90}`` mapping."""
+    if isinstance(value, dict | LogNormal):
+        return "distribution"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "seconds"
+    return None
+
+
+# A timing that may vary: a number of seconds (the same every time), or {median: M, p90: P}.
+Duration = Annotated[
+    Annotated[Annotated[float, Field(ge=0)], Tag("seconds")] | Annotated[LogNormal, Tag("distribution")],
+    Discriminator(
+        _duration_kind,
+        custom_error_type="duration",
+        custom_error_message="Input should be a number of seconds or a distribution {median: M, p90: P}",
+    ),
+]
+# the loc parts pydantic adds for the form a Duration was given in (left out of error messages)
+_DURATION_TAGS = ("seconds", "distribution")
+
+
+class Timings(_Strict):
+    """How long simulated things take, in seconds (scaled down from real minutes). The
+    ``Duration`` fields may vary: read them through :meth:`draw`, once per event."""
+
+    node_pool_create: Duration = Field(2.0, description="create call -> operation DONE, pool RUNNING")
+    node_register: Duration = Field(1.0, description="pool RUNNING -> its v1 Nodes appear Ready")
+    flex_visibility_lag: Duration = Field(
+        1.0, description="flex-start pools answer 404 to get/list this long after the create call"
     )
-    node_pool_delete: float = Field(1.0, ge=0, description="delete call -> pool, nodes and pods gone")
-    pod_start: float = Field(0.1, ge=0, description="pod bound to a node -> container Running")
+    node_pool_delete: Duration = Field(1.0, description="delete call -> pool, nodes and pods gone")
+    pod_start: Duration = Field(0.1, description="pod bound to a node -> container Running")
     watch_bookmark_interval: float = Field(
         5.0, gt=0, description="period of BOOKMARK events on watches that allow them"
     )
-    autoscaler_scale_up: float = Field(
+    autoscaler_scale_up: Duration = Field(
         0.5,
-        ge=0,
         description="an unschedulable pod selects an autoscaled pool -> the autoscaler adds node(s)",
     )
-    flex_capacity_wait: float = Field(
-        0.5, ge=0, description="a flex-start scale-up additionally waits this long for capacity (and retries)"
+    flex_capacity_wait: Duration = Field(
+        0.5,
+        description="a flex-start scale-up waits this long for its capacity (drawn per attempt); with none "
+        "free it tries again after another such wait",
     )
     autoscaler_scale_down: float = Field(
-        30.0, ge=0, description="a node of an autoscaled pool empty this long is removed (not below min)"
-    )
-    maintenance_notice: float = Field(
-        1.0,
+        30.0,
         ge=0,
+        description="a node of an autoscaled pool empty this long is removed (not below min), unless its "
+        "pool's consolidationDelay says otherwise",
+    )
+    maintenance_notice: Duration = Field(
+        1.0,
         description="host maintenance: the scheduled-maintenance-time label is on the node(s) this long "
         "before GKE drains them",
     )
-    maintenance_duration: float = Field(
-        2.0, ge=0, description="host maintenance: the drained node(s) stay NotReady this long, then come back"
+    maintenance_duration: Duration = Field(
+        2.0, description="host maintenance: the drained node(s) stay NotReady this long, then come back"
     )
-    repair_detect: float = Field(
+    repair_detect: Duration = Field(
         1.0,
-        ge=0,
         description="auto-repair: a node is NotReady this long before GKE recreates its VM (the whole slice)",
     )
     pod_termination: float = Field(
@@ -121,6 +198,17 @@ class Timings(_Strict):
         description="a deleted pod that runs on a node keeps running (and holding its TPU) this long, its "
         "termination grace period, before it ends and is removed",
     )
+
+    def draw(self, name: str, rng: random.Random) -> float:
+        """The duration of one event of timing ``name``: the number itself (``rng`` untouched),
+        or a draw of its distribution from ``rng``."""
+        value = getattr(self, name)
+        return value.draw(rng) if isinstance(value, LogNormal) else value
+
+    def median(self, name: str) -> float:
+        """The typical duration of timing ``name``: the number itself, or its distribution's median."""
+        value = getattr(self, name)
+        return value.median if isinstance(value, LogNormal) else value
 
 
 class Faults(_Strict):
@@ -221,6 +309,30 @@ class WorkloadPolicyConfig(_Strict):
         return v
 
 
+# What a pool's nodes are bought as (falcon_ray.sim.node_pools): a stockout can take away
+# any of them but the reservation, whose capacity is held.
+StockoutSupply = Literal["flex-start", "on-demand", "spot"]
+STOCKOUT_SUPPLIES: tuple[StockoutSupply, ...] = ("flex-start", "on-demand", "spot")
+
+
+class Stockout(_Strict):
+    """A window of the fleet's time in which a zone has no capacity of some supplies: creates
+    of pools that ask for hosts of them end RESOURCE_EXHAUSTED, and autoscaler scale-ups of
+    them get nothing."""
+
+    start_s: float = Field(ge=0, description="seconds after the fleet started")
+    duration_s: float = Field(gt=0, description="how long it lasts")
+    supply: list[StockoutSupply] = Field(
+        default_factory=lambda: list(STOCKOUT_SUPPLIES),
+        min_length=1,
+        description="the supplies it takes away (default: every one but reservations)",
+    )
+
+    def covers(self, supply: str, at_s: float) -> bool:
+        """True when ``supply`` has no capacity ``at_s`` seconds after the fleet started."""
+        return self.start_s <= at_s < self.start_s + self.duration_s and supply in self.supply
+
+
 class ClusterConfig(_Strict):
     """One simulated GKE cluster: its identity, capacity, timings and faults."""
 
@@ -244,6 +356,14 @@ class ClusterConfig(_Strict):
     faults: Faults = Field(default_factory=Faults)
     watch_history: int = Field(
         1000, ge=1, description="watch events kept for resumption; older resourceVersions get 410"
+    )
+    stockouts: list[Stockout] = Field(
+        default_factory=list, description="windows in which some supplies have no capacity"
+    )
+    honour_consolidation_delay: bool | None = Field(
+        None,
+        description="the autoscaler removes an empty node after its pool's config.consolidationDelay "
+        "(true) or after timings.autoscaler_scale_down (false); null: the fleet's setting",
     )
 
     @field_validator("name")
@@ -292,6 +412,11 @@ class ClusterConfig(_Strict):
         return self
 
     @property
+    def honours_consolidation_delay(self) -> bool:
+        """Whether the autoscaler reads a pool's ``consolidationDelay`` (unset: yes)."""
+        return self.honour_consolidation_delay is not False
+
+    @property
     def regional(self) -> bool:
         """True when ``location`` is a region (GKE: a regional cluster)."""
         return not is_zone(self.location)
@@ -337,7 +462,19 @@ class FleetConfig(_Strict):
     seed: int = 0
     auth: AuthConfig = Field(default_factory=AuthConfig)
     metadata: MetadataConfig = Field(default_factory=MetadataConfig)
+    honour_consolidation_delay: bool = Field(
+        True,
+        description="every cluster's autoscaler honours its pools' config.consolidationDelay, unless the "
+        "cluster says otherwise",
+    )
     clusters: list[ClusterConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _clusters_inherit(self) -> FleetConfig:
+        for c in self.clusters:
+            if c.honour_consolidation_delay is None:
+                c.honour_consolidation_delay = self.honour_consolidation_delay
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> FleetConfig:
@@ -370,9 +507,26 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         where = ""
         for part in e["loc"]:
+            if part in _DURATION_TAGS:
+                continue
             where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
         lines.append(f"  {where or '(top level)'}: {e['msg']}")
     return "\n".join(lines)
+
+
+def with_timings(fleet: FleetConfig, changes: dict[str, Any], source: str = "timings") -> FleetConfig:
+    """A copy of ``fleet`` whose every cluster has ``changes`` applied to its timings, each
+    validated by :class:`Timings` as the fleet file's are (else :class:`FleetConfigError`,
+    its problems on one line, ``source: timings.KEY: reason``)."""
+    try:
+        clusters = [
+            c.model_copy(update={"timings": Timings.model_validate({**c.timings.model_dump(), **changes})})
+            for c in fleet.clusters
+        ]
+    except ValidationError as e:
+        problems = "; ".join(line.strip() for line in _format_errors(e).splitlines())
+        raise FleetConfigError(f"{source}: {problems}") from None
+    return fleet.model_copy(update={"clusters": clusters})
 
 
 def parse_fleet(data: object, source: str = "fleet") -> FleetConfig:

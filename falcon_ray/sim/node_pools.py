@@ -9,10 +9,13 @@ Contract
   ALREADY_EXISTS for a taken name, 400 FAILED_PRECONDITION "Cluster is running
   incompatible operation ..." while another pool operation runs) and returns a
   RUNNING :class:`Operation`. ``timings.node_pool_create`` later the operation
-  is DONE and the pool RUNNING, or - when the cluster is out of chips, the
-  reservation is short, or the ``create_error`` fault is set - the operation
+  is DONE and the pool RUNNING, or - when the cluster is out of chips, a
+  stockout of the pool's supply is on (it asks for hosts), the reservation is
+  short, or the ``create_error`` fault is set - the operation
   is DONE with ``error`` and the pool stays in status ERROR (this is how GKE
   reports quota and stockouts found mid-create; the pool must be deleted).
+* Every duration is drawn per event (``SimCluster.draw``): per create, per
+  delete, per registration of the nodes a create or a scale-up asked for.
 * ``timings.node_register`` after RUNNING, one v1 Node per host of
   ``initialNodeCount`` (per zone, as GKE counts it) appears in the cluster's
   Kubernetes store, labelled with its zone. Pools created with 0 nodes get
@@ -34,11 +37,13 @@ Contract
   gets seven days, GKE's default and maximum): that long after a node registered its VM
   is deleted, a ``reclaim`` of :mod:`~falcon_ray.sim.disruptions` (trigger
   ``maxRunDuration``), and a flex-start pool gets new nodes only for pending pods.
+* ``config.consolidationDelay`` (``"600s"``; 400 INVALID_ARGUMENT when it is not a
+  duration in seconds) is kept as ``NodePool.consolidation_delay`` for the autoscaler.
 * Capacity: reservation pools (SPECIFIC_RESERVATION affinity) count their hosts
   against the reservation from the create call (or the autoscaler's scale-up)
   until their deletion (or scale-down) finishes; all other TPU pools count
   chips against the cluster's ``chips`` the same way. Failed (ERROR) pools hold
-  nothing. A reservation pool must be in the reservation's zone, of its machine
+  nothing. While a stockout of a pool's supply is on, no host of it is free. A reservation pool must be in the reservation's zone, of its machine
   type, and fit its free hosts, else its create ends with an operation error.
 * ``max_concurrent_pool_ops`` records the most pool operations that were
   running or attempted at the same moment: a create/delete refused because
@@ -148,12 +153,36 @@ def _check_config(config: dict[str, Any]) -> None:
     _expect(
         config,
         "node_pool.config",
-        {"machineType": str, "labels": dict, "reservationAffinity": dict, "taints": list, "flexStart": bool, "maxRunDuration": str},
+        {
+            "machineType": str,
+            "labels": dict,
+            "reservationAffinity": dict,
+            "taints": list,
+            "flexStart": bool,
+            "maxRunDuration": str,
+            "consolidationDelay": str,
+        },
     )
     if not all(isinstance(v, str) for v in (config.get("labels") or {}).values()):
         raise GoogleError(400, "Invalid value at 'node_pool.config.labels': values must be strings.")
     for i, taint in enumerate(config.get("taints") or []):
         _expect(taint, f"node_pool.config.taints[{i}]", {"key": str, "value": str})
+
+
+_SECONDS = re.compile(r"^\d+(\.\d+)?s$")  # a google.protobuf.Duration in JSON: "600s", "1.5s"
+
+
+def _consolidation_delay(config: dict[str, Any]) -> float | None:
+    """``config.consolidationDelay`` in seconds (None when not sent); 400 when it is not a duration."""
+    text = config.get("consolidationDelay")
+    if text is None:
+        return None
+    if not _SECONDS.match(text):
+        raise GoogleError(
+            400,
+            f"Invalid value at 'node_pool.config.consolidation_delay' ({text!r}): must be a duration in seconds.",
+        )
+    return float(text[:-1])
 
 
 def _reservation_name(config: dict[str, Any]) -> str | None:
@@ -317,6 +346,7 @@ class NodePool:
     visible_after: float  # monotonic; get/list answer 404 before this
     zones: list[str] = field(default_factory=list)
     autoscaling: AutoscalingRange | None = None
+    consolidation_delay: float | None = None  # config.consolidationDelay in seconds, if sent
     slice_hosts: int = 1  # hosts a scale-up or scale-down moves at once (a multi-host slice: all)
     status: str = "PROVISIONING"
     status_message: str = ""
@@ -480,7 +510,7 @@ class NodePools:
         op = self._start_op("CREATE_NODE_POOL", name)
         self.pools[name] = pool
         self.history.append(pool)
-        self.cluster.call_later(self.cluster.timings.node_pool_create, self._finish_create, pool, op)
+        self.cluster.call_later(self.cluster.draw("node_pool_create"), self._finish_create, pool, op)
         return op
 
     def _describe(self, name: str, request: dict[str, Any]) -> NodePool:
@@ -517,7 +547,8 @@ class NodePools:
                 f"hosts, so the max node count must be {slice_hosts} (got {autoscaling.max_nodes}).",
             )
 
-        lag = self.cluster.timings.flex_visibility_lag if flex else 0.0
+        consolidation_delay = _consolidation_delay(config)
+        lag = self.cluster.draw("flex_visibility_lag") if flex else 0.0
         return NodePool(
             name=name,
             request=clone(request),
@@ -533,6 +564,7 @@ class NodePools:
             zones=zones,
             autoscaling=autoscaling,
             slice_hosts=slice_hosts,
+            consolidation_delay=consolidation_delay,
         )
 
     def _placed_by_policy(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -578,7 +610,10 @@ class NodePools:
 
     # ---- capacity ------------------------------------------------------------------------------
     def free_hosts(self, pool: NodePool) -> int | None:
-        """More hosts of ``pool``'s kind that fit now: reservation or cluster chips (None: unlimited)."""
+        """More hosts of ``pool``'s kind that fit now: reservation or cluster chips, none in a
+        stockout of its supply (None: unlimited)."""
+        if pool.supply != "reservation" and self.cluster.stocked_out(pool.supply):
+            return 0
         if pool.supply == "reservation":
             res = self.cluster.config.reservation
             return (res.count if res else 0) - self.reservation_in_use()
@@ -598,6 +633,8 @@ class NodePools:
                 return error
         free = self.free_hosts(pool)
         if free is not None and pool.hosts > free:
+            if free == 0 and pool.supply != "reservation" and self.cluster.stocked_out(pool.supply):
+                self.cluster.fault_counts["stockout"] += 1
             return self._shortage(pool, pool.hosts, free)
         return None
 
@@ -680,7 +717,7 @@ class NodePools:
         if count <= 0:
             return
         pool.provisioning += count
-        self.cluster.call_later(self.cluster.timings.node_register, self._register_nodes, pool, count)
+        self.cluster.call_later(self.cluster.draw("node_register"), self._register_nodes, pool, count)
 
     def _register_nodes(self, pool: NodePool, count: int) -> None:
         pool.provisioning -= count
@@ -710,7 +747,7 @@ class NodePools:
         op = self._start_op("DELETE_NODE_POOL", name)
         pool.status = "STOPPING"
         pool.delete_requested_at = self.cluster.wall()
-        self.cluster.call_later(self.cluster.timings.node_pool_delete, self._finish_delete, pool, op)
+        self.cluster.call_later(self.cluster.draw("node_pool_delete"), self._finish_delete, pool, op)
         return op
 
     def _finish_delete(self, pool: NodePool, op: Operation) -> None:

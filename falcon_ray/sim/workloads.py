@@ -872,7 +872,7 @@ class Workloads:
             pod, "Normal", "Scheduled", f"Successfully assigned {md['namespace']}/{md['name']} to {node_name}"
         )
         self.cluster.call_later(
-            self.cluster.timings.pod_start, self._start_pod, md["namespace"], md["name"], md["uid"]
+            self.cluster.draw("pod_start"), self._start_pod, md["namespace"], md["name"], md["uid"]
         )
 
     # ---- kubelet -------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ Exit codes: 0 when every invariant is 0, 1 when one is not (the command that rep
 run goes to stderr), 2 for invalid input (one line on stderr). With ``--seeds`` the run is
 made once per seed, a line each: 1 when any seed broke an invariant (each one's replay
 command on stderr).
+
+``--timing NAME=SECONDS`` or ``--timing NAME=median:M,p90:P`` (repeatable) sets one of the
+fleet's timings in every cluster without a fleet file of its own (``parse_timing`` reads
+it, ``falcon_ray.sim.fleet.with_timings`` validates it); the replay command repeats them.
 """
 
 from __future__ import annotations
@@ -31,8 +35,47 @@ def pin_hash_seed() -> None:
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
-def _replay_command(fleet, tasks, config, seed, until_s, db_url, exact) -> str:
+def parse_timing(text: str) -> tuple[str, float | dict[str, float | str]]:
+    """``NAME=SECONDS`` or ``NAME=median:M,p90:P`` as (name, value), the value as the fleet
+    file would give it (the Timings model judges it); InvalidInput when it has neither shape."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not sep or not name or not value:
+        raise InvalidInput(f"--timing: {text!r} is not NAME=SECONDS or NAME=median:M,p90:P")
+    if ":" not in value:
+        try:
+            return name, float(value)
+        except ValueError:
+            raise InvalidInput(f"--timing: {text!r}: {value!r} is not a number of seconds") from None
+    parts: dict[str, float | str] = {}
+    for item in value.split(","):
+        key, colon, number = item.partition(":")
+        if not colon or not key.strip():
+            raise InvalidInput(f"--timing: {text!r}: {item!r} is not KEY:NUMBER (e.g. median:1800,p90:3600)")
+        try:
+            parts[key.strip()] = float(number)
+        except ValueError:
+            parts[key.strip()] = number.strip()  # the model says what is wrong with it
+    return name, parts
+
+
+def _with_timings(fleet_config, timing_options):
+    """The fleet with every ``--timing`` applied to each cluster (InvalidInput when one is invalid)."""
+    from falcon_ray.sim.fleet import FleetConfigError, with_timings
+
+    if not timing_options:
+        return fleet_config
+    changes = dict(parse_timing(t) for t in timing_options)
+    try:
+        return with_timings(fleet_config, changes, "--timing")
+    except FleetConfigError as e:
+        raise InvalidInput(str(e)) from None
+
+
+def _replay_command(fleet, tasks, config, seed, until_s, db_url, exact, timings=()) -> str:
     parts = ["falcon-ray", "simulate", *(["--fleet", fleet] if fleet else []), "--tasks", tasks, "--seed", str(seed)]
+    for timing in timings:
+        parts += ["--timing", timing]
     if exact:
         parts.append("--exact")
     if config:
@@ -81,7 +124,8 @@ def _progress(stream):
 @click.option("--quiet", is_flag=True, help="No progress line on stderr.")
 @click.option("--exact", is_flag=True, help="Step every queue at every tick, as the Tickers would (slow; to check the left-out rounds).")
 @click.option("--seeds", default=None, help="Run once per seed, e.g. 1-20 or 1,4,7-9: one line per seed; exit 1 when any seed breaks an invariant.")
-def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet, exact, seeds):
+@click.option("--timing", "timings", multiple=True, metavar="NAME=VALUE", help="Set a fleet timing in every cluster: NAME=SECONDS or NAME=median:M,p90:P (repeatable), e.g. flex_capacity_wait=median:1800,p90:3600.")
+def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, generate, count, days, quiet, exact, seeds, timings):
     """Run the controller's poller, queues and cluster gateways in virtual time against a
     modelled fleet, play a tasks file, and report what users waited and what the fleet
     held idle. The same inputs and seed give the same report (wall_s aside)."""
@@ -95,6 +139,7 @@ def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, gen
         fleet_config = load_fleet(fleet)
     except (FleetConfigError, OSError) as e:
         raise InvalidInput(f"fleet: {e}") from None
+    fleet_config = _with_timings(fleet_config, timings)
     if not tasks_path:
         raise InvalidInput("--tasks is required (the tasks to play, or with --generate the file to write)")
     if generate:
@@ -112,10 +157,10 @@ def simulate(fleet, tasks_path, config, seed, until_s, db_url, as_json, out, gen
             raise InvalidInput("--seeds runs on SQLite in memory (a --db must be fresh for each run)")
         seed_list = parse_seeds(seeds)
         pin_hash_seed()
-        _run_seeds(fleet_config, tasks, settings, seed_list, until_s, exact, as_json, out, (fleet, tasks_path, config))
+        _run_seeds(fleet_config, tasks, settings, seed_list, until_s, exact, as_json, out, (fleet, tasks_path, config, timings))
         return
     pin_hash_seed()
-    replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url, exact)
+    replay = _replay_command(fleet, tasks_path, config, seed, until_s, db_url, exact, timings)
     progress = None if quiet else _progress(sys.stderr)
     report = _play(fleet_config, tasks, settings, seed, until_s, exact, replay, db_url=db_url, progress=progress)
     if not quiet:
@@ -190,10 +235,10 @@ def _run_seeds(fleet_config, tasks, settings, seeds, until_s, exact, as_json, ou
     """One run per seed, one after the other in this process; a line per seed on stdout (the
     reports as a JSON list with ``--json`` / ``--out``), the replay command of each seed that
     broke an invariant on stderr, exit 1 when one did."""
-    fleet, tasks_path, config = paths
+    fleet, tasks_path, config, timings = paths
     reports, broken = [], []
     for seed in seeds:
-        replay = _replay_command(fleet, tasks_path, config, seed, until_s, None, exact)
+        replay = _replay_command(fleet, tasks_path, config, seed, until_s, None, exact, timings)
         report = _play(fleet_config, tasks, settings, seed, until_s, exact, replay)
         reports.append(report)
         if any(report["invariants"].values()):

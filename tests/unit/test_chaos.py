@@ -377,3 +377,19 @@ def test_an_abandoned_attempt_after_a_disruption_is_no_recovery_of_its_own():
     assert chaos._own_failure_recovered(7, left, fleet_jobs, (first, left)) is None
     alone = Disruption(0, "abandoned", "", "falcon-task-7", "x", at)
     assert chaos._own_failure_recovered(7, alone, fleet_jobs, (alone,)) == "an abandoned attempt that follows no disruption"
+
+
+def test_a_task_without_a_timeout_runs_under_the_products_default_not_the_soaks():
+    """A spec that sets no timeout_seconds runs for up to spec.DEFAULT_TIMEOUT_SECONDS (3600 s):
+    the judge reads the same default (the soak's own tasks set theirs: 120 s, or 2-3 s)."""
+    from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
+
+    def untimed(tid: int) -> Task:
+        return dataclasses.replace(task(tid, "Succeeded"), spec=json.dumps({"tpu_type": "v6e"}), timeout_seconds=None)
+
+    within = obs((0, "Running", "", "running 1/1"), (DEFAULT_TIMEOUT_SECONDS, "Succeeded", "", ""))
+    past = obs((0, "Running", "", "running 1/1"), (DEFAULT_TIMEOUT_SECONDS + 11, "Succeeded", "", ""))
+    r = check([untimed(1), untimed(2)], {}, {1: within, 2: past}, 2 * DEFAULT_TIMEOUT_SECONDS, FLEET_CLEAN, LIMITS)
+    assert [d["id"] for d in r["details"]["stuck"]] == [2]
+    assert r["details"]["stuck"][0]["limit_s"] == DEFAULT_TIMEOUT_SECONDS + 10
+    assert all(item["spec"]["timeout_seconds"] in (chaos.DEFAULT_TASK_TIMEOUT, 2, 3) for item in make_plan(60, 1, 10))

@@ -94,16 +94,18 @@ class Plan:
         return self.groups + self.messages()
 
     def ready_pools_left_idle(self) -> int:
-        """Idle pools of the queue whose every node is Ready that this decision left idle
-        while a task still waits in Waiting (0 when none waits): the waste the simulate
-        report integrates over time (``ready_pool_idle_s``). It reads the pool's nodes, not
-        whether a hand-over is allowed: a pool the rules keep from a task counts too."""
+        """Idle pools of the queue whose every node is Ready and that no Job of an earlier
+        task still holds (``Decision.handable``) which this decision left idle while a task
+        still waits in Waiting (0 when none waits): the waste the simulate report integrates
+        over time (``ready_pool_idle_s``). It does not ask whether the waiting task may have
+        the pool: a pool the rules keep from it (flex-start's run limit, the reservation
+        hold) counts too."""
         d = self._d
         heads = d.waiting_heads() if d.waiting_count() else []
         if not heads:
             return 0
         hosts = heads[0].spec.shape.hosts
-        return sum(1 for l in d.idle if l.id not in d.claimed and d.ready_nodes(l.name) >= hosts)
+        return sum(1 for l in d.idle if l.id not in d.claimed and d.ready_nodes(l.name) >= hosts and d.handable(l))
 
     def messages(self) -> list[EffectGroup]:
         if self._messages is None:

@@ -39,9 +39,11 @@ class Settings(BaseModel):
     )
     # --- node pools
     node_pool_timeout_s: float = Field(
-        600.0,
+        3600.0,
         gt=0,
-        description="control plane not RUNNING within this many seconds of GKE accepting the create -> Failed/NodePoolTimeout",
+        description="control plane not RUNNING within this many seconds of GKE accepting the create: the pool is given "
+        "back and the task goes to the head of its queue (pool_release_limit), then Failed/NodePoolTimeout; the "
+        "original's 10m is 600, shorter than many TPU creates take",
     )
     # --- a create waiting its turn among the cluster's node-pool operations (GKE runs one at a time)
     create_queue_limit_s: float = Field(
@@ -104,12 +106,18 @@ class Settings(BaseModel):
         "included; false: the slot serializes acquiring new capacity only, and a waiting task takes an idle pool "
         "of its topology whose nodes are Ready while the slot holder waits for GKE",
     )
-    contested_release_limit: int = Field(
+    contested_wait_s: float = Field(
+        600.0,
+        gt=0,
+        description="a pool that holds part of its nodes this long after its first node came, while a task of another "
+        "topology waits on the cluster, is given back and its task goes to the head of its queue (pool_release_limit)",
+    )
+    pool_release_limit: int = Field(
         3,
         ge=0,
-        description="a task whose pool holds part of its nodes past node_pool_timeout_s while another topology "
-        "waits on the cluster gives the pool back and goes to the head of its queue this many times; the next "
-        "time it ends Failed/NodePoolFailed (capacity not delivered in time)",
+        description="a task gives a pool back (its create past node_pool_timeout_s, or its nodes contested past "
+        "contested_wait_s) and goes to the head of its queue this many times; the next time it ends Failed "
+        "(NodePoolTimeout for a create, NodePoolFailed for nodes: the fleet's capacity, not the task)",
     )
     # --- idle pools: kept after their task ended (docs/bench/keep-alive.md measures the choices)
     idle_pool_handover: bool = Field(

@@ -173,13 +173,21 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "node pool {pool} held {registered}/{expected} node(s) for {limit} since its first node came at {since} UTC while a task of another topology waited for cluster {cluster}'s capacity",
         "node pool {pool} 自首个节点于 {since} UTC 到达起 {limit} 内只有 {registered}/{expected} 个节点,而另一拓扑的任务在等待集群 {cluster} 的容量",
     ),
+    "create_slow_detail": (
+        "GKE did not bring node pool {pool}'s control plane up within {limit} of accepting its create ({detail})",
+        "GKE 在接受创建后 {limit} 内未能使 node pool {pool} 的控制面就绪 ({detail})",
+    ),
+    "released_before": (
+        "; it gave {n} earlier node pool(s) back first (pool_release_limit)",
+        ";此前已交还 {n} 个 node pool (pool_release_limit)",
+    ),
     "released_text": (
-        "{detail}; gave it back (Job and node pool deleted), back at the head of the queue (release {n} of at most {limit})",
-        "{detail};已交还 (Job 和 node pool 已删除),回到队首 (第 {n} 次交还,最多 {limit} 次)",
+        "{detail}; gave the node pool back (it and its Job deleted), back at the head of the queue (release {n} of at most {limit})",
+        "{detail};已交还 node pool (连同其 Job 已删除),回到队首 (第 {n} 次交还,最多 {limit} 次)",
     ),
     "capacity_not_delivered": (
-        "Capacity not delivered in time: {detail}; the task gave its node pool back {n} time(s), the most contested_release_limit allows. The fleet's capacity, not a fault of the task; it may be submitted again",
-        "容量未能及时交付: {detail};任务已交还 node pool {n} 次,达到 contested_release_limit 上限。这是集群容量问题,不是任务本身的问题,可重新提交",
+        "Capacity not delivered in time: {detail}; the task gave its node pool back {n} time(s), the most pool_release_limit allows. The fleet's capacity, not a fault of the task; it may be submitted again",
+        "容量未能及时交付: {detail};任务已交还 node pool {n} 次,达到 pool_release_limit 上限。这是集群容量问题,不是任务本身的问题,可重新提交",
     ),
     "switched_to_idle": (
         "Took idle node pool {pool}, whose nodes are Ready, instead of waiting for the nodes of its own node pool {own} (deleted)",

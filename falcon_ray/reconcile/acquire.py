@@ -157,7 +157,7 @@ def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
         record.append(RecordDisruption(t.id, t.attempt, SWITCHED, "", render.job_name(t.id, t.attempt), lease.name))
     text = d.msg("switched_to_idle", pool=idle.name, own=lease.name)
     claim = MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, {"task_id": t.id, "idle_since": None})
-    move = Transition(t.id, (t.phase,), lc.DISPATCHING, text, {"node_pool_name": idle.name, "job_uid": None})
+    move = Transition(t.id, (t.phase,), lc.DISPATCHING, text, {**capacity.OFF_POOL, "node_pool_name": idle.name})
     d.add(f"task {t.id}: switch to ready idle pool {idle.name}", *record, *d.delete_job(t), *d.delete_lease(lease, t.id), claim, move)
     return True
 
@@ -402,10 +402,12 @@ def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
     if limits.passed(Wait.CREATE, d.settings, age):
         limit = limits.seconds(Wait.CREATE, d.settings) or 0.0
         detail = f"control plane {pool.status if pool else 'not visible'} {int(age)}s after GKE accepted the create"
-        if st == LeaseState.REQUESTED:
-            detail = f"GKE API of cluster {d.queue.cluster.name} unreachable for {int(age)}s: {d.cluster.error}"
-        elif op is not None and op.error:
+        if op is not None and op.error:
             detail += f"; last error: {op.error}"
+        if st != LeaseState.REQUESTED:  # GKE has it and is slow: not the task's failure
+            capacity.create_too_slow(d, t, lease, detail)
+            return
+        detail = f"GKE API of cluster {d.queue.cluster.name} unreachable for {int(age)}s: {d.cluster.error}"
         fail(d, t, lease, lc.failed(Reason.NODE_POOL_TIMEOUT), d.msg("node_pool_timeout", limit=fmt_limit(limit), detail=detail))
         return
     d.add(f"task {t.id}: creating {lease.name}", *effects, *control_plane_pending(d, t, lease, op, pool))

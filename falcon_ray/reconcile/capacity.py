@@ -31,14 +31,17 @@ failed operation and a pool in ERROR. Capacity comes back, so the task does not 
   second non-delivery (or a refusal past the budget) ends it NodePoolFailed. The Message
   says the capacity was not delivered, never that the task failed.
 
+- ``create_too_slow(d, t, lease, detail)``: a create GKE accepted whose control plane is
+  not RUNNING past ``node_pool_timeout_s`` (GKE's creates vary, TPU slices take longer) is
+  given back the same way; past ``pool_release_limit`` it ends NodePoolTimeout.
 - ``contested(d, t, lease, pool)``: a task in WaitingForNode whose pool holds part of its
-  nodes (some registered, not all) for longer than ``node_pool_timeout_s`` counted from
+  nodes (some registered, not all) for longer than ``contested_wait_s`` counted from
   the pool's first node (``PoolView.nodes_since``: when it began to hold capacity), while
   a task of another topology waits on the cluster, gives the pool back: its Job and pool
   are deleted, a ``released`` row records it (its attempt's Job name stays behind) and it
   goes back to Waiting at the head of its queue (``QueueTask.priority``). A pool whose
   nodes are all registered is never given back (its capacity has come), nor one with no
-  node (it holds nothing). After ``contested_release_limit`` releases the next one ends
+  node (it holds nothing). After ``pool_release_limit`` releases the next one ends
   it NodePoolFailed with a Message that says the capacity did not come in time, the
   fleet's fault. A release whose move back to Waiting was not made (a crash after its row)
   is finished without a second row.
@@ -60,6 +63,10 @@ from falcon_ray.limits import Wait
 from falcon_ray.model import RELEASED, Lease, PoolView, QueueTask
 from falcon_ray.reconcile.context import Decision, fmt_duration, fmt_limit, stamp
 from falcon_ray.reconcile.effects import DeletePool, Effect, MoveLease, RecordDisruption, Transition
+
+# the fields of a task that leaves its pool: no pool, no Job, and the timeout clock of its
+# next Job starts afresh (a Job submitted before, on a pool the autoscaler then emptied, set it)
+OFF_POOL = {"node_pool_name": None, "job_uid": None, "dispatched_at": None}
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def refused(d: Decision, t: QueueTask, lease: Lease, detail: str) -> None:
     else:
         retry_at = d.now + dt.timedelta(seconds=d.settings.capacity_retry_after_s(refusals))
         text = wait_text(d, t, refusals, detail, retry_at, first)
-        effects.append(Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None, "job_uid": None}))
+        effects.append(Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, OFF_POOL))
     d.add(f"task {t.id}: create of {lease.name} refused for capacity", *effects)
 
 
@@ -190,7 +197,7 @@ def nodes_not_delivered(d: Decision, t: QueueTask, lease: Lease, pool: PoolView 
     ]
     if d.queue.alternatives_exist:
         text = d.msg("nodes_not_delivered_moving", detail=detail)
-        move = Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, {"node_pool_name": None, "job_uid": None})
+        move = Transition(t.id, (t.phase,), lc.CLUSTER_BUSY, text, OFF_POOL)
     else:
         move = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), d.msg("node_pool_failed", detail=detail))
     # the task's move first, as in Decision.finish: a live task whose Job is gone gets a new one
@@ -199,9 +206,9 @@ def nodes_not_delivered(d: Decision, t: QueueTask, lease: Lease, pool: PoolView 
 
 
 def contested(d: Decision, t: QueueTask, lease: Lease, pool: PoolView | None) -> bool:
-    """WaitingForNode on a pool that holds part of its nodes past ``node_pool_timeout_s``
+    """WaitingForNode on a pool that holds part of its nodes past ``contested_wait_s``
     (from its first node) while another topology waits: give the pool back and go to the
-    head of the queue, or, past ``contested_release_limit``, end NodePoolFailed. True when
+    head of the queue, or, past ``pool_release_limit``, end NodePoolFailed. True when
     it was decided here."""
     hosts = t.spec.shape.hosts
     if t.phase != lc.WAITING_FOR_NODE or not d.queue.other_topology_waiting:
@@ -216,14 +223,28 @@ def contested(d: Decision, t: QueueTask, lease: Lease, pool: PoolView | None) ->
         "released_detail", pool=lease.name, registered=pool.registered, expected=hosts, limit=limit,
         since=stamp(pool.nodes_since), cluster=d.queue.cluster.name,
     )  # fmt: skip
-    if len(t.releases) >= d.settings.contested_release_limit:
+    if len(t.releases) >= d.settings.pool_release_limit:
         text = d.msg("capacity_not_delivered", detail=detail, n=len(t.releases))
         done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), text)
         # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
         d.add(f"task {t.id}: capacity of {lease.name} not delivered in time", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
         return True
-    _release(d, t, lease, detail, record=True)
+    give_back(d, t, lease, detail, record=True)
     return True
+
+
+def create_too_slow(d: Decision, t: QueueTask, lease: Lease, detail: str) -> None:
+    """GKE accepted the create and its control plane is not RUNNING past
+    ``node_pool_timeout_s``: GKE is slow, not the task. Give the pool back and go to the
+    head of the queue (a new create is a new draw of GKE's time), or, past
+    ``pool_release_limit``, end NodePoolTimeout with what GKE showed."""
+    limit = fmt_limit(limits.seconds(Wait.CREATE, d.settings) or 0)
+    if len(t.releases) >= d.settings.pool_release_limit:
+        text = d.msg("node_pool_timeout", limit=limit, detail=detail + d.msg("released_before", n=len(t.releases)))
+        done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
+        d.add(f"task {t.id}: create of {lease.name} timed out", *d.delete_lease(lease, t.id), done)
+        return
+    give_back(d, t, lease, d.msg("create_slow_detail", pool=lease.name, limit=limit, detail=detail), record=True)
 
 
 def release_unfinished(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
@@ -231,15 +252,15 @@ def release_unfinished(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
     lost compare-and-set): the task is still in the phase it entered before the row. Finish
     it without a second row. True when it was decided here."""
     last = t.disruptions[-1] if t.disruptions else None
-    if last is None or last.kind != RELEASED or t.phase != lc.WAITING_FOR_NODE:
+    if last is None or last.kind != RELEASED or t.phase not in (lc.WAITING_FOR_NODE, lc.PROVISIONING):
         return False
     if t.phase_since is not None and t.phase_since >= last.at:
         return False  # released before, picked again since: a new wait
-    _release(d, t, lease, last.detail, record=False)
+    give_back(d, t, lease, last.detail, record=False)
     return True
 
 
-def _release(d: Decision, t: QueueTask, lease: Lease | None, detail: str, record: bool) -> None:
+def give_back(d: Decision, t: QueueTask, lease: Lease | None, detail: str, record: bool) -> None:
     """Job and pool deleted, then Waiting (a Waiting task holds neither); the ``released``
     row first, so the next Job (on a new pool) has a name no Job of this pool had."""
     effects: list[Effect] = []
@@ -250,6 +271,6 @@ def _release(d: Decision, t: QueueTask, lease: Lease | None, detail: str, record
     effects += d.delete_job(t)
     if lease is not None:
         effects += d.delete_lease(lease, t.id)
-    text = d.msg("released_text", detail=detail, n=n, limit=d.settings.contested_release_limit)
-    back = Transition(t.id, (t.phase,), lc.WAITING, text, {"node_pool_name": None, "job_uid": None})
-    d.add(f"task {t.id}: gave its pool back to another topology", *effects, back)
+    text = d.msg("released_text", detail=detail, n=n, limit=d.settings.pool_release_limit)
+    back = Transition(t.id, (t.phase,), lc.WAITING, text, OFF_POOL)
+    d.add(f"task {t.id}: gave its pool back", *effects, back)

@@ -420,7 +420,7 @@ class Decision:
         topology and when (its last ``released`` row); "" for a task that has not run."""
         last = t.disruptions[-1] if t.disruptions else None
         if last is not None and last.kind == RELEASED:
-            n, limit = len(t.releases), self.settings.contested_release_limit
+            n, limit = len(t.releases), self.settings.pool_release_limit
             return self.msg("waiting_released", detail=last.detail, at=stamp(last.at), n=n, limit=limit)
         return self.msg("waiting_recovery", attempt=self.attempt_text(t)) if t.recoveries else ""
 

@@ -93,7 +93,8 @@ def test_phase_of_ignores_a_reason_left_behind():
 
 def test_allowed_matches_the_table():
     assert lc.allowed(lc.WAITING, lc.PROVISIONING)
-    assert not lc.allowed(lc.PROVISIONING, lc.WAITING)
+    assert lc.allowed(lc.PROVISIONING, lc.WAITING)  # a create GKE is too slow with: the pool given back (issue 37)
+    assert not lc.allowed(lc.DISPATCHING, lc.WAITING)
     assert isinstance(next(iter(EDGES)), tuple) and all(isinstance(p, Phase) for p in next(iter(EDGES)))
 
 

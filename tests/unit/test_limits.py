@@ -61,9 +61,9 @@ def test_wait_of_gives_every_live_phase_but_running_a_row_of_that_phase(phase):
 
 
 def test_limits_follow_the_settings():
-    s = Settings(submit_budget_s=42, node_pool_timeout_s=7)
+    s = Settings(submit_budget_s=42, node_pool_timeout_s=7, contested_wait_s=8)
     assert limits.seconds(Wait.SUBMIT, s) == 42
-    assert limits.seconds(Wait.CREATE, s) == limits.seconds(Wait.NODES_CONTESTED, s) == 7
+    assert limits.seconds(Wait.CREATE, s) == 7 and limits.seconds(Wait.NODES_CONTESTED, s) == 8
     assert limits.seconds(Wait.RESERVATION, s) is None and not limits.passed(Wait.RESERVATION, s, 1e9)
     assert limits.seconds(Wait.PODS, s, 300) == 300 and limits.passed(Wait.PODS, s, 301, 300)
     assert limits.seconds(Wait.OUT_OF_SERVICE, s) == 0.0

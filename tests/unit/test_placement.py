@@ -228,4 +228,4 @@ def test_no_reservation_large_enough_for_the_slice_is_no_candidate():
 
 
 def test_moving_is_an_edge_of_the_lifecycle_table():
-    assert lc.allowed(lc.CLUSTER_BUSY, lc.WAITING) and not lc.allowed(lc.PROVISIONING, lc.WAITING)
+    assert lc.allowed(lc.CLUSTER_BUSY, lc.WAITING) and not lc.allowed(lc.DISPATCHING, lc.WAITING)

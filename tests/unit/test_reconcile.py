@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -12,6 +13,7 @@ from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.model import (
     Cluster,
     ClusterView,
+    Disruption,
     JobView,
     Lease,
     OpView,
@@ -194,13 +196,21 @@ def test_abort_while_waiting_only_writes_aborted():
     assert [type(e) for e in g[0].effects] == [Transition]
 
 
-def test_control_plane_not_running_in_time_fails_node_pool_timeout_and_deletes():
-    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2")
+def test_control_plane_not_running_in_time_gives_the_pool_back_then_fails_node_pool_timeout():
     view = ClusterView(pools={"falcon-t1-2x2": PoolView("falcon-t1-2x2", "PROVISIONING", 0, 0)}, ops={"falcon-t1-2x2": OpView("create", "running")})
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2", in_phase_s=700)
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=601)]), view, NOW, S)
+    assert transitions(g) == {(1, lc.WAITING)}, "GKE is slow, not the task: back at the head of the queue"
+    assert effects(g, DeletePool)
+    move = effects(g, Transition)[0]
+    assert "within 10m of accepting its create" in move.message and "release 1 of at most 3" in move.message, move.message
+    # past pool_release_limit the next slow create ends it NodePoolTimeout, saying so
+    released = tuple(Disruption(i, "released", "", f"falcon-task-1-a{i}", "slow", NOW - dt.timedelta(days=1)) for i in range(3))
+    t = dataclasses.replace(t, disruptions=released)
     g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.CREATING, 1, age_s=601)]), view, NOW, S)
     assert transitions(g) == {(1, lc.failed(Reason.NODE_POOL_TIMEOUT))}
     assert effects(g, DeletePool)
-    assert "(10m)" in effects(g, Transition)[0].message
+    assert "(10m)" in effects(g, Transition)[0].message and "gave 3 earlier node pool(s) back" in effects(g, Transition)[0].message
 
 
 def test_waiting_for_node_is_kept_past_the_timeout_when_no_other_topology_waits():

@@ -178,12 +178,10 @@ class Decision:
         return t.phase == lc.WAITING_FOR_NODE and self.ready_nodes(lease.name) < t.spec.shape.hosts
 
     def slot_busy(self) -> bool:
-        """A task of the queue holds the acquisition slot: one acquiring new capacity
-        (Provisioning, ClusterBusy, WaitingForNode), or, with ``strict_slot`` (the
-        original's rule), any task between its pick and Running (Dispatching too)."""
-        if self.settings.strict_slot:
-            return bool(self.acquiring)
-        return any(t.phase != lc.DISPATCHING for t in self.acquiring)
+        """A task of the queue holds the acquisition slot (between its pick and Running):
+        no other task starts a create. Hand-overs of pools whose nodes are Ready do not wait
+        for it unless ``strict_slot`` (``pick.hand_over_ready``)."""
+        return bool(self.acquiring)
 
     def free_idle(self, t: QueueTask, ready: bool = False) -> Lease | None:
         """An idle pool that can be handed to ``t`` now: its create finished (it was Ready

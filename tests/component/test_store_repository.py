@@ -116,7 +116,7 @@ def test_lost_compare_and_set_returns_false_and_changes_nothing(store):
         (lc.ABORTED, lc.ABORTING),
         (lc.SUCCEEDED, lc.RUNNING),
         (lc.RUNNING, lc.PROVISIONING),
-        (lc.PROVISIONING, lc.WAITING),
+        (lc.DISPATCHING, lc.WAITING),
     ],
     ids=str,
 )

@@ -33,7 +33,8 @@ The rules, in the order ``decide`` applies them (original design, sections 4-9):
    of another machine type sends it back to the poller; a ClusterBusy task moves to
    another cluster that can start it now with the same supply (``move``).
 5. The pick: a free slot goes to the next Waiting task by the pick rule; an idle
-   pool of the topology goes straight to it (``pick.pick``).
+   pool of the topology goes straight to it; idle pools whose every node is Ready go to
+   the next tasks whoever holds the slot, unless ``strict_slot`` (``pick.pick``).
 6. Pools nobody needs: orphaned leases, idle pools nobody waits for, pools of a
    cluster out of service; Deleting leases followed to Deleted (``pools.leases``).
 7. Jobs of this queue whose task is no longer live are deleted (``pools.stale_jobs``).

@@ -6,7 +6,8 @@ At most one task of a queue is Provisioning, ClusterBusy, WaitingForNode or
 Dispatching. ``acquire(d, t)`` moves it one step:
 
 - an idle pool of its topology appears: it switches to it (abandoning its own create
-  to keep-or-delete) -- ``switch_to_idle``;
+  to keep-or-delete); in WaitingForNode short of Ready nodes, it switches to an idle pool
+  whose every node is Ready (its own pool and Job deleted) -- ``switch_to_idle``;
 - no lease yet (or just picked: ``create_at_pick``, in the pick's group when the create
   needs no other step first): the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
@@ -20,9 +21,12 @@ Dispatching. ``acquire(d, t)`` moves it one step:
   wait (ClusterBusy, ``capacity.refused``); any other refused create or pool in ERROR
   fails it (NodePoolFailed); the control plane RUNNING with every node Ready makes it
   Dispatching, its Job submitted in the same group when nothing stands in the way
-  (``pool_came_up``); nodes still registering keep it WaitingForNode (kept unless another
-  topology waits on the cluster and the node-pool timeout passed); a control plane
-  not RUNNING in time fails it (NodePoolTimeout) -- ``creating``;
+  (``pool_came_up``); nodes still registering keep it WaitingForNode (a pool holding part
+  of its nodes while another topology waits is given back: ``capacity.contested``); a
+  control plane not RUNNING within ``node_pool_timeout_s`` of GKE's acceptance is GKE's
+  slowness: the pool is given back and the task goes to the head of its queue, and only
+  past ``pool_release_limit`` does it fail (NodePoolTimeout, ``capacity.create_too_slow``)
+  -- ``creating``;
 - Ready / InUse: Dispatching -- ``pool_ready``; a flex-start pool waiting for its nodes
   that fails for capacity is a wait as above (WaitingForNode -> ClusterBusy);
 - Dispatching: ``finish.execute``.

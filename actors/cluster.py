@@ -819,6 +819,7 @@ class ClusterGateway:
                 reservation_error=self.reservation.error,
                 synced=self.pool_cache.synced and self.job_cache.synced,
                 error="" if self.conn.gke is not None else self.not_connected(),
+                connecting=self.conn.gke is None and not self.conn.error,
                 zones=self.conn.zones,
                 reservation_zone=self.reservation.zone,
             )

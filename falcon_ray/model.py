@@ -410,6 +410,9 @@ class ClusterView:
     reservation_error: ReservationError | None = None  # of the last read
     synced: bool = True
     error: str = ""  # why the ClusterActor cannot reach GKE, if it cannot
+    # the ClusterActor is still building its clients and no attempt has failed yet: the
+    # controller's own start (a restart, a loaded head), not an answer of GKE's
+    connecting: bool = False
     zones: tuple[str, ...] = ()  # the cluster's node zones (Cluster.locations), once connected
     reservation_zone: str = ""  # the zone the reservation was found in
 

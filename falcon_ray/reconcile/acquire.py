@@ -203,9 +203,12 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
 
 def unreachable(d: Decision, t: QueueTask) -> None:
     """The ClusterActor cannot reach GKE (credentials, IAM, endpoint): say so, and give up
-    like a create that never came back once the node-pool timeout has passed."""
+    like a create that never came back once the node-pool timeout has passed. While the
+    ClusterActor is still building its clients with no failed attempt (``connecting``: its
+    own start) it only says so: the controller's slowness is not the task's failure."""
     cluster, age = d.queue.cluster.name, d.phase_age_s(t)
-    if gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.cluster.error}"):
+    # the ClusterActor still starting is the controller's own time, never the task's failure
+    if not d.cluster.connecting and gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.cluster.error}"):
         return
     d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.cluster.error) + d.waited(t), "cluster unreachable")
 
@@ -399,7 +402,7 @@ def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
     if pool is not None and pool.status.up:
         nodes_coming(d, t, lease, st, pool, effects)
         return
-    if st == LeaseState.REQUESTED and not d.cluster.error:  # not accepted yet: it waits its turn
+    if st == LeaseState.REQUESTED and (not d.cluster.error or d.cluster.connecting):  # not accepted yet: it waits its turn
         create_queued(d, t, lease, op, effects)
         return
     age = (d.now - create_started(d, lease, st)).total_seconds()

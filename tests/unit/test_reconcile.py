@@ -395,6 +395,23 @@ def test_unreachable_cluster_says_so_then_times_out_like_a_create_that_never_cam
     assert tr.to == lc.failed(Reason.NODE_POOL_TIMEOUT) and "unreachable for 601s" in tr.message
 
 
+def test_a_cluster_actor_still_connecting_never_fails_a_task():
+    """The ClusterActor building its clients (a restart, a loaded head) is the controller's
+    own time: a Provisioning task waits, its create queued, and is told why; past the create's
+    limit it is not failed (the soak's kills made 30 such NodePoolTimeouts otherwise)."""
+    view = ClusterView(error="cluster edge-a not connected yet: not started since 12:00:00 UTC", synced=False, connecting=True)
+    g = decide(state([task(1, phase=lc.PROVISIONING, in_phase_s=5000)]), view, NOW, S)
+    assert not transitions(g)
+    assert "not connected yet" in effects(g, UpdateTask)[0].message
+    t = task(1, phase=lc.PROVISIONING, pool="falcon-t1-2x2", in_phase_s=5000)
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.REQUESTED, 1, age_s=5000)]), view, NOW, S)
+    assert not transitions(g) and not effects(g, DeletePool)
+    # the same wait with a failed connect attempt is GKE's (or IAM's) answer: it times out
+    failed = ClusterView(error="cannot connect to cluster edge-a (attempt 3): 403", synced=False)
+    g = decide(state([t], [lease(1, "falcon-t1-2x2", LeaseState.REQUESTED, 1, age_s=5000)]), failed, NOW, S)
+    assert transitions(g) == {(1, lc.failed(Reason.NODE_POOL_TIMEOUT))}
+
+
 def test_an_idle_pool_whose_create_never_finished_is_not_handed_over():
     """A task aborted mid-create left its pool Idle: nobody gets it until the create finished."""
     t = NOW - dt.timedelta(seconds=30)

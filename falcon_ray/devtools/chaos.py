@@ -609,8 +609,13 @@ class ChaosRun:
         from falcon_ray.devtools.demo import demo_settings
 
         # recovery_pool_wait_s, disruption_grace_s: the production 1 h and 60 s scaled down
-        # (a recovering task whose pool's nodes do not come back acquires a new pool)
-        base = {"node_pool_timeout_s": 20, "registry_interval_s": 1, "recovery_pool_wait_s": 20, "disruption_grace_s": 10}
+        # (a recovering task whose pool's nodes do not come back acquires a new pool);
+        # reservation_hold_after_s and contested_wait_s: the production 30 and 10 minutes
+        # scaled down, so the reservation hold and the contested release play within the
+        # 8-minute soak (unscaled, a 4x4 on the 8-host reservation waited unheld behind the
+        # other topologies' reuse until the judge called its queue stuck)
+        base = {"node_pool_timeout_s": 20, "registry_interval_s": 1, "recovery_pool_wait_s": 20, "disruption_grace_s": 10,
+                "reservation_hold_after_s": 60, "contested_wait_s": 20}
         base.update(self.overrides)
         return demo_settings(**base)
 

@@ -59,11 +59,10 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
         wait = limits.wait_of(
             t.phase,
             job_accepted=t.dispatched_at is not None,
+            # not ``contested``: that wait counts from the pool's first node, which only the
+            # cluster shows; health reads the database, so it holds WaitingForNode to the
+            # capacity budget (the longer limit), never to a count that would list a task early
             out_of_service=c is not None and not c.active and c.tpu_type in active_types,
-            # the contested wait counts from the pool's first node, which only the cluster
-            # shows: health reads the database, so it holds WaitingForNode to the capacity
-            # budget (the longer limit), never to a count that would list a task too early
-            contested=False,
             capacity_refused=t.id in refused,
             create_accepted=t.id in creates and creates[t.id].state != LeaseState.REQUESTED,
         )

@@ -522,7 +522,7 @@ RECOVERY_PRIORITY = 1000  # above any spec priority (-100..100)
 # by the fleet: each leaves its attempt's Job name behind (the next Job takes the next one)
 # and none uses up a max_recoveries. ``abandoned``: a recovery left its pool; ``released``:
 # the task gave a pool that held part of its nodes back to another topology and went to the
-# head of its queue (``dispatch.release_contested``); ``switched``: a task waiting for the
+# head of its queue, or gave back a create GKE was too slow with (``capacity.give_back``); ``switched``: a task waiting for the
 # nodes of its new pool took an idle pool with Ready nodes instead (``acquire.switch_to_idle``).
 ABANDONED, RELEASED, SWITCHED = "abandoned", "released", "switched"
 CONTROLLER_MOVES = frozenset({ABANDONED, RELEASED, SWITCHED})

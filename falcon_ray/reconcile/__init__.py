@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from falcon_ray import tpu
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
 from falcon_ray.reconcile import acquire, finish, pick, pools, positions, recover
@@ -102,10 +103,9 @@ class Plan:
         the pool: a pool the rules keep from it (flex-start's run limit, the reservation
         hold) counts too."""
         d = self._d
-        heads = d.waiting_heads() if d.waiting_count() else []
-        if not heads:
+        if not d.waiting_count():
             return 0
-        hosts = heads[0].spec.shape.hosts
+        hosts = tpu.lookup(d.queue.cluster.tpu_type, d.queue.topology).hosts
         return sum(1 for l in d.idle if l.id not in d.claimed and d.ready_nodes(l.name) >= hosts and d.handable(l))
 
     def messages(self) -> list[EffectGroup]:

@@ -113,20 +113,27 @@ def dispatch_with_job(d: Decision, t: QueueTask, pool: str) -> list[Effect]:
     return [Transition(t.id, (t.phase,), lc.DISPATCHING, text, fields), dataclasses.replace(submit, recorded=True)]
 
 
-def claim_idle(d: Decision, t: QueueTask, idle: Lease) -> list[Effect]:
+def claim_idle(d: Decision, t: QueueTask, idle: Lease, leaving: str = "") -> list[Effect]:
     """Take an idle pool for ``t``: the hand-over (original, section 5). When nothing stands
     between the task and its Job (no Job of it in the cluster, no refused submit to wait
     out), the Job is submitted in the same group (Idle -> InUse), as the next round's
-    ``dispatch.dispatching`` would; otherwise the pool is Ready and that round decides."""
+    ``dispatch.dispatching`` would; otherwise the pool is Ready and that round decides.
+    ``leaving``: the pool of its own the task leaves for this one (its Job, if any, goes
+    with it): the next round submits the next attempt's Job, whose timeout clock starts
+    afresh, and the move's Message says so."""
     d.claimed.add(idle.id)
     d.demand.discard(t.id)
     fields = {"task_id": t.id, "idle_since": None}
-    if d.job_of(t) is None and t.id not in d.queue.submit_errors:
+    if not leaving and d.job_of(t) is None and t.id not in d.queue.submit_errors:
         return [
             MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.IN_USE, fields),
             *dispatch_with_job(d, t, idle.name),
         ]
-    return [MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, fields), to_dispatching(d, t, idle.name)]
+    move = to_dispatching(d, t, idle.name)
+    if leaving:
+        text = d.msg("switched_to_idle", pool=idle.name, own=leaving)
+        move = Transition(t.id, (t.phase,), lc.DISPATCHING, text, {**capacity.OFF_POOL, "node_pool_name": idle.name})
+    return [MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, fields), move]
 
 
 def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
@@ -154,15 +161,11 @@ def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
     idle = d.free_idle(t, ready=True)
     if idle is None:
         return False
-    d.claimed.add(idle.id)
-    d.demand.discard(t.id)
     record: list[Effect] = []
     if lease.state == LeaseState.IN_USE or d.job_of(t) is not None:  # a Job may be on it, or be about to
         record.append(RecordDisruption(t.id, t.attempt, SWITCHED, "", render.job_name(t.id, t.attempt), lease.name))
-    text = d.msg("switched_to_idle", pool=idle.name, own=lease.name)
-    claim = MoveLease(idle.id, idle.name, (LeaseState.IDLE,), LeaseState.READY, {"task_id": t.id, "idle_since": None})
-    move = Transition(t.id, (t.phase,), lc.DISPATCHING, text, {**capacity.OFF_POOL, "node_pool_name": idle.name})
-    d.add(f"task {t.id}: switch to ready idle pool {idle.name}", *record, *d.delete_job(t), *d.delete_lease(lease, t.id), claim, move)
+    leave = [*record, *d.delete_job(t), *d.delete_lease(lease, t.id)]
+    d.add(f"task {t.id}: switch to ready idle pool {idle.name}", *leave, *claim_idle(d, t, idle, leaving=lease.name))
     return True
 
 

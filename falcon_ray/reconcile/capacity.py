@@ -223,13 +223,8 @@ def contested(d: Decision, t: QueueTask, lease: Lease, pool: PoolView | None) ->
         "released_detail", pool=lease.name, registered=pool.registered, expected=hosts, limit=limit,
         since=stamp(pool.nodes_since), cluster=d.queue.cluster.name,
     )  # fmt: skip
-    if len(t.releases) >= d.settings.pool_release_limit:
-        text = d.msg("capacity_not_delivered", detail=detail, n=len(t.releases))
-        done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), text)
-        # the terminal write first, as in Decision.finish: a live task whose Job is gone gets a new one
-        d.add(f"task {t.id}: capacity of {lease.name} not delivered in time", done, *d.delete_job(t), *d.delete_lease(lease, t.id))
-        return True
-    give_back(d, t, lease, detail, record=True)
+    text = d.msg("capacity_not_delivered", detail=detail, n=len(t.releases))
+    give_back_or_fail(d, t, lease, detail, Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_FAILED), text))
     return True
 
 
@@ -239,12 +234,20 @@ def create_too_slow(d: Decision, t: QueueTask, lease: Lease, detail: str) -> Non
     head of the queue (a new create is a new draw of GKE's time), or, past
     ``pool_release_limit``, end NodePoolTimeout with what GKE showed."""
     limit = fmt_limit(limits.seconds(Wait.CREATE, d.settings) or 0)
-    if len(t.releases) >= d.settings.pool_release_limit:
-        text = d.msg("node_pool_timeout", limit=limit, detail=detail + d.msg("released_before", n=len(t.releases)))
-        done = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
-        d.add(f"task {t.id}: create of {lease.name} timed out", *d.delete_lease(lease, t.id), done)
+    text = d.msg("node_pool_timeout", limit=limit, detail=detail + d.msg("released_before", n=len(t.releases)))
+    failed = Transition(t.id, (t.phase,), lc.failed(Reason.NODE_POOL_TIMEOUT), text)
+    give_back_or_fail(d, t, lease, d.msg("create_slow_detail", pool=lease.name, limit=limit, detail=detail), failed)
+
+
+def give_back_or_fail(d: Decision, t: QueueTask, lease: Lease, detail: str, failed: Transition) -> None:
+    """Give the pool back (``give_back``) while the task has releases left of
+    ``pool_release_limit``; past it, ``failed`` ends the task, its Job and pool deleted
+    (the terminal write first, as in Decision.finish: a live task whose Job is gone gets a
+    new one)."""
+    if len(t.releases) < d.settings.pool_release_limit:
+        give_back(d, t, lease, detail, record=True)
         return
-    give_back(d, t, lease, d.msg("create_slow_detail", pool=lease.name, limit=limit, detail=detail), record=True)
+    d.add(f"task {t.id}: gave up on {lease.name} ({failed.to})", failed, *d.delete_job(t), *d.delete_lease(lease, t.id))
 
 
 def release_unfinished(d: Decision, t: QueueTask, lease: Lease | None) -> bool:

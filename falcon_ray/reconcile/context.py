@@ -177,12 +177,6 @@ class Decision:
             return True
         return t.phase == lc.WAITING_FOR_NODE and self.ready_nodes(lease.name) < t.spec.shape.hosts
 
-    def slot_busy(self) -> bool:
-        """A task of the queue holds the acquisition slot (between its pick and Running):
-        no other task starts a create. Hand-overs of pools whose nodes are Ready do not wait
-        for it unless ``strict_slot`` (``pick.hand_over_ready``)."""
-        return bool(self.acquiring)
-
     def free_idle(self, t: QueueTask, ready: bool = False) -> Lease | None:
         """An idle pool that can be handed to ``t`` now: its create finished (it was Ready
         once), no Job of an earlier task still holds it, and its nodes outlive ``t``'s run

@@ -605,6 +605,7 @@ def test_a_hand_over_past_the_slot_needs_every_node_ready():
     emptied["falcon-t9-2x2"] = PoolView("falcon-t9-2x2", "RUNNING", 0, 0)  # the autoscaler took its node
     g = decide(state([holder, waiting], [own, idle]), ClusterView(pools=emptied, jobs=view.jobs, synced=True), NOW, S)
     assert (2, lc.DISPATCHING) not in transitions(g), "a pool with no node would acquire capacity: that waits for the slot"
+    assert not [e for e in effects(g, MoveLease) if e.lease_id == 2 and e.to != LeaseState.DELETING], "nor does the holder switch to it"
 
 
 def test_a_task_waiting_for_flex_nodes_switches_to_a_ready_idle_pool_and_its_new_pool_goes():
@@ -618,6 +619,7 @@ def test_a_task_waiting_for_flex_nodes_switches_to_a_ready_idle_pool_and_its_new
     assert not effects(g, SubmitJob), "the next attempt's Job waits for the old one to be gone"
     move = next(e for e in effects(g, Transition) if e.task_id == 1)
     assert move.fields["node_pool_name"] == "falcon-t9-2x2" and "falcon-t9-2x2" in move.message
+    assert "dispatched_at" in move.fields and move.fields["dispatched_at"] is None, "the next Job's timeout clock starts afresh"
 
 
 def test_a_task_whose_flex_nodes_came_does_not_switch():
@@ -625,3 +627,20 @@ def test_a_task_whose_flex_nodes_came_does_not_switch():
     jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", "Pending", 0, 0, 1, node_pool="falcon-t1-2x2")}
     g = decide(state([holder], [own, idle]), ClusterView(pools=view.pools, jobs=jobs, synced=True), NOW, S)
     assert "falcon-t1-2x2" not in {e.name for e in effects(g, DeletePool)} and (1, lc.DISPATCHING) not in transitions(g)
+
+
+def test_a_release_whose_move_back_was_not_made_is_finished_without_a_second_row():
+    """A crash between the ``released`` row and the task's move back to Waiting: the next
+    round deletes the pool and makes the move, and writes no second row (it would burn
+    another Job name and count a second release)."""
+    holder, own, _idle, view = _flex_holder()
+    row = Disruption(0, "released", "", "falcon-task-1", "node pool held 2/4", NOW - dt.timedelta(seconds=5))
+    crashed = dataclasses.replace(holder, disruptions=(row,))  # in WaitingForNode since before the row
+    g = decide(state([crashed], [own]), ClusterView(pools=view.pools, jobs=view.jobs, synced=True), NOW, S)
+    assert transitions(g) == {(1, lc.WAITING)}
+    assert not [e for g_ in g for e in g_.effects if type(e).__name__ == "RecordDisruption"]
+    assert {e.name for e in effects(g, DeletePool)} == {"falcon-t1-2x2"} and effects(g, DeleteJob)
+    # picked again since the row: a new wait, nothing to finish
+    again = dataclasses.replace(crashed, phase_since=NOW - dt.timedelta(seconds=1))
+    g = decide(state([again], [own]), ClusterView(pools=view.pools, jobs=view.jobs, synced=True), NOW, S)
+    assert (1, lc.WAITING) not in transitions(g)

@@ -106,6 +106,19 @@ class Settings(BaseModel):
         "included; false: the slot serializes acquiring new capacity only, and a waiting task takes an idle pool "
         "of its topology whose nodes are Ready while the slot holder waits for GKE",
     )
+    capacity_waits_per_queue: int = Field(
+        3,
+        ge=1,
+        description="how many tasks of a queue may wait at once for GKE to deliver flex-start capacity to a pool it "
+        "has created (no node yet, capacity_wait_park_s after the pool's create): such a wait no longer holds the "
+        "slot, so the next task may start its own create; 1: the slot is held until Running (ignored with strict_slot)",
+    )
+    capacity_wait_park_s: float = Field(
+        300.0,
+        ge=0,
+        description="a flex-start task whose created pool has had no node for this long parks its capacity wait "
+        "(capacity_waits_per_queue) and lets the slot go",
+    )
     contested_wait_s: float = Field(
         600.0,
         gt=0,

@@ -42,7 +42,7 @@ def pick(d: Decision) -> None:
     if not d.queue.cluster_active or not d.waiting_count():
         return
     last = d.queue.last_granted
-    if not d.acquiring:  # the slot: one task between its pick and Running starts a create
+    if d.slot_free():  # the slot: one task between its pick and Running starts a create
         nxt = scheduling.pick_next(d.waiting_heads(), last)
         assert nxt is not None
         idle = d.free_idle(nxt)

@@ -60,6 +60,8 @@ UNITS: dict[str, str] = {
     "reservation_hold_after_s": "seconds (null: never)",
     "submit_budget_s": "seconds",
     "strict_slot": "true or false",
+    "capacity_waits_per_queue": "count",
+    "capacity_wait_park_s": "seconds",
     "contested_wait_s": "seconds",
     "pool_release_limit": "count",
     "idle_pool_handover": "true or false",

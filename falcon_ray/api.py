@@ -161,7 +161,7 @@ class QueuePool(_Out):
     """A node pool of the queue (a lease)."""
 
     name: str
-    state: str = Field(description="Falcon's lease state: Requested, Creating, InUse, Idle, Deleting, ...")
+    state: str = Field(description="Falcon's lease state: Requested, Creating, Ready, InUse, Idle, Deleting")
     task_id: int | None = Field(description="The task it serves; null when idle or being deleted")
     supply_mode: str
     pool_status: str | None = Field(description="GKE's status of the pool as the cluster last said; null if not seen")

@@ -231,7 +231,10 @@ class Server:
         self.sock.bind((host, port))
         self.sock.listen(128)
         self.server_address = self.sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+        # log_config None: the process keeps its own logging set-up (JSON lines in `falcon-ray run`)
+        config = uvicorn.Config(
+            app, log_config=None, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True, name="health")
         self.thread.start()

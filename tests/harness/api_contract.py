@@ -25,7 +25,7 @@ def client(base: str, token: str | None = None) -> httpx.Client:
 def wait_until(what: str, pred: Callable[[], object], timeout: float = 90) -> object:
     deadline = time.monotonic() + timeout  # wall-clock: e2e only, a live controller
     last: object = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # wall-clock: a live server over HTTP
         try:
             last = pred()
         except httpx.HTTPError as e:
@@ -33,7 +33,7 @@ def wait_until(what: str, pred: Callable[[], object], timeout: float = 90) -> ob
         else:
             if last:
                 return last
-        time.sleep(0.5)
+        time.sleep(0.5)  # wall-clock: a live server over HTTP
     raise AssertionError(f"{what}: not after {timeout}s (last: {str(last)[:2000]})")
 
 

@@ -201,7 +201,15 @@ class Settings(BaseModel):
     )
     leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
     registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles; a busy QueueActor re-reads the registry (cluster status, reservation) as often")
-    health_port: int = Field(8088, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
+    health_port: int = Field(
+        8088, ge=0, le=65535, description="`falcon-ray run`: port of /healthz, /readyz and the read API /v1 (docs/api.md; 0 = off)"
+    )
+    api_token_file: str | None = Field(
+        None,
+        min_length=1,
+        description="file holding the bearer token the read API's /v1 requires (read again when it changes; "
+        "unreadable: /v1 answers 503); null: /v1 is open. /healthz and /readyz never need it",
+    )
     lang: str = Field("en", pattern="^(en|zh)$", description="language of task Messages")
     # --- limits of the waits (falcon_ray.limits is the table; node_pool_timeout_s and
     # submit_budget_s above are two of them)

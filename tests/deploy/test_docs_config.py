@@ -88,6 +88,7 @@ UNITS: dict[str, str] = {
     "leader_ttl_s": "seconds",
     "registry_interval_s": "seconds",
     "health_port": "TCP port",
+    "api_token_file": "file path (null: no token)",
     "lang": "`en` or `zh`",
     "intake_limit_s": "seconds",
     "waiting_limit_s": "seconds",

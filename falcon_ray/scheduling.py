@@ -148,7 +148,9 @@ class WaitingIndex:
     place by bisection (O(log N) comparisons), so a new or a finished task costs no pass
     over the others. ``value()`` is the ``WaitingQueue`` a decision reads: the buckets
     changed since the last value are copied into new tuples (a pointer copy of that one
-    bucket), the others shared; the id set is copied only when it changed. Pure: no I/O."""
+    bucket), the others shared; the id set is copied only when it changed. The tasks with a
+    start deadline are kept apart, soonest first (``WaitingQueue.deadlines``), so the
+    deadline rule reads only those. Pure: no I/O."""
 
     def __init__(self) -> None:
         self._lists: dict[tuple[int, str], list[QueueTask]] = {}

@@ -8,7 +8,7 @@ each ClusterActor's last successful GKE / Kubernetes call and watch age (a clust
 that cannot be reached is listed in ``degraded_clusters``: it makes neither probe
 fail, since restarting the controller would not fix it), and the live tasks past the
 limit of their wait (``overdue_tasks``, from the one table ``falcon_ray.limits``:
-which wait, since when, the limit and its action). ``healthy`` is the liveness verdict
+which wait, since when, the limit and its action; a task past its start deadline too). ``healthy`` is the liveness verdict
 (leader held or waiting, database reachable, actors answering); ``ready`` adds that the
 lease is held. Overdue tasks are reported, not fatal: they are the operator's
 business, not a reason to restart the controller.
@@ -32,6 +32,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import limits
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.lifecycle import LeaseState
+from falcon_ray.model import has_run
 from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
 
 
@@ -74,7 +75,25 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
             row = _overdue_row(t, wait, fields[t.id], settings, now, since)
             if row is not None:
                 out.append(row)
-    return out
+    return out + _past_start_deadline(store, tasks, fields, settings, now)
+
+
+def _past_start_deadline(store, tasks, fields: dict[int, dict[str, Any]], settings, now) -> list[dict[str, Any]]:
+    """The tasks waiting for their first start past their start deadline and its grace (the
+    queue or the poller did not end them): their disruption rows are read only for those,
+    and a task that has run is left out (the deadline is about the first start)."""
+    late = []
+    for t in tasks:
+        limit = fields[t.id].get("start_deadline_s")
+        if t.phase not in lc.BEFORE_START_PHASES or isinstance(limit, bool) or not isinstance(limit, int | float):
+            continue
+        r = _overdue_row(t, limits.Wait.START_DEADLINE, fields[t.id], settings, now, t.created_at)
+        if r is not None:
+            late.append(r)
+    if not late:
+        return []
+    ran = store.disruptions([r["id"] for r in late])
+    return [r for r in late if not has_run(ran.get(r["id"], ()))]
 
 
 def _creates(store, tasks) -> dict[int, Any]:
@@ -108,7 +127,8 @@ def _overdue_row(t, wait: limits.Wait, fields: dict[str, Any], settings, now, si
     """The report's row for a task past its wait's limit and grace; None when it is not."""
     row = limits.limit(wait)
     timeout = fields.get("timeout_seconds", t.timeout_seconds or DEFAULT_TIMEOUT_SECONDS)
-    limit = row.seconds(settings, timeout if isinstance(timeout, int) else None)
+    deadline = fields.get("start_deadline_s")
+    limit = row.seconds(settings, timeout if isinstance(timeout, int) else None, deadline if isinstance(deadline, int | float) else None)
     if limit is None or since is None:
         return None
     age = (now - since).total_seconds()

@@ -141,8 +141,18 @@ class Decision:
         """Every Waiting task still on the list, in pick order (rule 8: once per step)."""
         return [] if self.all_left else scheduling.queue_order(self.waiting, self.queue.last_granted, self.left)
 
+    def waiting_past_deadline(self) -> list[QueueTask]:
+        """The Waiting tasks still on the list whose start deadline has come (``deadline``)."""
+        return [] if self.all_left else self.waiting.past_deadline(self.now, self.left)
+
     def leave(self, t: QueueTask) -> None:
         self.left.add(t.id)
+
+    def forget_holder(self, t: QueueTask) -> None:
+        """The slot holder ``t`` ends in this call: the slot is free for the later rules."""
+        self.acquiring.remove(t)
+        self.holders.remove(t)
+        self.demand.discard(t.id)
 
     def leave_all(self) -> None:
         self.all_left = True

@@ -14,6 +14,10 @@ Contract
 * ``gke_client``, ``compute_client``, ``kube_api_client``, ``google_credentials``:
   the REAL clients, aimed at the simulator; ``poll_until`` waits with a deadline;
   ``wait_operation`` polls a GKE operation until DONE.
+* ``virtual_fleet(config)``: a :class:`SimFleet` on a ``ManualClock`` (the model's time
+  moves only when the test says); ``advance_until(fleet, probe, within)`` moves it from
+  timer to timer until ``probe()`` holds and says how many of its seconds that took;
+  ``wait_operation(..., fleet=F)`` does the same for an operation.
 * ``private_fleet_config(clusters, **timings)``: a fleet without authentication
   for tests that need clusters of their own (regional ones, tight capacity).
 
@@ -31,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from falcon_ray.clock import ManualClock
 from falcon_ray.sim.auth import use_sim_metadata
 from falcon_ray.sim.fleet import FleetConfig, parse_fleet
 from falcon_ray.sim.server import SimFleet
@@ -190,6 +195,27 @@ def poll_until(probe, timeout: float = 5.0, interval: float = 0.05, what: str = 
         time.sleep(interval)  # wall-clock: polls the HTTP sim's server thread over loopback
 
 
+def virtual_fleet(config: FleetConfig) -> SimFleet:
+    """A fleet (not started) whose model runs on a ``ManualClock``: see ``SimFleet``'s contract."""
+    return SimFleet(config, clock=ManualClock())
+
+
+def advance_until(fleet: SimFleet, probe, within: float, what: str = "condition"):
+    """Move ``fleet``'s clock to its next timer, again and again, until ``probe()`` returns
+    something truthy; return ``(that, the fleet's seconds it took)``. Fail when ``within``
+    of the fleet's seconds passed first (the bound is virtual: the claim can be exact)."""
+    start = fleet.clock.monotonic()
+    while True:
+        last = probe()
+        if last:
+            return last, fleet.clock.monotonic() - start
+        left = start + within - fleet.clock.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{what} did not happen within {within} s of the fleet's clock; last value: {last!r}")
+        due = fleet.next_timer()
+        fleet.advance(left if due is None else min(due, left))
+
+
 def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> FleetConfig:
     """A fleet of ``clusters`` without authentication, every cluster with :data:`FAST_TIMINGS` + ``timings``."""
     return parse_fleet(
@@ -202,16 +228,15 @@ def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> Fl
     )
 
 
-def wait_operation(gke, location: str, op, timeout: float = 5.0):
-    """Poll a GKE operation (``location`` = ``projects/P/locations/L``) until DONE; return it."""
+def wait_operation(gke, location: str, op, timeout: float = 5.0, fleet: SimFleet | None = None):
+    """Poll a GKE operation (``location`` = ``projects/P/locations/L``) until DONE; return it.
+    With ``fleet`` (one given a clock) it moves the fleet's clock instead, ``timeout`` of its seconds."""
     from google.cloud import container_v1
 
-    return poll_until(
-        lambda: (
-            (o := gke.get_operation(name=f"{location}/operations/{op.name}")).status
-            == container_v1.Operation.Status.DONE
-            and o
-        ),
-        timeout,
-        what=f"operation {op.name} DONE",
-    )
+    def done():
+        o = gke.get_operation(name=f"{location}/operations/{op.name}")
+        return o.status == container_v1.Operation.Status.DONE and o
+
+    if fleet is not None:
+        return advance_until(fleet, done, timeout, what=f"operation {op.name} DONE")[0]
+    return poll_until(done, timeout, what=f"operation {op.name} DONE")

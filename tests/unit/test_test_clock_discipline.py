@@ -67,9 +67,7 @@ ALLOWED: dict[str, int] = {
     "tests/sim/test_sim_auth.py": 1,
     "tests/sim/test_sim_disruptions.py": 1,
     "tests/sim/test_sim_gke.py": 1,
-    "tests/sim/test_sim_job_deletion.py": 9,
     "tests/sim/test_sim_kube.py": 6,
-    "tests/sim/test_sim_stats.py": 4,
 }
 
 _MORE_TIME_FUNCS = {"perf_counter_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns"}

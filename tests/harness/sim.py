@@ -14,6 +14,8 @@ Contract
 * ``gke_client``, ``compute_client``, ``kube_api_client``, ``google_credentials``:
   the REAL clients, aimed at the simulator; ``poll_until`` waits with a deadline;
   ``wait_operation`` polls a GKE operation until DONE.
+* ``virtual_sim`` (function scope): :data:`SIM_TEST_FLEET` on a ``ManualClock``, started
+  for the test, google-auth pointed at its metadata server (and back after).
 * ``virtual_fleet(config)``: a :class:`SimFleet` on a ``ManualClock`` (the model's time
   moves only when the test says); ``advance_until(fleet, probe, within)`` moves it from
   timer to timer until ``probe()`` holds and says how many of its seconds that took;
@@ -28,6 +30,7 @@ faults), ``sim-k`` (128 chips: Kubernetes tests keep a pool here).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -98,12 +101,12 @@ def reset_sim_faults(fleet: SimFleet) -> None:
     fleet.reset_faults()
 
 
-@pytest.fixture(scope="session")
-def sim_fleet() -> Iterator[SimFleet]:
+@contextlib.contextmanager
+def _metadata_of(fleet: SimFleet) -> Iterator[SimFleet]:
+    """``fleet`` started, with google-auth pointed at its metadata server; both undone after."""
     saved = {k: os.environ.get(k) for k in _METADATA_ENV}
     metadata_module = sys.modules.get("google.auth.compute_engine._metadata")
     saved_host = getattr(metadata_module, "_GCE_METADATA_HOST", None)
-    fleet = SimFleet(sim_test_config())
     endpoints = fleet.start()
     use_sim_metadata(endpoints["metadata"])
     try:
@@ -118,6 +121,19 @@ def sim_fleet() -> Iterator[SimFleet]:
         module = sys.modules.get("google.auth.compute_engine._metadata")
         if module is not None and saved_host is not None:
             module._GCE_METADATA_HOST = saved_host  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def sim_fleet() -> Iterator[SimFleet]:
+    with _metadata_of(SimFleet(sim_test_config())) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def virtual_sim() -> Iterator[SimFleet]:
+    """:data:`SIM_TEST_FLEET` on a ``ManualClock``, for one test, with google-auth pointed at it."""
+    with _metadata_of(virtual_fleet(sim_test_config())) as fleet:
+        yield fleet
 
 
 @pytest.fixture

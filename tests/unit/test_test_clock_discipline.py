@@ -64,8 +64,6 @@ EXEMPT_FILES = ("tests/harness/ray_head.py",)
 ALLOWED: dict[str, int] = {
     "tests/clients/test_clients_kube.py": 2,
     "tests/component/test_fencing.py": 2,
-    "tests/sim/test_sim_auth.py": 1,
-    "tests/sim/test_sim_gke.py": 1,
     "tests/sim/test_sim_kube.py": 6,
 }
 

@@ -550,6 +550,7 @@ class KubeApi:
         store = self.store
         prepared: web.StreamResponse | None = None
         watcher = store.subscribe(rk.plural)
+        opened = self.cluster.clock.monotonic()  # its timeout, bookmarks and cut count from here
         try:
             # Snapshot and subscription happen in the same loop step: no event is lost or repeated.
             first: list[bytes] = []
@@ -591,7 +592,6 @@ class KubeApi:
 
             clock = self.cluster.clock
             virtual = clock is not SYSTEM  # a given clock: SimFleet.advance pokes the watch when it moves
-            opened = clock.monotonic()
             deadline = opened + timeout
             next_bookmark = opened + self.cluster.timings.watch_bookmark_interval
             while not self.closing.is_set():

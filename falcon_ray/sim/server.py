@@ -27,9 +27,10 @@ is read from ``clock``:
   ``VirtualClock``): the timers go on a ``falcon_ray.sim.timers.TimerQueue`` on that
   clock, the mechanism the simulate driver runs the same model on. Nothing moves until
   ``advance(seconds)``, which runs, on the loop and in order, every timer due up to
-  ``seconds`` ahead and leaves the clock there; an effect that is due at once (a
-  request's follow-up, a ``call_soon``) runs at the loop's next turn without moving the
-  clock. The HTTP servers stay real; only the model's time is virtual, so a test waits
+  ``seconds`` ahead, leaves the clock there and lets the open watches act on the new
+  time (a bookmark, a cut, the end of ``timeoutSeconds``) before it returns; an effect
+  that is due at once (a request's follow-up, a ``call_soon``) runs at the loop's next
+  turn without moving the clock. The HTTP servers stay real; only the model's time is virtual, so a test waits
   for "the create is done" by moving the clock past its timing instead of sleeping, and
   the same calls give the same fleet each run (object uids come from the seed too).
   Move such a clock only through ``advance``; ``next_timer()`` says how far ahead the
@@ -88,6 +89,11 @@ def _fake_ca_pem() -> str:
     body = base64.b64encode(secrets.token_bytes(480)).decode()
     lines = [body[i : i + 64] for i in range(0, len(body), 64)]
     return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
+
+
+# loop turns advance() yields after poking the watches: a woken watch needs three or four (its
+# queue's getter, wait_for's waiter, the handler) to read the new time and write or close
+_SETTLE_TURNS = 16
 
 
 class _LoopTimers:
@@ -265,15 +271,19 @@ class SimFleet:
         if seconds < 0:
             raise ValueError("a clock does not go back")
 
-        def run() -> int:
+        async def run() -> int:
             target = timers.clock.monotonic() + seconds
             ran = timers.run_until(target)
             timers.clock.advance_to(target)
             for c in self.clusters.values():
                 c.store.poke_watchers()  # a watch's timeout, bookmark or cut may be due now
+            for _ in range(_SETTLE_TURNS):  # the poked watches act on the new time before this returns
+                await asyncio.sleep(0)
             return ran
 
-        return self._call(run)
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the simulated fleet is not running; call start() first")
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
 
     def next_timer(self) -> float | None:
         """Seconds of the fleet's clock until its next timer is due (None: none is queued).

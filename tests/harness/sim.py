@@ -20,6 +20,10 @@ Contract
   moves only when the test says); ``advance_until(fleet, probe, within)`` moves it from
   timer to timer until ``probe()`` holds and says how many of its seconds that took;
   ``wait_operation(..., fleet=F)`` does the same for an operation.
+* ``InThread(fn)``: a client call that blocks (a watch stream read to its end) on a thread
+  of its own while the test moves the fleet's clock; ``open_watches(fleet, cluster, n)``
+  waits until the fleet holds ``n`` open watches of a cluster, so the test moves the clock
+  only once the stream is open.
 * ``private_fleet_config(clusters, **timings)``: a fleet without authentication
   for tests that need clusters of their own (regional ones, tight capacity).
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -230,6 +235,36 @@ def advance_until(fleet: SimFleet, probe, within: float, what: str = "condition"
             raise AssertionError(f"{what} did not happen within {within} s of the fleet's clock; last value: {last!r}")
         due = fleet.next_timer()
         fleet.advance(left if due is None else min(due, left))
+
+
+class InThread:
+    """``fn()`` on a thread of its own; ``result()`` joins it and returns what it returned or
+    raises what it raised (see the module's contract)."""
+
+    def __init__(self, fn) -> None:
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._out["error"] = e
+
+    def result(self, timeout: float = 30.0):
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the client's call did not return"
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
+def open_watches(fleet: SimFleet, cluster: str, n: int) -> None:
+    """Until ``fleet`` holds ``n`` open watches of ``cluster`` (a client's thread opens them)."""
+    poll_until(
+        lambda: fleet.stats()["clusters"][cluster]["kubernetes"]["open_watches"] == n, 10, what=f"{n} open watches"
+    )
 
 
 def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> FleetConfig:

@@ -64,7 +64,6 @@ EXEMPT_FILES = ("tests/harness/ray_head.py",)
 ALLOWED: dict[str, int] = {
     "tests/clients/test_clients_kube.py": 2,
     "tests/component/test_fencing.py": 2,
-    "tests/sim/test_sim_kube.py": 6,
 }
 
 _MORE_TIME_FUNCS = {"perf_counter_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns"}

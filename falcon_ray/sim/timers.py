@@ -51,9 +51,6 @@ class TimerQueue:
     def next_at(self) -> float | None:
         return self._heap[0][0] if self._heap else None
 
-    def __len__(self) -> int:
-        return len(self._heap)
-
     def run_next(self) -> None:
         t, _, fn, args = heapq.heappop(self._heap)
         self.clock.advance_to(t)

@@ -107,11 +107,13 @@ class Settings(BaseModel):
         "of its topology whose nodes are Ready while the slot holder waits for GKE",
     )
     capacity_waits_per_queue: int = Field(
-        3,
+        1,
         ge=1,
         description="how many tasks of a queue may wait at once for GKE to deliver flex-start capacity to a pool it "
         "has created (no node yet, capacity_wait_park_s after the pool's create): such a wait no longer holds the "
-        "slot, so the next task may start its own create; 1: the slot is held until Running (ignored with strict_slot)",
+        "slot, so the next task may start its own create; 1 (the default): the slot is held until Running; ignored "
+        "with strict_slot. More helps where flex-start capacity is slow but plentiful and hurts where the cluster's "
+        "chips are scarce (docs/bench/timings.md)",
     )
     capacity_wait_park_s: float = Field(
         300.0,

@@ -6,8 +6,9 @@ Contract
 ``rerank(d)``: when the cluster is in maintenance or offline and another active
 cluster of its TPU type exists, every Waiting task is unassigned (Pending, no
 cluster) so the poller ranks it again; they leave the queue's waiting list.
-``pick(d)``: when no task holds the slot (one between its pick and Running) and the
-cluster is active, the pick rule
+``pick(d)``: when no task holds the slot (one between its pick and Running; a flex-start
+task whose capacity wait has parked does not hold it, up to ``capacity_waits_per_queue``
+such waits: ``Decision.slot_free``) and the cluster is active, the pick rule
 (``scheduling.pick_next`` on the heads of the highest priority: no pass over the
 waiting list) chooses; its move out of Waiting (to Provisioning or Dispatching) is
 what records its actor as the last granted (``store.queues``); an

@@ -636,9 +636,11 @@ def test_a_parked_capacity_wait_frees_the_slot_for_the_next_create():
     pool, up to ``capacity_waits_per_queue`` such waits; never under the strict slot, never
     before the park time, never once a node has come."""
     waiting = task(2, actor="bob", age_s=50)
+    parks = S.model_copy(update={"capacity_waits_per_queue": 3})
     park = S.capacity_wait_park_s
+    assert S.capacity_waits_per_queue == 1, "the default holds the slot until Running"
 
-    def picked(settings=S, in_phase_s=park, registered=0, others=()):
+    def picked(settings=parks, in_phase_s=park, registered=0, others=()):
         holder, own, _idle, view = _flex_holder(in_phase_s=in_phase_s)
         pools = dict(view.pools)
         pools["falcon-t1-2x2"] = PoolView("falcon-t1-2x2", "RUNNING", registered, 0)
@@ -648,14 +650,15 @@ def test_a_parked_capacity_wait_frees_the_slot_for_the_next_create():
     assert picked(), "parked at the park time: the slot is free"
     assert not picked(in_phase_s=park - 1), "before the park time the holder keeps the slot"
     assert not picked(registered=1), "a node came: its capacity is on the way, the holder keeps the slot"
-    assert not picked(S.model_copy(update={"strict_slot": True})), "the original's rule"
-    assert not picked(S.model_copy(update={"capacity_waits_per_queue": 1})), "one capacity wait at a time"
+    assert not picked(parks.model_copy(update={"strict_slot": True})), "the original's rule"
+    assert not picked(S), "one capacity wait at a time (the default)"
     other = task(3, actor="carol", phase=lc.PROVISIONING, pool="falcon-t3-2x2", in_phase_s=30)
     assert not picked(others=[other]), "a task that is creating holds the slot whoever else is parked"
 
 
 def test_parked_capacity_waits_are_bounded_per_queue():
-    limit = S.capacity_waits_per_queue
+    parks = S.model_copy(update={"capacity_waits_per_queue": 3})
+    limit = parks.capacity_waits_per_queue
     holders, leases, pools, jobs = [], [], {}, {}
     for i in range(1, limit + 1):
         name = f"falcon-t{i}-2x2"
@@ -665,9 +668,9 @@ def test_parked_capacity_waits_are_bounded_per_queue():
         jobs[i] = JobView(i, f"falcon-task-{i}", "falcon-jobs", f"u{i}", "Pending", 0, 0, 1, node_pool=name)
     waiting = task(limit + 1, actor="bob", age_s=50)
     view = ClusterView(pools=pools, jobs=jobs, synced=True)
-    g = decide(state([*holders, waiting], leases), view, NOW, S)
+    g = decide(state([*holders, waiting], leases), view, NOW, parks)
     assert (limit + 1) not in {e.task_id for e in effects(g, Transition)}, "the queue's parked waits are at their limit"
-    g = decide(state([*holders[1:], waiting], leases[1:]), view, NOW, S)
+    g = decide(state([*holders[1:], waiting], leases[1:]), view, NOW, parks)
     assert any(e.task_id == limit + 1 and e.to != lc.WAITING for e in effects(g, Transition)), "one fewer: the next task is picked"
 
 

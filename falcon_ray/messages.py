@@ -46,7 +46,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Queue position #{position}, {ahead} task(s) ahead ({tasks})",
         "队列位置 #{position},前面有 {ahead} 个任务 ({tasks})",
     ),
-    "expected_start": (", expected to start around {at} UTC", ",预计约 {at} UTC 开始"),
+    "expected_start": (
+        ", expected to start around {at} UTC, by {latest} UTC at the latest",
+        ",预计约 {at} UTC 开始,最晚 {latest} UTC 开始",
+    ),
     "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
     "waiting_first": (
         "Queue position #1, next to acquire resources on {cluster} ({topology})",

@@ -1,14 +1,17 @@
 """Rule 8: every Waiting task's Message says its queue position, the tasks ahead, and,
-when the queue's history allows, when it is expected to start.
+when the queue's history allows, when it is expected to start and by when at the latest.
 
 Contract
 --------
 The order is the pick rule's (``scheduling.queue_order``), behind the slot holders;
-the start estimate is ``eta.estimate``'s, shown as the absolute time ``eta.choices``
-rounds it to: a Message that already shows either rounding of the new estimate is kept,
-so a Message changes when the estimate moves by a rounding step, not as time passes. A
-Message is written only when its text changes, and all changed ones go in one batched
-statement (``RefreshMessages``).
+the start range is ``eta.ranges``': the expected start shown as the absolute time
+``eta.choices`` rounds it to, the latest start as ``eta.latest_choices`` rounds it up,
+neither coarser than the range is wide. A Message that already shows either rounding
+of each is kept, so a Message changes when the range moves by a rounding step, not as
+time passes. A Message is written only when its text changes, and all changed ones go in
+one batched statement (``RefreshMessages``). The decision keeps the range of each task
+(``Decision.ranges``: seconds from ``now``, expected and latest, and the supply mode) for
+the queue, which calibrates the latest start with it and shows it in its snapshot.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import eta
 from falcon_ray.reconcile.context import Decision, stamp
 from falcon_ray.reconcile.effects import RefreshMessages
+from falcon_ray.spec import SupplyMode
 
 SHOWN_AHEAD = 5
 
@@ -36,7 +40,9 @@ def _since(d: Decision, at) -> str:
     return text
 
 
-def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_at: dt.datetime | None = None, shown: str | None = None) -> str:
+def waiting_text(
+    d: Decision, t: QueueTask, ahead: list[QueueTask], start_at: tuple[dt.datetime, dt.datetime] | None = None, shown: str | None = None
+) -> str:
     """Position and the tasks ahead, the start estimate (a rounded time) if there is one,
     and since when it waits: absolute times, so the text changes only when the queue
     ahead (or the rounded estimate) does, not every minute. ``shown``: the first
@@ -55,17 +61,18 @@ def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
     return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names)
 
 
-def _expected(d: Decision, start_at: dt.datetime | None) -> str:
+def _expected(d: Decision, start_at: tuple[dt.datetime, dt.datetime] | None) -> str:
+    """The range part: (expected, latest), each a whole minute."""
     if start_at is None:
         return ""
-    key = start_at.toordinal() * 86400 + start_at.hour * 3600 + start_at.minute * 60  # a whole minute
-    text = d.expected_texts.get(key)
+    text = d.expected_texts.get(start_at)
     if text is None:
-        text = d.expected_texts[key] = d.msg("expected_start", at=eta.fmt_at(start_at))
+        expected, latest = start_at
+        text = d.expected_texts[start_at] = d.msg("expected_start", at=eta.fmt_at(expected), latest=eta.fmt_latest(expected, latest))
     return text
 
 
-def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
+def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, tuple[float, float, SupplyMode]]:
     if not d.queue.cluster_active:
         return {}
     pools = eta.Pools(
@@ -73,34 +80,38 @@ def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
         held=d.lease_by_task,
         handover=d.settings.idle_pool_handover,
     )
-    return eta.estimate(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools)
+    return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools)
 
 
 def positions(d: Decision) -> None:
-    """Each task's text is its position part, its estimate part and its "since" part; the
-    other rounding of its estimate is tried only when the Message it shows has the same
+    """Each task's text is its position part, its range part and its "since" part; the
+    other roundings of its range are tried only when the Message it shows has the same
     position and "since" parts (after a hand-over every position moves, so none has)."""
     ahead: list[QueueTask] = list(d.holders)
     order = d.waiting_order()
-    estimates = start_estimates(d, order)
+    estimates = d.ranges = start_estimates(d, order)
     updates = []
     shown: str | None = None
     for t in order:
         if shown is None and len(ahead) >= SHOWN_AHEAD:
             shown = ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
-        seconds = estimates.get(t.id)
-        rounded = eta.choices(d.now, seconds) if seconds is not None else (None,)
+        r = estimates.get(t.id)
+        pair: tuple[dt.datetime, dt.datetime] | None = None
+        if r is not None:
+            width = r[1] - r[0]
+            near, late = eta.choices(d.now, r[0], width), eta.latest_choices(d.now, r[1], width)
+            pair = (near[0], late[0])
         head = _head(d, ahead, shown)
         if t.disruptions:  # taken off a pool: which attempt it waits for, or which pool it gave back
             head = d.requeued_text(t) + head
         since = _since(d, t.phase_since) if t.phase_since else ""
         shows = t.message
-        first = head + _expected(d, rounded[0]) + since
+        first = head + _expected(d, pair) + since
         if shows != first and not (
-            len(rounded) > 1
+            pair is not None
             and shows.startswith(head)
             and shows.endswith(since)
-            and any(shows == head + _expected(d, c) + since for c in rounded[1:])
+            and any(shows == head + _expected(d, (e, x)) + since for e in near for x in late if (e, x) != pair)
         ):
             updates.append((t.id, lc.WAITING, first))
         ahead.append(t)

@@ -54,7 +54,6 @@ from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
 from falcon_ray.reconcile import acquire, finish, pick, pools, positions, recover
 from falcon_ray.reconcile.context import Decision
-from falcon_ray.spec import SupplyMode
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
     CreateLease,
@@ -74,6 +73,7 @@ from falcon_ray.reconcile.effects import (
     Unassign,
     UpdateTask,
 )
+from falcon_ray.spec import SupplyMode
 
 
 class Plan:

@@ -118,7 +118,7 @@ class QueueReconciler:
         self.history: list[StartSample] | None = None  # None: not read yet
         self.history_value: QueueHistory | None = None  # the last history observed
         self.started: set[int] = set()  # reached Running since the history was brought up to date
-        # the latest start's calibration: each Waiting task's first range (when, expected s, mode),
+        # the range's calibration: each Waiting task's first model estimate (when, seconds, mode),
         # scored against its start (eta.score), the scores kept newest last
         self.promised: dict[int, tuple[dt.datetime, float, SupplyMode]] = {}
         self.scores: list[tuple[SupplyMode, float]] = []
@@ -194,10 +194,10 @@ class QueueReconciler:
         ranges = plan.ranges()
         now = plan.now
         with self.lock:
-            self.ranges = {tid: (now, e, x) for tid, (e, x, _) in ranges.items()}
-        for tid, (e, _x, mode) in ranges.items():
+            self.ranges = {tid: (now, r.expected, r.latest) for tid, r in ranges.items()}
+        for tid, r in ranges.items():
             if tid not in self.promised:
-                self.promised[tid] = (now, e, mode)
+                self.promised[tid] = (now, r.expected, r.mode)
         if len(self.promised) > 2 * len(ranges) + 64:  # tasks that left without starting here
             live = self.mirror.values
             self.promised = {tid: v for tid, v in self.promised.items() if tid in live}

@@ -52,7 +52,7 @@ import datetime as dt
 from falcon_ray import tpu
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
-from falcon_ray.reconcile import acquire, finish, pick, pools, positions, recover
+from falcon_ray.reconcile import acquire, eta, finish, pick, pools, positions, recover
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -73,7 +73,6 @@ from falcon_ray.reconcile.effects import (
     Unassign,
     UpdateTask,
 )
-from falcon_ray.spec import SupplyMode
 
 
 class Plan:
@@ -109,9 +108,8 @@ class Plan:
         hosts = tpu.lookup(d.queue.cluster.tpu_type, d.queue.topology).hosts
         return sum(1 for l in d.idle if l.id not in d.claimed and d.ready_nodes(l.name) >= hosts and d.handable(l))
 
-    def ranges(self) -> dict[int, tuple[float, float, SupplyMode]]:
-        """Rule 8's start range of each Waiting task that has one: seconds from ``now`` to
-        the expected and to the latest start, and the task's supply mode (``eta.ranges``)."""
+    def ranges(self) -> dict[int, eta.Range]:
+        """Rule 8's start range of each Waiting task that has one (``eta.ranges``)."""
         self.messages()
         return self._d.ranges
 

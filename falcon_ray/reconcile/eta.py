@@ -32,9 +32,22 @@ in the history, nor on a cluster out of service. The cluster's other node-pool o
 are not looked at: a create's typical time is what the recent creates took, their wait for
 the cluster's operation queue included.
 
-``choices`` rounds an estimate to an absolute time for the Message (1 minute steps when it
-is less than 10 minutes away, 5 minute steps less than 2 hours away, 30 minute steps
-beyond), so a Message need not change while the estimate holds.
+The range (``ranges``): with each expected start a latest start that holds for COVERAGE
+(9 in 10) of the tasks. The queue scores each task's first estimate against its actual
+start (``score``: the lateness over the expected wait plus SCALE_S, so a short wait is not
+held to a bound of seconds) and keeps its last SCORES_KEPT scores with their supply mode
+in the history (``QueueHistory.scores``). The latest start is the expected one moved by
+the split-conformal COVERAGE quantile of the mode's scores (``Model.bound``); a mode with
+fewer than MIN_SCORES takes the larger of PRIOR_SCORE and the quantile of all the
+queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
+its coverage where the model is wrong, and widens when the model errs more. The scores
+live in the queue's memory: after a restart the prior holds until they are back.
+
+``choices`` rounds an expected start to an absolute time for the Message (1 minute steps
+when it is less than 10 minutes away, 5 minute steps less than 2 hours away, 30 minute
+steps beyond, none coarser than the range is wide), ``latest_choices`` rounds a latest
+start up with the same step, so a Message need not change while the range holds. The
+estimate decides nothing.
 """
 
 from __future__ import annotations
@@ -327,6 +340,17 @@ def estimate(
     return out
 
 
+@dataclass(frozen=True)
+class Range:
+    """A Waiting task's start range, in seconds from now: the model's ``expected`` start,
+    the ``latest`` (``expected`` moved by the COVERAGE quantile of the queue's scores of
+    the task's supply mode, ``Model.bound``) and that ``mode``."""
+
+    expected: float
+    latest: float
+    mode: SupplyMode
+
+
 def ranges(
     now: dt.datetime,
     history: QueueHistory,
@@ -335,19 +359,23 @@ def ranges(
     waiting_in_order: Sequence[QueueTask],
     default_reservation: str,
     pools: Pools | None = None,
-) -> dict[int, tuple[float, float, SupplyMode]]:
-    """``estimate`` with each task's latest start and its supply mode: (expected, latest, mode)."""
+) -> dict[int, Range]:
+    """``estimate`` as each Waiting task's ``Range``."""
     expected = estimate(now, history, holders, running, waiting_in_order, default_reservation, pools)
     m = model_of(history)
     if not expected or m is None:
         return {}
-    out: dict[int, tuple[float, float, SupplyMode]] = {}
+    out: dict[int, Range] = {}
+    modes: dict[SupplyMode | None, tuple[SupplyMode, float]] = {}
     for t in waiting_in_order:
         e = expected.get(t.id)
         if e is None:
             continue
-        mode = scheduling.supply_mode_for(t.spec, default_reservation)
-        out[t.id] = (e, latest(e, m.bound(mode)), mode)
+        per = modes.get(t.spec.supply_mode)
+        if per is None:
+            mode = scheduling.supply_mode_for(t.spec, default_reservation)
+            per = modes[t.spec.supply_mode] = (mode, m.bound(mode))
+        out[t.id] = Range(e, latest(e, per[1]), per[0])
     return out
 
 

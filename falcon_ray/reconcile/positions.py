@@ -10,8 +10,8 @@ neither coarser than the range is wide. A Message that already shows either roun
 of each is kept, so a Message changes when the range moves by a rounding step, not as
 time passes. A Message is written only when its text changes, and all changed ones go in
 one batched statement (``RefreshMessages``). The decision keeps the range of each task
-(``Decision.ranges``: seconds from ``now``, expected and latest, and the supply mode) for
-the queue, which calibrates the latest start with it and shows it in its snapshot.
+(``Decision.ranges``, ``eta.Range``) for the queue, which calibrates the range with it
+and shows it in its snapshot.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from falcon_ray.model import QueueTask
 from falcon_ray.reconcile import eta
 from falcon_ray.reconcile.context import Decision, stamp
 from falcon_ray.reconcile.effects import RefreshMessages
-from falcon_ray.spec import SupplyMode
 
 SHOWN_AHEAD = 5
 
@@ -72,7 +71,7 @@ def _expected(d: Decision, start_at: tuple[dt.datetime, dt.datetime] | None) -> 
     return text
 
 
-def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, tuple[float, float, SupplyMode]]:
+def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, eta.Range]:
     if not d.queue.cluster_active:
         return {}
     pools = eta.Pools(
@@ -98,8 +97,8 @@ def positions(d: Decision) -> None:
         r = estimates.get(t.id)
         pair: tuple[dt.datetime, dt.datetime] | None = None
         if r is not None:
-            width = r[1] - r[0]
-            near, late = eta.choices(d.now, r[0], width), eta.latest_choices(d.now, r[1], width)
+            width = r.latest - r.expected
+            near, late = eta.choices(d.now, r.expected, width), eta.latest_choices(d.now, r.latest, width)
             pair = (near[0], late[0])
         head = _head(d, ahead, shown)
         if t.disruptions:  # taken off a pool: which attempt it waits for, or which pool it gave back

@@ -11,7 +11,9 @@ state is rebuilt from them: the ClusterActor's view of pools, operations and Job
 asked through the port every round; the queue's rows and leases are kept between rounds
 in a ``QueueMirror`` (``actors.queue_mirror``), with the queue's recent starts for the
 start estimates (``QueueHistory``: read once from the event log, bounded, then kept up to
-date from the queue's own moves). Every effect is idempotent, so the process may die at
+date from the queue's own moves; with it the scores of the tasks' first start estimates
+against their starts, which calibrate the latest start, ``eta.score``: kept in memory
+only, so a restarted queue shows the prior's wider range until it has scored again). Every effect is idempotent, so the process may die at
 any line: the constructor is the recovery path, there is no other.
 
 The loop
@@ -484,7 +486,8 @@ class QueueReconciler:
     # ---- operator surface -----------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """The queue as an operator reads it: waiting in pick order, slot holder, running, pools."""
+        """The queue as an operator reads it: waiting in pick order (each with its start range
+        as the last step decided it, ``eta``: epoch seconds or None), slot holder, running, pools."""
         with self.lock:
             state, view = self.last_state, self.last_view
         out: dict[str, Any] = {

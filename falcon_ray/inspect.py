@@ -55,7 +55,8 @@ def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, An
 
 
 def queues(namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Every QueueActor's snapshot: waiting (pick order, with position), acquiring, running, leases."""
+    """Every QueueActor's snapshot: waiting (pick order, with position and start range: ``eta``
+    {"expected_at", "latest_at"} in epoch seconds, or None), acquiring, running, leases."""
     return _snapshots("queue/", namespace, timeout)
 
 

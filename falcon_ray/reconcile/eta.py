@@ -399,13 +399,17 @@ def choices(now: dt.datetime, seconds: float, width: float | None = None) -> tup
     return (lo, hi) if (at - lo) < (hi - at) else (hi, lo)
 
 
+LATEST_KEPT_STEPS = 3  # a Message showing a latest start up to this many steps later keeps it
+
+
 def latest_choices(now: dt.datetime, seconds: float, width: float) -> tuple[dt.datetime, ...]:
     """The rounded times a Message may show for a latest start ``seconds`` after ``now``:
-    rounded up (a bound is not moved earlier by its rounding), then one step later, which
-    a Message already showing it keeps."""
+    rounded up (a bound is not moved earlier by its rounding), then up to
+    LATEST_KEPT_STEPS steps later, which a Message already showing one keeps (a later
+    bound still holds; the range is not rewritten for each small move)."""
     lo, hi, at = _around(now, seconds, _step(seconds, width))
     up = lo if at == lo else hi
-    return (up, up + (hi - lo))
+    return tuple(up + k * (hi - lo) for k in range(LATEST_KEPT_STEPS + 1))
 
 
 def _around(now: dt.datetime, seconds: float, step: int) -> tuple[dt.datetime, dt.datetime, dt.datetime]:

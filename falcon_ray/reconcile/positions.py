@@ -7,7 +7,8 @@ The order is the pick rule's (``scheduling.queue_order``), behind the slot holde
 the start range is ``eta.ranges``': the expected start shown as the absolute time
 ``eta.choices`` rounds it to, the latest start as ``eta.latest_choices`` rounds it up,
 neither coarser than the range is wide. A Message that already shows either rounding
-of each is kept, so a Message changes when the range moves by a rounding step, not as
+of the expected start and one of the latest start's choices (a few steps later at most)
+is kept, so a Message changes when the range moves by a rounding step, not as
 time passes. A Message is written only when its text changes, and all changed ones go in
 one batched statement (``RefreshMessages``). The decision keeps the range of each task
 (``Decision.ranges``, ``eta.Range``) for the queue, which calibrates the range with it
@@ -108,9 +109,10 @@ def positions(d: Decision) -> None:
         first = head + _expected(d, pair) + since
         if shows != first and not (
             pair is not None
+            and len(shows) > len(head) + len(since)
             and shows.startswith(head)
             and shows.endswith(since)
-            and any(shows == head + _expected(d, (e, x)) + since for e in near for x in late if (e, x) != pair)
+            and shows[len(head) : len(shows) - len(since)] in {_expected(d, (e, x)) for e in near for x in late}
         ):
             updates.append((t.id, lc.WAITING, first))
         ahead.append(t)

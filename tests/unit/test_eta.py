@@ -212,10 +212,10 @@ def test_no_range_without_an_estimate():
 @pytest.mark.parametrize(
     "seconds, width, want",
     [
-        (1420, 3000, ("12:25", "12:30")),  # rounded up, then one step later
-        (1500, 3000, ("12:25", "12:30")),  # on a step: itself
-        (1420, 200, ("12:24", "12:25")),  # no coarser than the range is wide
-        (8000, 1000, ("14:15", "14:20")),
+        (1420, 3000, ("12:25", "12:30", "12:35", "12:40")),  # rounded up, then up to 3 steps later
+        (1500, 3000, ("12:25", "12:30", "12:35", "12:40")),  # on a step: itself
+        (1420, 200, ("12:24", "12:25", "12:26", "12:27")),  # no coarser than the range is wide
+        (8000, 1000, ("14:15", "14:20", "14:25", "14:30")),
     ],
 )
 def test_the_latest_start_is_rounded_up(seconds, width, want):

@@ -297,9 +297,10 @@ def test_the_estimates_error_its_coverage_and_its_lean_per_supply_mode():
         (60.0, 2, "expected to start around 2026-01-05 00:20 UTC, by 00:40 UTC at the latest"),  # a later promise
         (0.0, 3, "Queue position #1, next to acquire resources on c (2x2)"),
     ]
-    got = _eta_error(messages, {1: 900.0, 2: 1800.0, 3: 60.0}, {1: "flex-start", 2: "reservation", 3: "flex-start"})
+    got = _eta_error(messages, {1: 900.0, 2: 1800.0, 3: 60.0}, {1: "flex-start", 2: "reservation", 3: "flex-start"}, {1: "a/flex-start", 2: "a/reservation"})
     assert got["tasks"] == 2 and got["coverage"] == 0.5 and got["signed_p50"] == 300.0
     assert got["per_supply"] == {"flex-start": {"first_p50": 300.0, "coverage": 1.0}, "reservation": {"first_p50": 1200.0, "coverage": 0.0}}
+    assert got["per_cell"]["a/reservation"] == {"tasks": 1, "first_p50": 1200.0, "coverage": 0.0}
 
 
 IN_PROCESS = {"FALCON_SIMULATE_IN_PROCESS": "1"}  # CliRunner: no re-exec to pin the hash seed

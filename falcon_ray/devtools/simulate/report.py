@@ -32,7 +32,8 @@ aside), rounded, so the same run gives the same bytes:
   last; ``signed_p50``, the median of actual - first estimated start (positive: later than
   promised); ``coverage``, the share of the tasks whose first Message promised a latest
   start that reached Running by it; ``per_supply``, per supply mode, the first estimate's
-  median error (``first_p50``) and the ``coverage``;
+  median error (``first_p50``) and the ``coverage``; ``per_cell``, the same and ``tasks``
+  per "cluster/supply mode";
 - ``invariants``: the chaos soak's (``falcon_ray.devtools.chaos.check``), each a count:
   ``lost``, ``stuck``, ``second_job_creates``, ``pools_alive``, ``aborts_overwritten``,
   ``failed_for_capacity``, ``illegal_transitions`` (and the soak's others), with
@@ -123,6 +124,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
     used_chip_s = 0.0
     started_at: dict[int, float] = {}
     supply: dict[int, str] = {}
+    cell: dict[int, str] = {}  # "cluster/supply mode"
     for t in tasks:
         evs = events.get(t.id, [])
         line = [t.id, t.name, [(_offset(e.at), e.status, e.reason or "", e.message or "") for e in evs], t.status, t.reason or "", t.message or ""]
@@ -145,6 +147,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         running = next((e for e in evs if e.status == "Running"), None)
         if spec is not None:
             supply[t.id] = _supply(spec, clusters.get(t.cluster_id))
+            cell[t.id] = f"{clusters[t.cluster_id].name if t.cluster_id in clusters else '-'}/{supply[t.id]}"
         if running is not None and spec is not None:
             wait = (running.at - t.created_at).total_seconds()
             started_at[t.id] = _offset(running.at)
@@ -171,7 +174,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "used_chip_hours": round(used_chip_s / 3600.0, 2),
         "statements_per_task": round(statements / len(tasks), 1) if tasks else None,
         "queue_steps": sim.queue_steps,
-        "eta_error_s": _eta_error(sim.messages, started_at, supply),
+        "eta_error_s": _eta_error(sim.messages, started_at, supply, cell),
         **_invariants(sim, tasks, events, fleet, end),
     }
 
@@ -183,7 +186,9 @@ def _chips(spec) -> int:
         return 0
 
 
-def _eta_error(messages: list[tuple[float, int, str]], started_at: dict[int, float], supply: dict[int, str]) -> dict[str, Any]:
+def _eta_error(
+    messages: list[tuple[float, int, str]], started_at: dict[int, float], supply: dict[int, str], cell: dict[int, str] | None = None
+) -> dict[str, Any]:
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     latest: dict[int, float] = {}  # the first latest start promised
@@ -213,6 +218,13 @@ def _eta_error(messages: list[tuple[float, int, str]], started_at: dict[int, flo
             "coverage": _coverage(latest, started_at, ids),
         }
         for mode, ids in sorted(per.items())
+    }
+    cells: dict[str, list[int]] = defaultdict(list)
+    for tid in first:
+        cells[(cell or {}).get(tid, "-")].append(tid)
+    out["per_cell"] = {
+        name: {"tasks": len(ids), "first_p50": _percentiles([abs(first[tid] - started_at[tid]) for tid in ids])["p50"], "coverage": _coverage(latest, started_at, ids)}
+        for name, ids in sorted(cells.items())
     }
     return out
 

@@ -11,7 +11,9 @@ state is rebuilt from them: the ClusterActor's view of pools, operations and Job
 asked through the port every round; the queue's rows and leases are kept between rounds
 in a ``QueueMirror`` (``actors.queue_mirror``), with the queue's recent starts for the
 start estimates (``QueueHistory``: read once from the event log, bounded, then kept up to
-date from the queue's own moves). Every effect is idempotent, so the process may die at
+date from the queue's own moves; with it the scores of the tasks' first start estimates
+against their starts, which calibrate the latest start, ``eta.score``: kept in memory
+only, so a restarted queue shows the prior's wider range until it has scored again). Every effect is idempotent, so the process may die at
 any line: the constructor is the recovery path, there is no other.
 
 The loop
@@ -118,6 +120,11 @@ class QueueReconciler:
         self.history: list[StartSample] | None = None  # None: not read yet
         self.history_value: QueueHistory | None = None  # the last history observed
         self.started: set[int] = set()  # reached Running since the history was brought up to date
+        # the range's calibration: each Waiting task's first model estimate (when, seconds, mode),
+        # scored against its start (eta.score), the scores kept newest last
+        self.promised: dict[int, tuple[dt.datetime, float, SupplyMode]] = {}
+        self.scores: list[tuple[SupplyMode, float]] = []
+        self.ranges: dict[int, tuple[dt.datetime, float, float]] = {}  # the last step's: (decided at, expected s, latest s)
         self.clusters: list[Cluster] | None = None  # the registry as last read; None: read it
         self.clusters_at = -float("inf")  # when the registry was last read
         self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
@@ -181,7 +188,21 @@ class QueueReconciler:
                 break
         if plan is not None:
             self.effects.run(plan.messages())
+            self._promise(plan)
         return applied
+
+    def _promise(self, plan: reconcile.Plan) -> None:
+        """Keep each Waiting task's first start range, to score it when the task starts."""
+        ranges = plan.ranges()
+        now = plan.now
+        with self.lock:
+            self.ranges = {tid: (now, r.expected, r.latest) for tid, r in ranges.items()}
+        for tid, r in ranges.items():
+            if tid not in self.promised:
+                self.promised[tid] = (now, r.expected, r.mode)
+        if len(self.promised) > 2 * len(ranges) + 64:  # tasks that left without starting here
+            live = self.mirror.values
+            self.promised = {tid: v for tid, v in self.promised.items() if tid in live}
 
     def _begin_step(self) -> None:
         """Refuse a fenced step; drop the registry when it is due; decide whether the first round reads."""
@@ -300,8 +321,14 @@ class QueueReconciler:
         return self.other_waiting_at[1]
 
     def _started(self, task_id: int) -> None:
-        """A task reached Running: the next observe puts its start into the history."""
+        """A task reached Running: the next observe puts its start into the history, and the
+        score of its first range into the calibration."""
         self.started.add(task_id)
+        promised = self.promised.pop(task_id, None)
+        if promised is not None:
+            at, expected, mode = promised
+            self.scores.append((mode, eta.score(expected, (self.clock.now() - at).total_seconds())))
+            del self.scores[: -eta.SCORES_KEPT]
 
     def _ended(self, task_id: int) -> None:
         """A Running task ended: its start sample gets its end."""
@@ -332,9 +359,10 @@ class QueueReconciler:
                 self.history = [x for x in self.history if x.task_id != tid] + [sample]
         self.started.clear()
         del self.history[: -eta.HISTORY_TASKS]
-        samples = tuple(self.history)
-        if self.history_value is None or self.history_value.samples != samples:
-            self.history_value = QueueHistory(samples)  # the same value (and its model, eta.model_of) while no start is added
+        samples, scores = tuple(self.history), tuple(self.scores)
+        h = self.history_value
+        if h is None or h.samples != samples or h.scores != scores:
+            self.history_value = QueueHistory(samples, scores)  # the same value (and its model, eta.model_of) while no start is added
         return self.history_value
 
     def _sample(self, tid: int, mode, spec: TaskSpec | str, phases: list) -> StartSample | None:
@@ -458,7 +486,8 @@ class QueueReconciler:
     # ---- operator surface -----------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """The queue as an operator reads it: waiting in pick order, slot holder, running, pools."""
+        """The queue as an operator reads it: waiting in pick order (each with its start range
+        as the last step decided it, ``eta``: epoch seconds or None), slot holder, running, pools."""
         with self.lock:
             state, view = self.last_state, self.last_view
         out: dict[str, Any] = {
@@ -468,8 +497,10 @@ class QueueReconciler:
         if state is None:
             return out
         now = self.clock.now()
+        with self.lock:
+            ranges = self.ranges
         out["waiting"] = [
-            dict(_task_view(t, now), position=pos)
+            dict(_task_view(t, now), position=pos, eta=_eta_view(ranges.get(t.id)))
             for pos, t in enumerate(scheduling.queue_order(state.waiting, state.last_granted), start=1)
         ]
         out["acquiring"] = [_task_view(t, now) for t in state.held if t.phase in lc.ACQUIRING_PHASES]
@@ -508,6 +539,15 @@ def _task_view(t: QueueTask, now: dt.datetime) -> dict[str, Any]:
         "waiting_s": round((now - t.created_at).total_seconds(), 1),
         "in_phase_s": round((now - t.phase_since).total_seconds(), 1) if t.phase_since else None,
     }
+
+
+def _eta_view(r: tuple[dt.datetime, float, float] | None) -> dict[str, float] | None:
+    """A Waiting task's start range as ``snapshot`` shows it: epoch seconds (None: no estimate)."""
+    if r is None:
+        return None
+    at, expected, latest = r
+    base = at.replace(tzinfo=at.tzinfo or dt.UTC).timestamp()
+    return {"expected_at": round(base + expected, 1), "latest_at": round(base + latest, 1)}
 
 
 def _lease_view(lease, view: ClusterView | None) -> dict[str, Any]:

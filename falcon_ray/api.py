@@ -277,20 +277,27 @@ def epoch(t: dt.datetime | str | float | None) -> float | None:
 
 
 def _expected_pattern(lang: str) -> re.Pattern[str]:
-    head, _, tail = messages.text("expected_start", lang, at="\x00").partition("\x00")
-    return re.compile(re.escape(head) + r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})" + re.escape(tail))
+    head, _, rest = messages.text("expected_start", lang, at="\x00", latest="\x01").partition("\x00")
+    mid, _, tail = rest.partition("\x01")
+    return re.compile(
+        re.escape(head) + r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})" + re.escape(mid) + r"((?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2})" + re.escape(tail)
+    )
 
 
 _EXPECTED = tuple(_expected_pattern(lang) for lang in ("en", "zh"))
 
 
 def eta_from_message(message: str) -> Eta | None:
-    """The start time a Waiting Message names (``messages`` ``expected_start``), a point."""
+    """The start range a Waiting Message names (``messages`` ``expected_start``: the expected
+    start, and the latest start as a time on the same day or with its date)."""
     for pattern in _EXPECTED:
         m = pattern.search(message or "")
         if m:
             at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M")
-            return Eta(expected_at=epoch(at), latest_at=None)
+            latest = m.group(2)
+            if len(latest) == 5:
+                latest = f"{at:%Y-%m-%d} {latest}"
+            return Eta(expected_at=epoch(at), latest_at=epoch(dt.datetime.strptime(latest, "%Y-%m-%d %H:%M")))
     return None
 
 

@@ -72,7 +72,8 @@ def queue(namespace: str, cluster: str, topology: str, timeout: float = 10.0) ->
 
 
 def queues(namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Every QueueActor's snapshot: waiting (pick order, with position), acquiring, running, leases."""
+    """Every QueueActor's snapshot: waiting (pick order, with position and start range: ``eta``
+    {"expected_at", "latest_at"} in epoch seconds, or None), acquiring, running, leases."""
     return _snapshots("queue/", namespace, timeout)
 
 

@@ -46,11 +46,14 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Queue position #{position}, {ahead} task(s) ahead ({tasks})",
         "队列位置 #{position},前面有 {ahead} 个任务 ({tasks})",
     ),
-    "expected_start": (", expected to start around {at} UTC", ",预计约 {at} UTC 开始"),
+    "expected_start": (
+        ", expected to start around {at} UTC, by {latest} UTC at the latest",
+        ",预计约 {at} UTC 开始,最晚 {latest} UTC 开始",
+    ),
     "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
     "start_deadline_first": (
-        "; its start deadline {deadline} UTC passes before the expected start",
-        ";其启动截止时间 {deadline} UTC 早于预计开始时间",
+        "; its start deadline {deadline} UTC passes before its latest start",
+        ";其启动截止时间 {deadline} UTC 早于最晚开始时间",
     ),
     "waiting_first": (
         "Queue position #1, next to acquire resources on {cluster} ({topology})",

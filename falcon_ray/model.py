@@ -597,6 +597,9 @@ class QueueHistory:
     """The queue's recent starts, newest last (a bounded number: ``eta.HISTORY_TASKS``)."""
 
     samples: tuple[StartSample, ...] = ()
+    # the calibration of the latest start: (supply mode, ``eta.score`` of a task's first
+    # estimate against its actual start), newest last, ``eta.SCORES_KEPT`` at most
+    scores: tuple[tuple[SupplyMode, float], ...] = ()
 
 
 @dataclass(frozen=True)

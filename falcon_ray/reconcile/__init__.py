@@ -43,7 +43,7 @@ The rules, in the order ``decide`` applies them (original design, sections 4-9):
    cluster out of service; Deleting leases followed to Deleted (``pools.leases``).
 7. Jobs of this queue whose task is no longer live are deleted (``pools.stale_jobs``).
 8. Waiting tasks get their position and the tasks ahead (``positions.positions``), and
-   are told when their start deadline passes before their expected start.
+   are told when their start deadline passes before their latest start.
 
 Keep-or-delete (``Decision.release``): a pool that a task releases is kept (Idle)
 while more tasks of its topology wait for a pool than there are idle pools,
@@ -57,7 +57,7 @@ import datetime as dt
 from falcon_ray import tpu
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
-from falcon_ray.reconcile import acquire, deadline, finish, pick, pools, positions, recover
+from falcon_ray.reconcile import acquire, deadline, eta, finish, pick, pools, positions, recover
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -112,6 +112,11 @@ class Plan:
             return 0
         hosts = tpu.lookup(d.queue.cluster.tpu_type, d.queue.topology).hosts
         return sum(1 for l in d.idle if l.id not in d.claimed and d.ready_nodes(l.name) >= hosts and d.handable(l))
+
+    def ranges(self) -> dict[int, eta.Range]:
+        """Rule 8's start range of each Waiting task that has one (``eta.ranges``)."""
+        self.messages()
+        return self._d.ranges
 
     def messages(self) -> list[EffectGroup]:
         if self._messages is None:

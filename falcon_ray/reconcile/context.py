@@ -37,7 +37,7 @@ from falcon_ray.model import (
     QueueTask,
     WaitingQueue,
 )
-from falcon_ray.reconcile import hold
+from falcon_ray.reconcile import eta, hold
 from falcon_ray.reconcile.effects import (
     DeleteJob,
     DeletePool,
@@ -122,7 +122,8 @@ class Decision:
         self.recovering = by_phase.get(lc.RECOVERING, [])
         self.holders: list[QueueTask] = list(self.acquiring)  # counted ahead of every waiting task
         self.since_texts: dict[dt.datetime, str] = {}  # rule 8's "waiting since" texts, by minute and by time
-        self.expected_texts: dict[int, str] = {}  # rule 8's start estimate texts, by their rounded minute
+        self.expected_texts: dict[tuple[dt.datetime, dt.datetime], str] = {}  # rule 8's start range texts, by their rounded times
+        self.ranges: dict[int, eta.Range] = {}  # rule 8's start ranges (eta.ranges)
         self.demand = Demand(q.waiting, {t.id for t in self.acquiring if self.waits_for_gke(t)})
 
     def is_live(self, task_id: int) -> bool:

@@ -32,9 +32,22 @@ in the history, nor on a cluster out of service. The cluster's other node-pool o
 are not looked at: a create's typical time is what the recent creates took, their wait for
 the cluster's operation queue included.
 
-``choices`` rounds an estimate to an absolute time for the Message (1 minute steps when it
-is less than 10 minutes away, 5 minute steps less than 2 hours away, 30 minute steps
-beyond), so a Message need not change while the estimate holds.
+The range (``ranges``): with each expected start a latest start that holds for COVERAGE
+(9 in 10) of the tasks. The queue scores each task's first estimate against its actual
+start (``score``: the lateness over the expected wait plus SCALE_S, so a short wait is not
+held to a bound of seconds) and keeps its last SCORES_KEPT scores with their supply mode
+in the history (``QueueHistory.scores``). The latest start is the expected one moved by
+the split-conformal COVERAGE quantile of the mode's scores (``Model.bound``); a mode with
+fewer than MIN_SCORES takes the larger of PRIOR_SCORE and the quantile of all the
+queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
+its coverage where the model is wrong, and widens when the model errs more. The scores
+live in the queue's memory: after a restart the prior holds until they are back.
+
+``choices`` rounds an expected start to an absolute time for the Message (1 minute steps
+when it is less than 10 minutes away, 5 minute steps less than 2 hours away, 30 minute
+steps beyond, none coarser than the range is wide), ``latest_choices`` rounds a latest
+start up with the same step, so a Message need not change while the range holds. The
+estimate decides nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import heapq
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,6 +69,14 @@ from falcon_ray.spec import SupplyMode
 HISTORY_TASKS = 20  # starts kept per queue
 MIN_SAMPLES = 3
 HANDOVER_S = 60.0  # a hand-over's time while the history has none
+
+# the latest start: the expected one plus the COVERAGE quantile of the scores of the queue's
+# recent first estimates (``score``), times the expected wait plus SCALE_S
+COVERAGE = 0.9
+SCALE_S = 300.0  # a short expected wait is as uncertain as one of this length
+PRIOR_SCORE = 2.5  # the bound while a queue has fewer than MIN_SCORES scores of a mode
+MIN_SCORES = 10
+SCORES_KEPT = 40  # scores kept per queue (all modes)
 
 
 # ---- the history, from the event log -----------------------------------------------------------
@@ -116,6 +138,12 @@ class Model:
     create_s: dict[SupplyMode, list[float]]  # per mode, sorted; a mode with too few: all of them
     pooled_create_s: list[float]
     run_fractions: list[float]  # ended runs / their timeouts; empty with fewer than MIN_SAMPLES
+    bound_scores: dict[SupplyMode, float] = field(default_factory=dict)  # per mode with MIN_SCORES scores
+    pooled_bound: float = PRIOR_SCORE  # the other modes'
+
+    def bound(self, mode: SupplyMode) -> float:
+        """The score the latest start of a task of ``mode`` adds (``latest``)."""
+        return self.bound_scores.get(mode, self.pooled_bound)
 
     def creates(self, mode: SupplyMode) -> list[float]:
         return self.create_s.get(mode, self.pooled_create_s)
@@ -163,12 +191,41 @@ def _model_of(history: QueueHistory) -> Model | None:
             by_mode.setdefault(s.supply_mode, []).append(s.acquire_s)
     per_mode = {m: sorted(v) for m, v in by_mode.items() if len(v) >= MIN_SAMPLES}
     runs = [min(1.0, s.ran_s / s.timeout_s) for s in samples if s.ran_s is not None and s.timeout_s > 0]
+    scores: dict[SupplyMode, list[float]] = {}
+    for mode, x in history.scores:
+        scores.setdefault(mode, []).append(x)
+    pooled = [x for _, x in history.scores]
     return Model(
         statistics.median(handed) if handed else HANDOVER_S,
         per_mode,
         sorted(x for v in by_mode.values() for x in v),
         sorted(runs) if len(runs) >= MIN_SAMPLES else [],
+        {m: _quantile(v) for m, v in scores.items() if len(v) >= MIN_SCORES},
+        max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
     )
+
+
+# ---- the latest start ----------------------------------------------------------------------------
+
+
+def score(expected_s: float, actual_s: float) -> float:
+    """How late a task started against its first estimate, in units of that estimate's
+    uncertainty: (actual - expected) / (expected + SCALE_S), both waits from when the
+    estimate was made (negative: earlier than expected)."""
+    return (actual_s - expected_s) / (max(0.0, expected_s) + SCALE_S)
+
+
+def _quantile(values: Sequence[float]) -> float:
+    """The split-conformal COVERAGE quantile: the ceil((n + 1) COVERAGE)-th smallest of n."""
+    v = sorted(values)
+    k = min(len(v), math.ceil((len(v) + 1) * COVERAGE))
+    return v[k - 1]
+
+
+def latest(expected_s: float, bound: float) -> float:
+    """The latest start (seconds from now) that holds for COVERAGE of the tasks whose
+    scores gave ``bound``: never before the expected one."""
+    return expected_s + max(0.0, bound) * (max(0.0, expected_s) + SCALE_S)
 
 
 # ---- the estimate --------------------------------------------------------------------------------
@@ -283,27 +340,94 @@ def estimate(
     return out
 
 
+@dataclass(frozen=True)
+class Range:
+    """A Waiting task's start range, in seconds from now: the model's ``expected`` start,
+    the ``latest`` (``expected`` moved by the COVERAGE quantile of the queue's scores of
+    the task's supply mode, ``Model.bound``) and that ``mode``."""
+
+    expected: float
+    latest: float
+    mode: SupplyMode
+
+
+def ranges(
+    now: dt.datetime,
+    history: QueueHistory,
+    holders: Sequence[QueueTask],
+    running: Sequence[QueueTask],
+    waiting_in_order: Sequence[QueueTask],
+    default_reservation: str,
+    pools: Pools | None = None,
+) -> dict[int, Range]:
+    """``estimate`` as each Waiting task's ``Range``."""
+    expected = estimate(now, history, holders, running, waiting_in_order, default_reservation, pools)
+    m = model_of(history)
+    if not expected or m is None:
+        return {}
+    out: dict[int, Range] = {}
+    modes: dict[SupplyMode | None, tuple[SupplyMode, float]] = {}
+    for t in waiting_in_order:
+        e = expected.get(t.id)
+        if e is None:
+            continue
+        per = modes.get(t.spec.supply_mode)
+        if per is None:
+            mode = scheduling.supply_mode_for(t.spec, default_reservation)
+            per = modes[t.spec.supply_mode] = (mode, m.bound(mode))
+        out[t.id] = Range(e, latest(e, per[1]), per[0])
+    return out
+
+
 # ---- how it is shown ----------------------------------------------------------------------------
 
 
-def _step(seconds: float) -> int:
-    return 60 if seconds < 600 else 300 if seconds < 7200 else 1800
+def _step(seconds: float, width: float | None = None) -> int:
+    """The rounding step of a time ``seconds`` away: 1, 5 or 30 minutes by how far, and no
+    coarser than the range's ``width`` (latest - expected) when one is claimed."""
+    step = 60 if seconds < 600 else 300 if seconds < 7200 else 1800
+    if width is not None:
+        step = min(step, 1800 if width >= 1800 else 300 if width >= 300 else 60)
+    return step
 
 
-def choices(now: dt.datetime, seconds: float) -> tuple[dt.datetime, ...]:
+def choices(now: dt.datetime, seconds: float, width: float | None = None) -> tuple[dt.datetime, ...]:
     """The rounded times a Message may show for a start ``seconds`` after ``now``: the
     nearest step first, then the other neighbour. A Message already showing either is
     kept (no rewrite)."""
-    step = _step(seconds)
+    lo, hi, at = _around(now, seconds, _step(seconds, width))
+    return (lo, hi) if (at - lo) < (hi - at) else (hi, lo)
+
+
+LATEST_KEPT_STEPS = 3  # a Message showing a latest start up to this many steps later keeps it
+
+
+def latest_choices(now: dt.datetime, seconds: float, width: float) -> tuple[dt.datetime, ...]:
+    """The rounded times a Message may show for a latest start ``seconds`` after ``now``:
+    rounded up (a bound is not moved earlier by its rounding), then up to
+    LATEST_KEPT_STEPS steps later, which a Message already showing one keeps (a later
+    bound still holds; the range is not rewritten for each small move)."""
+    lo, hi, at = _around(now, seconds, _step(seconds, width))
+    up = lo if at == lo else hi
+    return tuple(up + k * (hi - lo) for k in range(LATEST_KEPT_STEPS + 1))
+
+
+def _around(now: dt.datetime, seconds: float, step: int) -> tuple[dt.datetime, dt.datetime, dt.datetime]:
     at = now + dt.timedelta(seconds=seconds)
     midnight = at.replace(hour=0, minute=0, second=0, microsecond=0)
     into = (at - midnight).total_seconds()
     lo = midnight + dt.timedelta(seconds=int(into // step) * step)
-    hi = lo + dt.timedelta(seconds=step)
-    return (lo, hi) if (at - lo) < (hi - at) else (hi, lo)
+    return lo, lo + dt.timedelta(seconds=step), at
 
 
 @functools.lru_cache(maxsize=4096)
 def fmt_at(at: dt.datetime) -> str:
     """A rounded start time as the Message shows it (UTC, like "waiting since")."""
     return at.strftime("%Y-%m-%d %H:%M")
+
+
+@functools.lru_cache(maxsize=4096)
+def fmt_latest(expected: dt.datetime, at: dt.datetime) -> str:
+    """A rounded latest start as the Message shows it: the time alone on the expected
+    start's day, with its date otherwise."""
+    return at.strftime("%H:%M") if at.date() == expected.date() else at.strftime("%Y-%m-%d %H:%M")

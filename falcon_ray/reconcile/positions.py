@@ -1,15 +1,20 @@
 """Rule 8: every Waiting task's Message says its queue position, the tasks ahead, and,
-when the queue's history allows, when it is expected to start.
+when the queue's history allows, when it is expected to start and by when at the latest.
 
 Contract
 --------
 The order is the pick rule's (``scheduling.queue_order``), behind the slot holders;
-the start estimate is ``eta.estimate``'s, shown as the absolute time ``eta.choices``
-rounds it to, and, for a task with a start deadline before that time, that the deadline
-passes first (``deadline.warning``): a Message that already shows either rounding of the new estimate is kept,
-so a Message changes when the estimate moves by a rounding step, not as time passes. A
-Message is written only when its text changes, and all changed ones go in one batched
-statement (``RefreshMessages``).
+the start range is ``eta.ranges``': the expected start shown as the absolute time
+``eta.choices`` rounds it to, the latest start as ``eta.latest_choices`` rounds it up,
+neither coarser than the range is wide. A Message that already shows either rounding
+of the expected start and one of the latest start's choices (a few steps later at most)
+is kept, so a Message changes when the range moves by a rounding step, not as
+time passes. A Message is written only when its text changes, and all changed ones go in
+one batched statement (``RefreshMessages``). A task whose start deadline comes before the
+latest start shown (the expected one without a range) is told so (``deadline.warning``).
+The decision keeps the range of each task
+(``Decision.ranges``, ``eta.Range``) for the queue, which calibrates the range with it
+and shows it in its snapshot.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ def _since(d: Decision, at) -> str:
     return text
 
 
-def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_at: dt.datetime | None = None, shown: str | None = None) -> str:
+def waiting_text(
+    d: Decision, t: QueueTask, ahead: list[QueueTask], start_at: tuple[dt.datetime, dt.datetime] | None = None, shown: str | None = None
+) -> str:
     """Position and the tasks ahead, the start estimate (a rounded time) if there is one,
     and since when it waits: absolute times, so the text changes only when the queue
     ahead (or the rounded estimate) does, not every minute. ``shown``: the first
@@ -56,17 +63,25 @@ def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
     return d.msg("waiting", position=len(ahead) + 1, ahead=len(ahead), tasks=names)
 
 
-def _expected(d: Decision, start_at: dt.datetime | None) -> str:
+def _expected(d: Decision, start_at: tuple[dt.datetime, dt.datetime] | None) -> str:
+    """The range part: (expected, latest), each a whole minute."""
     if start_at is None:
         return ""
-    key = start_at.toordinal() * 86400 + start_at.hour * 3600 + start_at.minute * 60  # a whole minute
-    text = d.expected_texts.get(key)
+    text = d.expected_texts.get(start_at)
     if text is None:
-        text = d.expected_texts[key] = d.msg("expected_start", at=eta.fmt_at(start_at))
+        expected, latest = start_at
+        text = d.expected_texts[start_at] = d.msg("expected_start", at=eta.fmt_at(expected), latest=eta.fmt_latest(expected, latest))
     return text
 
 
-def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
+def _warned(d: Decision, t: QueueTask, start_at: tuple[dt.datetime, dt.datetime] | None) -> str:
+    """The deadline part: said when the start deadline comes before the latest start shown."""
+    if t.start_deadline is None:
+        return ""
+    return deadline.warning(d, t, *(start_at or (None, None)))
+
+
+def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, eta.Range]:
     if not d.queue.cluster_active:
         return {}
     pools = eta.Pools(
@@ -74,34 +89,39 @@ def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, float]:
         held=d.lease_by_task,
         handover=d.settings.idle_pool_handover,
     )
-    return eta.estimate(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools)
+    return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools)
 
 
 def positions(d: Decision) -> None:
-    """Each task's text is its position part, its estimate part and its "since" part; the
-    other rounding of its estimate is tried only when the Message it shows has the same
+    """Each task's text is its position part, its range part and its "since" part; the
+    other roundings of its range are tried only when the Message it shows has the same
     position and "since" parts (after a hand-over every position moves, so none has)."""
     ahead: list[QueueTask] = list(d.holders)
     order = d.waiting_order()
-    estimates = start_estimates(d, order)
+    estimates = d.ranges = start_estimates(d, order)
     updates = []
     shown: str | None = None
     for t in order:
         if shown is None and len(ahead) >= SHOWN_AHEAD:
             shown = ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
-        seconds = estimates.get(t.id)
-        rounded = eta.choices(d.now, seconds) if seconds is not None else (None,)
+        r = estimates.get(t.id)
+        pair: tuple[dt.datetime, dt.datetime] | None = None
+        if r is not None:
+            width = r.latest - r.expected
+            near, late = eta.choices(d.now, r.expected, width), eta.latest_choices(d.now, r.latest, width)
+            pair = (near[0], late[0])
         head = _head(d, ahead, shown)
         if t.disruptions:  # taken off a pool: which attempt it waits for, or which pool it gave back
             head = d.requeued_text(t) + head
         since = _since(d, t.phase_since) if t.phase_since else ""
         shows = t.message
-        first = head + _expected(d, rounded[0]) + deadline.warning(d, t, rounded[0]) + since
+        first = head + _expected(d, pair) + _warned(d, t, pair) + since
         if shows != first and not (
-            len(rounded) > 1
+            pair is not None
+            and len(shows) > len(head) + len(since)
             and shows.startswith(head)
             and shows.endswith(since)
-            and any(shows == head + _expected(d, c) + deadline.warning(d, t, c) + since for c in rounded[1:])
+            and shows[len(head) : len(shows) - len(since)] in {_expected(d, (e, x)) + _warned(d, t, (e, x)) for e in near for x in late}
         ):
             updates.append((t.id, lc.WAITING, first))
         ahead.append(t)

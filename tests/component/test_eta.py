@@ -12,6 +12,7 @@ worst error must stay within 2 minutes plus 15% of the wait (the runs alone vary
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import shutil
 import statistics
@@ -97,20 +98,30 @@ def test_steady_queue_estimates_match_real_starts(bench):
         world.run_s[tid], world.pod_s[tid] = timeout / 2 * rng.uniform(0.9, 1.1), rng.uniform(10, 40)
         ids.append(tid)
     predictions: list[tuple[int, float, float]] = []  # (task, at, predicted start), seconds
+    first_latest: dict[int, float] = {}  # the first latest start the snapshot showed, epoch seconds
     shown, texts, t0 = set(), {t: [] for t in ids}, world.now()
     for _ in range(2000):
         bench.step(world.view(), advance=TICK_S)
         now = world.now()
         for tid, seconds in _estimates(bench).items():
             predictions.append((tid, now, now + seconds))
+        for w in bench.queue.snapshot()["waiting"]:
+            if w["eta"] is not None:
+                assert w["eta"]["latest_at"] >= w["eta"]["expected_at"]
+                first_latest.setdefault(w["id"], w["eta"]["latest_at"])
         for t in ids:
             row = bench.task(t)
             if row.phase == lc.WAITING and (not texts[t] or texts[t][-1] != row.message):
                 texts[t].append(row.message)
-        shown |= {t for t in ids if "expected to start around" in bench.task(t).message}
+        shown |= {t for t in ids if "expected to start around" in bench.task(t).message and "UTC at the latest" in bench.task(t).message}
         if all(bench.task(t).terminal for t in ids):
             break
     assert all(bench.phase(t) == "Succeeded" for t in ids), [bench.phase(t) for t in ids]
+    # the range: each task the snapshot gave a latest start reached Running by it, and the
+    # queue scored each first estimate against its start
+    epoch = {t: next(e.at for e in bench.store.events(t) if e.status == "Running").replace(tzinfo=dt.UTC).timestamp() for t in ids}
+    assert first_latest and all(epoch[t] <= x for t, x in first_latest.items()), first_latest
+    assert len(bench.queue.scores) == len(first_latest)
     day = bench.clock.now().replace(hour=0, minute=0, second=0)
     started = {
         t: next((e.at - day).total_seconds() for e in bench.store.events(t) if e.status == "Running") for t in ids
@@ -153,3 +164,4 @@ def test_no_estimate_without_history(bench):
     waiting = [t for t in bench.queue.last_state.tasks if t.phase == lc.WAITING]
     assert waiting and all("expected to start" not in t.message for t in waiting)
     assert _estimates(bench) == {}
+    assert all(w["eta"] is None for w in bench.queue.snapshot()["waiting"])

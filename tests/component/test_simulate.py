@@ -15,7 +15,7 @@ from falcon_ray.config import Settings
 from falcon_ray.devtools.simulate.cli import simulate
 from falcon_ray.devtools.simulate.driver import START, Simulation
 from falcon_ray.devtools.simulate.generate import generate_tasks
-from falcon_ray.devtools.simulate.report import build_report, estimate_s
+from falcon_ray.devtools.simulate.report import _eta_error, build_report, estimate_s, latest_s
 from falcon_ray.sim.fleet import parse_fleet
 from tests.harness.simulate import sim_task as _task
 
@@ -284,6 +284,23 @@ def test_a_waiting_message_start_estimate_is_read_in_seconds():
     assert estimate_s("... expected to start around 2026-01-05 01:15 UTC", 600) == 3900
     assert estimate_s("... expected to start around 2026-01-06 00:10 UTC", 600) == 86400
     assert estimate_s("Queue position #1, next to acquire resources on c (2x2)", 600) is None
+    # and its latest start: the time alone on the expected start's day, with its date on another
+    assert latest_s("..., expected to start around 2026-01-05 00:22 UTC, by 00:40 UTC at the latest (waiting ...)", 600) == 1800
+    assert latest_s("... expected to start around 2026-01-05 23:50 UTC, by 2026-01-06 00:30 UTC at the latest", 600) == 86400 + 1200
+    assert latest_s("... expected to start around 2026-01-05 00:22 UTC", 600) is None
+
+
+def test_the_estimates_error_its_coverage_and_its_lean_per_supply_mode():
+    messages = [  # (at, task, Message): 1 promised 00:10-00:20 and started at 00:15; 2 00:10-00:12, at 00:30
+        (0.0, 1, "expected to start around 2026-01-05 00:10 UTC, by 00:20 UTC at the latest"),
+        (0.0, 2, "expected to start around 2026-01-05 00:10 UTC, by 00:12 UTC at the latest"),
+        (60.0, 2, "expected to start around 2026-01-05 00:20 UTC, by 00:40 UTC at the latest"),  # a later promise
+        (0.0, 3, "Queue position #1, next to acquire resources on c (2x2)"),
+    ]
+    got = _eta_error(messages, {1: 900.0, 2: 1800.0, 3: 60.0}, {1: "flex-start", 2: "reservation", 3: "flex-start"}, {1: "a/flex-start", 2: "a/reservation"})
+    assert got["tasks"] == 2 and got["coverage"] == 0.5 and got["signed_p50"] == 300.0
+    assert got["per_supply"] == {"flex-start": {"first_p50": 300.0, "coverage": 1.0}, "reservation": {"first_p50": 1200.0, "coverage": 0.0}}
+    assert got["per_cell"]["a/reservation"] == {"tasks": 1, "first_p50": 1200.0, "coverage": 0.0}
 
 
 IN_PROCESS = {"FALCON_SIMULATE_IN_PROCESS": "1"}  # CliRunner: no re-exec to pin the hash seed

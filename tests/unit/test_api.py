@@ -83,13 +83,14 @@ class FakeSource:
 # ---- shaping ----------------------------------------------------------------------------------
 
 
-def test_eta_prefers_the_structured_range_then_the_message_point_then_none():
+def test_eta_prefers_the_structured_range_then_the_message_range_then_none():
     assert api.eta_of({"eta": {"expected_at": 100.0, "latest_at": 400.0}}) == api.Eta(expected_at=100.0, latest_at=400.0)
     assert api.eta_of({"eta": {"expected_at": None, "latest_at": None}}) is None
-    at = dt.datetime(2026, 12, 1, 12, 25)
+    at = dt.datetime(2026, 12, 1, 12, 25, tzinfo=dt.UTC)
     for lang in ("en", "zh"):
-        text = "Queue position #2" + messages.text("expected_start", lang, at="2026-12-01 12:25") + " (waiting since ...)"
-        assert api.eta_of({"message": text}) == api.Eta(expected_at=at.replace(tzinfo=dt.UTC).timestamp(), latest_at=None)
+        for latest, then in (("12:50", at + dt.timedelta(minutes=25)), ("2026-12-02 01:30", at + dt.timedelta(hours=13, minutes=5))):
+            text = "Queue position #2" + messages.text("expected_start", lang, at="2026-12-01 12:25", latest=latest) + " (waiting since ...)"
+            assert api.eta_of({"message": text}) == api.Eta(expected_at=at.timestamp(), latest_at=then.timestamp()), (lang, latest)
     assert api.eta_of({"message": "Queue position #2, 1 task(s) ahead (x)"}) is None
 
 
@@ -106,9 +107,9 @@ def test_task_out_counts_position_as_the_message_does_and_reads_eta_from_its_ent
     assert out.position is None and out.eta is None and out.supply_mode == "flex-start"
     assert out.attempt == 1 and out.disruptions[0].kind == "maintenance"
     # a queue that did not answer: no position; the Message's estimate still reads
-    msg = "Queue position #2" + messages.text("expected_start", "en", at="2026-12-01 12:25")
+    msg = "Queue position #2" + messages.text("expected_start", "en", at="2026-12-01 12:25", latest="12:40")
     out = api.task_out(row(12, message=msg), EDGE, {"actor": "queue/edge-a/2x2", "error": "timeout"}, None, ())
-    assert out.position is None and out.eta is not None and out.eta.latest_at is None
+    assert out.position is None and out.eta is not None and out.eta.latest_at - out.eta.expected_at == 900
     # an unreadable spec and no cluster: nulls, never an error
     out = api.task_out(row(5, "Failed", "InvalidSpec", spec="{not json", cluster_id=None), None, None, None, ())
     assert (out.topology, out.supply_mode, out.cluster) == (None, None, None)

@@ -173,3 +173,57 @@ def test_a_historys_model_is_worked_out_once_and_a_new_history_gets_its_own():
     for i in range(2 * eta._MODELS_KEPT):  # the memo is bounded and stays right past its bound
         assert eta.model_of(history(*creates(100 + i))).create(FLEX) == pytest.approx(100 + i)
     assert len(eta._MODELS) <= eta._MODELS_KEPT
+
+
+# ---- the range ------------------------------------------------------------------------------------
+
+RES = SupplyMode.RESERVATION
+
+
+def test_a_score_is_the_lateness_over_the_expected_wait_plus_the_scale():
+    assert eta.score(600, 900) == pytest.approx(300 / (600 + eta.SCALE_S))
+    assert eta.score(0, 0) == 0 and eta.score(600, 300) < 0  # early: negative
+
+
+def test_the_latest_start_is_the_conformal_quantile_of_the_modes_scores():
+    scores = tuple((FLEX, i / 20) for i in range(20))  # 0.00 .. 0.95
+    h = QueueHistory(tuple(creates(300)), scores)
+    got = eta.ranges(NOW, h, [], [], [W2, W3], "", eta.Pools())
+    q = 0.9  # the ceil(21 * 0.9) = 19th smallest of 20
+    assert got[2] == eta.Range(300.0, pytest.approx(300 + q * (300 + eta.SCALE_S)), FLEX)
+    assert got[3].expected == 600 and got[3].latest == pytest.approx(600 + q * (600 + eta.SCALE_S))
+
+
+def test_a_mode_with_few_scores_takes_the_prior_or_the_queues_wider_quantile():
+    few = QueueHistory(tuple(creates(300)), tuple((RES, 0.1) for _ in range(eta.MIN_SCORES)))
+    got = eta.ranges(NOW, few, [], [], [W2], "", eta.Pools())  # W2 is flex-start: none of its own
+    assert got[2].latest == pytest.approx(300 + eta.PRIOR_SCORE * (300 + eta.SCALE_S))
+    wide = QueueHistory(tuple(creates(300)), tuple((RES, 4.0) for _ in range(eta.MIN_SCORES)))
+    assert eta.ranges(NOW, wide, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + 4.0 * 600)
+    # its own scores, once it has enough, however narrow
+    own = QueueHistory(tuple(creates(300)), tuple((FLEX, 0.0) for _ in range(eta.MIN_SCORES)))
+    assert eta.ranges(NOW, own, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300)
+
+
+def test_no_range_without_an_estimate():
+    assert eta.ranges(NOW, history(*creates(300, n=2)), [], [], [W2], "", eta.Pools()) == {}
+
+
+@pytest.mark.parametrize(
+    "seconds, width, want",
+    [
+        (1420, 3000, ("12:25", "12:30", "12:35", "12:40")),  # rounded up, then up to 3 steps later
+        (1500, 3000, ("12:25", "12:30", "12:35", "12:40")),  # on a step: itself
+        (1420, 200, ("12:24", "12:25", "12:26", "12:27")),  # no coarser than the range is wide
+        (8000, 1000, ("14:15", "14:20", "14:25", "14:30")),
+    ],
+)
+def test_the_latest_start_is_rounded_up(seconds, width, want):
+    got = eta.latest_choices(NOW, seconds, width)
+    assert tuple(x.strftime("%H:%M") for x in got) == want
+
+
+def test_the_latest_start_shows_its_date_only_on_another_day():
+    e = dt.datetime(2026, 12, 1, 23, 30)
+    assert eta.fmt_latest(e, dt.datetime(2026, 12, 1, 23, 55)) == "23:55"
+    assert eta.fmt_latest(e, dt.datetime(2026, 12, 2, 0, 30)) == "2026-12-02 00:30"

@@ -22,6 +22,7 @@ PLAUSIBLE = {
     "node": "gke-edge-a-falcon-t42-2x4-0",
     "why": "node pool falcon-t42-2x4 is gone",
     "at": "2026-12-01 10:42",
+    "latest": "11:05",
     "since": "10:42:00",
     "ahead": 2,
     "cluster": "tpuv7x-64-node",

@@ -213,4 +213,4 @@ def test_a_waiting_message_says_early_that_the_deadline_passes_before_the_expect
     (refresh,) = effects(decide(q, ClusterView(synced=True), NOW, S), RefreshMessages)
     ((tid, _, text),) = refresh.updates
     assert "expected to start around 2026-11-30 12:08 UTC" in text, text
-    assert ("its start deadline 2026-11-30 12:06 UTC passes before the expected start" in text) is warned, text
+    assert ("its start deadline 2026-11-30 12:06 UTC passes before its latest start" in text) is warned, text

@@ -27,8 +27,13 @@ aside), rounded, so the same run gives the same bytes:
 - ``queue_steps``: the queues' steps the run took (``run``) and those that carried out a
   decision (``applied``): with ``wall_s``, what one step costs;
 - ``eta_error_s``: over the tasks whose Waiting Message gave a start estimate ("expected
-  to start around 2026-01-05 14:25 UTC") and that then ran, the median and p90 of |estimated - actual start|,
-  from the first estimate shown and from the last;
+  to start around 2026-01-05 14:25 UTC, by 14:50 UTC at the latest") and that then ran, the
+  median and p90 of |estimated - actual start|, from the first estimate shown and from the
+  last; ``signed_p50``, the median of actual - first estimated start (positive: later than
+  promised); ``coverage``, the share of the tasks whose first Message promised a latest
+  start that reached Running by it; ``per_supply``, per supply mode, the first estimate's
+  median error (``first_p50``) and the ``coverage``; ``per_cell``, the same and ``tasks``
+  per "cluster/supply mode";
 - ``invariants``: the chaos soak's (``falcon_ray.devtools.chaos.check``), each a count:
   ``lost``, ``stuck``, ``second_job_creates``, ``pools_alive``, ``aborts_overwritten``,
   ``failed_for_capacity``, ``illegal_transitions`` (and the soak's others), with
@@ -58,6 +63,7 @@ from .driver import MONITOR_S, START, Simulation
 
 STUCK_MARGIN_S = MONITOR_S + 60.0
 _ESTIMATE = re.compile(r"expected to start around (\d{4}-\d\d-\d\d \d\d:\d\d) UTC")
+_LATEST = re.compile(r"by (\d{4}-\d\d-\d\d \d\d:\d\d|\d\d:\d\d) UTC at the latest")
 
 
 def _percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -84,6 +90,16 @@ def estimate_s(message: str, at: float) -> float | None:
     return (dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M") - START).total_seconds() - at
 
 
+def latest_s(message: str, at: float) -> float | None:
+    """The latest start a Waiting Message written ``at`` gives, in seconds after ``at``
+    (its time alone is on the expected start's day)."""
+    m, e = _LATEST.search(message or ""), _ESTIMATE.search(message or "")
+    if m is None or e is None:
+        return None
+    text = m.group(1) if len(m.group(1)) > 5 else f"{e.group(1)[:10]} {m.group(1)}"
+    return (dt.datetime.strptime(text, "%Y-%m-%d %H:%M") - START).total_seconds() - at
+
+
 def _supply(spec, cluster) -> str:
     if spec.supply_mode is not None:
         return spec.supply_mode.value
@@ -107,6 +123,8 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
     pending: dict[str, list[float]] = defaultdict(list)
     used_chip_s = 0.0
     started_at: dict[int, float] = {}
+    supply: dict[int, str] = {}
+    cell: dict[int, str] = {}  # "cluster/supply mode"
     for t in tasks:
         evs = events.get(t.id, [])
         line = [t.id, t.name, [(_offset(e.at), e.status, e.reason or "", e.message or "") for e in evs], t.status, t.reason or "", t.message or ""]
@@ -127,6 +145,9 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         for reason, s in per_reason.items():
             pending[reason].append(s)
         running = next((e for e in evs if e.status == "Running"), None)
+        if spec is not None:
+            supply[t.id] = _supply(spec, clusters.get(t.cluster_id))
+            cell[t.id] = f"{clusters[t.cluster_id].name if t.cluster_id in clusters else '-'}/{supply[t.id]}"
         if running is not None and spec is not None:
             wait = (running.at - t.created_at).total_seconds()
             started_at[t.id] = _offset(running.at)
@@ -153,7 +174,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "used_chip_hours": round(used_chip_s / 3600.0, 2),
         "statements_per_task": round(statements / len(tasks), 1) if tasks else None,
         "queue_steps": sim.queue_steps,
-        "eta_error_s": _eta_error(sim.messages, started_at),
+        "eta_error_s": _eta_error(sim.messages, started_at, supply, cell),
         **_invariants(sim, tasks, events, fleet, end),
     }
 
@@ -165,21 +186,53 @@ def _chips(spec) -> int:
         return 0
 
 
-def _eta_error(messages: list[tuple[float, int, str]], started_at: dict[int, float]) -> dict[str, Any]:
+def _eta_error(
+    messages: list[tuple[float, int, str]], started_at: dict[int, float], supply: dict[int, str], cell: dict[int, str] | None = None
+) -> dict[str, Any]:
     first: dict[int, float] = {}
     last: dict[int, float] = {}
+    latest: dict[int, float] = {}  # the first latest start promised
     for at, tid, text in messages:
         est = estimate_s(text, at)
         if est is None or tid not in started_at or at > started_at[tid]:
             continue
-        first.setdefault(tid, at + est)
+        if tid not in first:
+            first[tid] = at + est
+            bound = latest_s(text, at)
+            if bound is not None:
+                latest[tid] = at + bound
         last[tid] = at + est
     out: dict[str, Any] = {"tasks": len(first)}
     for name, predicted in (("first", first), ("last", last)):
         errors = sorted(abs(p - started_at[tid]) for tid, p in predicted.items())
         stats = _percentiles(errors)
         out[name] = {"p50": stats["p50"], "p90": stats["p90"]}
+    out["signed_p50"] = _percentiles([started_at[tid] - p for tid, p in first.items()])["p50"]
+    out["coverage"] = _coverage(latest, started_at, latest)
+    per: dict[str, list[int]] = defaultdict(list)
+    for tid in first:
+        per[supply.get(tid, "")].append(tid)
+    out["per_supply"] = {
+        mode: {
+            "first_p50": _percentiles([abs(first[tid] - started_at[tid]) for tid in ids])["p50"],
+            "coverage": _coverage(latest, started_at, ids),
+        }
+        for mode, ids in sorted(per.items())
+    }
+    cells: dict[str, list[int]] = defaultdict(list)
+    for tid in first:
+        cells[(cell or {}).get(tid, "-")].append(tid)
+    out["per_cell"] = {
+        name: {"tasks": len(ids), "first_p50": _percentiles([abs(first[tid] - started_at[tid]) for tid in ids])["p50"], "coverage": _coverage(latest, started_at, ids)}
+        for name, ids in sorted(cells.items())
+    }
     return out
+
+
+def _coverage(latest: dict[int, float], started_at: dict[int, float], ids) -> float | None:
+    """The share of ``ids`` promised a latest start that reached Running by it (None: none promised)."""
+    promised = [tid for tid in ids if tid in latest]
+    return round(sum(1 for tid in promised if started_at[tid] <= latest[tid]) / len(promised), 3) if promised else None
 
 
 def _invariants(sim: Simulation, tasks, events, fleet, end: float) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Without ``--no-loadscope-reorder`` (pytest-xdist 3.8) the files with the most te
 so the one-test soak started last and ran alone for its last two minutes.
 """
 
-pytest_plugins = ["tests.harness.db", "tests.harness.sim", "tests.harness.ray_session", "tests.harness.e2e"]
+pytest_plugins = ["tests.harness.db", "tests.harness.sim", "tests.harness.ray_session", "tests.harness.e2e", "tests.harness.virtual"]
 
 # the slowest files, slowest first (measured in a make test run: the seconds between a
 # worker's teardowns, summed per file): soak 205, scenarios and recovery ~100 each

@@ -173,11 +173,12 @@ def _changed(sim: Simulation) -> None:
         loop.wake_on_tick()
 
 
-def _replay_lines(request: pytest.FixtureRequest, fleet: dict, tasks: list[dict], settings: Settings, seed: int, until_s: float | None, actions: list) -> list[str]:
-    lines = [f"replay: pytest -p no:xdist -p no:randomly {shlex.quote(request.node.nodeid)}  (seed {seed})"]
-    if actions:
-        return lines  # the CLI has no way to say the actions
-    where: Path = request.getfixturevalue("tmp_path")
+def replay_lines(nodeid: str, where: Path | None, fleet: dict, tasks: list[dict], settings: Settings, seed: int, until_s: float | None = None) -> list[str]:
+    """The commands that replay a run: the pytest node id, and (``where`` given: a run
+    without actions) ``falcon-ray simulate`` over the fleet, tasks and settings written there."""
+    lines = [f"replay: pytest -p no:xdist -p no:randomly {shlex.quote(nodeid)}  (seed {seed})"]
+    if where is None:
+        return lines  # the command has no way to say the actions
     (where / "fleet.json").write_text(json.dumps(fleet))
     (where / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     (where / "settings.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json", exclude_defaults=True)))
@@ -189,28 +190,38 @@ def _replay_lines(request: pytest.FixtureRequest, fleet: dict, tasks: list[dict]
     return lines
 
 
+def play(fleet: dict, tasks: list[dict], seed: int, settings: Settings, actions: list[Action] = (), until_s: float | None = None) -> Played:
+    """Build the run, schedule the actions, play it to its end (the caller disposes of ``played.sim``)."""
+    sim = Simulation(parse_fleet(fleet), tasks, settings, seed, until_s=until_s)
+    played = Played(sim)
+
+    def act(fn: Callable[[Played], None]) -> None:
+        fn(played)
+        _changed(sim)
+
+    for at, fn in sorted(actions, key=lambda a: a[0]):
+        sim.scheduler.at(sim.t0 + at, act, fn)
+    try:
+        sim.run()
+    except BaseException:
+        sim.dispose()
+        raise
+    return played
+
+
 @pytest.fixture
 def scenario(request):
     runs: list[Simulation] = []
 
-    def play(fleet: dict, tasks: list[dict], seed: int, settings: Settings | None = None, actions: list[Action] = (), until_s: float | None = None) -> Played:
+    def run(fleet: dict, tasks: list[dict], seed: int, settings: Settings | None = None, actions: list[Action] = (), until_s: float | None = None) -> Played:
         settings = settings or Settings()
-        actions = sorted(actions, key=lambda a: a[0])
-        for line in _replay_lines(request, fleet, tasks, settings, seed, until_s, actions):
+        where = None if actions else request.getfixturevalue("tmp_path")
+        for line in replay_lines(request.node.nodeid, where, fleet, tasks, settings, seed, until_s):
             print(line)
-        sim = Simulation(parse_fleet(fleet), tasks, settings, seed, until_s=until_s)
-        runs.append(sim)
-        played = Played(sim)
-
-        def act(fn: Callable[[Played], None]) -> None:
-            fn(played)
-            _changed(sim)
-
-        for at, fn in actions:
-            sim.scheduler.at(sim.t0 + at, act, fn)
-        sim.run()
+        played = play(fleet, tasks, seed, settings, actions, until_s)
+        runs.append(played.sim)
         return played
 
-    yield play
+    yield run
     for sim in runs:
         sim.dispose()

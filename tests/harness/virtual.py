@@ -108,6 +108,14 @@ class Played:
             for n in names
         )
 
+    def later(self, delay: float, fn: Callable[[Played], None]) -> None:
+        """Run ``fn(self)`` ``delay`` virtual seconds from now (an action: see ``when``)."""
+        self.sim.scheduler.at(self.sim.clock.monotonic() + delay, fn, self)
+
+    def falcon_pools(self) -> list[str]:
+        """The Falcon pools alive in the fleet, by name."""
+        return sorted(n for c in self.sim.fleet.clusters.values() for n, p in c.pools.pools.items() if p.deleted_at is None and n.startswith("falcon-"))
+
     def cluster(self, name: str):
         return self.sim.fleet.clusters[name]
 
@@ -163,6 +171,23 @@ class Played:
 Action = tuple[float, Callable[[Played], None]]
 
 
+def when(pred: Callable[[Played], bool], fn: Callable[[Played], None], every: float = 5.0) -> Callable[[Played], None]:
+    """An action that looks every ``every`` virtual seconds and runs ``fn`` at the first look at
+    which ``pred`` holds (what a test of a live controller would wait for, at a virtual second
+    the run fixes). Only that look counts as a change (``_changed``): the looks before it
+    leave the schedule as it was."""
+
+    def look(run: Played) -> None:
+        if pred(run):
+            fn(run)
+            _changed(run.sim)
+        else:
+            run.later(every, look)
+
+    look.quiet = True  # type: ignore[attr-defined]
+    return look
+
+
 def _changed(sim: Simulation) -> None:
     """Something outside the controller changed: every queue and the poller step at their
     next tick (production's timed loops would), the end check and the Message look run again."""
@@ -173,7 +198,7 @@ def _changed(sim: Simulation) -> None:
         loop.wake_on_tick()
 
 
-def replay_lines(nodeid: str, where: Path | None, fleet: dict, tasks: list[dict], settings: Settings, seed: int, until_s: float | None = None) -> list[str]:
+def replay_lines(nodeid: str, where: Path | None, fleet: dict, tasks: list[dict], settings: Settings, seed: int, until_s: float | None = None, exact: bool = False) -> list[str]:
     """The commands that replay a run: the pytest node id, and (``where`` given: a run
     without actions) ``falcon-ray simulate`` over the fleet, tasks and settings written there."""
     lines = [f"replay: pytest -p no:xdist -p no:randomly {shlex.quote(nodeid)}  (seed {seed})"]
@@ -186,18 +211,23 @@ def replay_lines(nodeid: str, where: Path | None, fleet: dict, tasks: list[dict]
            "--config", str(where / "settings.yaml"), "--seed", str(seed)]  # fmt: skip
     if until_s is not None:
         cmd += ["--until-s", f"{until_s:g}"]
+    if exact:
+        cmd.append("--exact")
     lines.append("replay: " + shlex.join(cmd))
     return lines
 
 
-def play(fleet: dict, tasks: list[dict], seed: int, settings: Settings, actions: list[Action] = (), until_s: float | None = None) -> Played:
-    """Build the run, schedule the actions, play it to its end (the caller disposes of ``played.sim``)."""
-    sim = Simulation(parse_fleet(fleet), tasks, settings, seed, until_s=until_s)
+def play(fleet: dict, tasks: list[dict], seed: int, settings: Settings, actions: list[Action] = (), until_s: float | None = None, exact: bool = False) -> Played:
+    """Build the run, schedule the actions, play it to its end (the caller disposes of
+    ``played.sim``). ``exact``: every loop at every tick, as production's Tickers (the
+    driver's ``exact``), for a claim about what a step writes while nothing changes."""
+    sim = Simulation(parse_fleet(fleet), tasks, settings, seed, until_s=until_s, exact=exact)
     played = Played(sim)
 
     def act(fn: Callable[[Played], None]) -> None:
         fn(played)
-        _changed(sim)
+        if not getattr(fn, "quiet", False):
+            _changed(sim)
 
     for at, fn in sorted(actions, key=lambda a: a[0]):
         sim.scheduler.at(sim.t0 + at, act, fn)
@@ -213,12 +243,12 @@ def play(fleet: dict, tasks: list[dict], seed: int, settings: Settings, actions:
 def scenario(request):
     runs: list[Simulation] = []
 
-    def run(fleet: dict, tasks: list[dict], seed: int, settings: Settings | None = None, actions: list[Action] = (), until_s: float | None = None) -> Played:
+    def run(fleet: dict, tasks: list[dict], seed: int, settings: Settings | None = None, actions: list[Action] = (), until_s: float | None = None, exact: bool = False) -> Played:
         settings = settings or Settings()
         where = None if actions else request.getfixturevalue("tmp_path")
-        for line in replay_lines(request.node.nodeid, where, fleet, tasks, settings, seed, until_s):
+        for line in replay_lines(request.node.nodeid, where, fleet, tasks, settings, seed, until_s, exact):
             print(line)
-        played = play(fleet, tasks, seed, settings, actions, until_s)
+        played = play(fleet, tasks, seed, settings, actions, until_s, exact)
         runs.append(played.sim)
         return played
 

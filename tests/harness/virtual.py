@@ -9,7 +9,10 @@ test. ``fleet`` is a fleet file's dict (``cluster`` builds an entry at productio
 ``(seconds, fn)``: ``fn(played)`` runs at that virtual second, as an operator or a test
 would act on a live controller (a cluster's status, the fleet's faults, a look at a row),
 and every queue and the poller then step at their next tick, as production's timed loops
-would see the change.
+would see the change. ``when(pred, fn)`` is an action that looks every few virtual seconds
+and acts at the first look at which ``pred`` holds (a task in the phase a step is about);
+``exact=True`` steps every loop at every tick, as production's Tickers do, for a claim about
+what a step writes while nothing else changes (the driver otherwise leaves such steps out).
 
 Replay: the run is the same at every run of the test (one thread, the seed). The fixture
 prints, before the run, the pytest node id that replays it and, for a run without

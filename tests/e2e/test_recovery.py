@@ -49,7 +49,8 @@ def test_queue_actor_killed_while_its_pool_is_created(controller):
 
 def test_queue_actor_killed_while_the_job_runs(controller):
     run = controller(make_fleet(with_b=False))
-    tid = run.submit("alice", spec("2x2", 4))
+    # a 15 s run: its queue sees it Running (the kill lands mid-run) on a loaded machine too
+    tid = run.submit("alice", spec("2x2", 15))
     wait_for(run, tid, phase_is(lc.RUNNING))
     _kill(run, names.queue_name("edge-a", "2x2"))
     assert_clean(run, timeout=60)
@@ -58,7 +59,7 @@ def test_queue_actor_killed_while_the_job_runs(controller):
 
 def test_cluster_actor_killed_mid_watch(controller):
     run = controller(make_fleet(with_b=False))
-    tid = run.submit("alice", spec("2x2", 3))
+    tid = run.submit("alice", spec("2x2", 15))  # as above: Running is held long enough to be seen
     wait_for(run, tid, phase_is(lc.RUNNING))
     _kill(run, names.cluster_name("edge-a"))
     assert_clean(run, timeout=60, serial_pool_ops=False)

@@ -204,7 +204,8 @@ def _changed(sim: Simulation) -> None:
 def replay_lines(nodeid: str, where: Path | None, fleet: dict, tasks: list[dict], settings: Settings, seed: int, until_s: float | None = None, exact: bool = False) -> list[str]:
     """The commands that replay a run: the pytest node id, and (``where`` given: a run
     without actions) ``falcon-ray simulate`` over the fleet, tasks and settings written there."""
-    lines = [f"replay: pytest -p no:xdist -p no:randomly {shlex.quote(nodeid)}  (seed {seed})"]
+    # the hash seed the command pins (the product iterates a few sets of strings)
+    lines = [f"replay: PYTHONHASHSEED=0 pytest -p no:xdist -p no:randomly {shlex.quote(nodeid)}  (seed {seed})"]
     if where is None:
         return lines  # the command has no way to say the actions
     (where / "fleet.json").write_text(json.dumps(fleet))

@@ -7,7 +7,9 @@ Contract
 live rows -- unassigned Pending tasks and Aborting tasks, through the
 ``(status, cluster_id, id)`` index -- so its cost does not grow with finished rows.
 
-For each new task: validate the spec (InvalidSpec), find the clusters of its TPU
+For each new task: validate the spec (InvalidSpec), end it when its start deadline has
+passed and it has not run (StartDeadlineExceeded: ``scheduling.start_deadline_passed``; a
+held task is read again every poll, so it ends within a poll of its deadline), find the clusters of its TPU
 type (UnsupportedTPUType when none is registered; stays Pending with a message
 when all are in maintenance or offline; NoCandidateCluster, naming what each active
 cluster offers, when none can serve the task: no reservation for a reservation task,
@@ -35,6 +37,7 @@ from falcon_ray import messages, metrics, scheduling
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import Reason
+from falcon_ray.reconcile import deadline
 from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
 from falcon_ray.spec import SpecError, SupplyMode, parse_spec
 from falcon_ray.store import Fenced, Store
@@ -122,6 +125,10 @@ class IntakePoller:
             spec = parse_spec(task.spec)
         except SpecError as e:
             return self._fail(task, Reason.INVALID_SPEC, self.msg("invalid_spec", detail=str(e)))
+        if scheduling.start_deadline_passed(spec, task.created_at, self.clock.now()) is not None:
+            outcome = self._deadline_passed(task, spec)
+            if outcome is not None:
+                return outcome
         placement = scheduling.place(spec, clusters, load)
         if placement.verdict == "unsupported_tpu_type":
             text = self.msg("unsupported_tpu_type", tpu_type=spec.tpu_type, offered=placement.detail)
@@ -138,6 +145,18 @@ class IntakePoller:
         self._assign.append((task, target, spec.topology))
         load.assigned(target.id, spec.topology)
         return "assigned"
+
+    def _deadline_passed(self, task, spec) -> str | None:
+        """A task past its start deadline: read its event log's entry into its phase and its
+        disruption rows (one statement, for this task alone), and end it when it has not run
+        (``scheduling.start_deadline_passed``); None: it has, the deadline does not apply."""
+        entered, disrupted = self.store.entered_and_disruptions([task.id], [task.id])
+        at = scheduling.start_deadline_passed(spec, task.created_at, self.clock.now(), disrupted.get(task.id, ()))
+        if at is None:
+            return None
+        since = entered.get((task.id, lc.NEW)) or task.created_at
+        text = deadline.text(self.s.lang, at, spec.start_deadline_s, task.created_at, lc.NEW, self.msg("deadline_wait_new"), since, task.message)
+        return self._fail(task, Reason.START_DEADLINE_EXCEEDED, text)
 
     def _no_candidate_text(self, spec, offers) -> str:
         """NoCandidateCluster, naming what each active cluster of the type offers."""

@@ -59,7 +59,7 @@ class Supervisor:
         # the supervisor's own store uses the URL; its actors get only the reference
         # (falcon_ray.dbref), which ensure_* refuse when it is a URL with a password
         self.db_ref = db_ref if db_ref is not None else db_url
-        self.store = Store(db_url, timeouts=remote.db_timeouts(settings))
+        self.store = Store(db_url, clock=clock.now, timeouts=remote.db_timeouts(settings))  # its rows and lease in its time
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leader = False
         self.epoch: int | None = None  # the lease's epoch while this supervisor holds it

@@ -15,9 +15,9 @@ can be run at its production value in virtual time.
 - ``wait(event, timeout)``: wait until ``event`` is set or ``timeout`` seconds passed;
   True when it was set.
 
-``SYSTEM`` is the real clock. ``ManualClock`` moves only when told (``advance``) or when
-its owner sleeps or waits in vain, which then returns at once: a test drives hours of
-budget in milliseconds with it.
+``SYSTEM`` is the real clock. ``ManualClock`` moves only when told (``advance``, or
+``advance_to`` a monotonic time) or when its owner sleeps or waits in vain, which then
+returns at once: a test drives hours of budget in milliseconds with it.
 """
 
 from __future__ import annotations
@@ -85,6 +85,14 @@ class ManualClock:
         with self._lock:
             self._wall += dt.timedelta(seconds=seconds)
             self._mono += seconds
+
+    def advance_to(self, mono: float) -> None:
+        """Move to the monotonic time ``mono`` (no move if it is not ahead)."""
+        with self._lock:
+            step = mono - self._mono
+            if step > 0:
+                self._wall += dt.timedelta(seconds=step)
+                self._mono += step
 
     def now(self) -> dt.datetime:
         with self._lock:

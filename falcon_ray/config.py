@@ -106,6 +106,21 @@ class Settings(BaseModel):
         "included; false: the slot serializes acquiring new capacity only, and a waiting task takes an idle pool "
         "of its topology whose nodes are Ready while the slot holder waits for GKE",
     )
+    capacity_waits_per_queue: int = Field(
+        1,
+        ge=1,
+        description="how many tasks of a queue may wait at once for GKE to deliver flex-start capacity to a pool it "
+        "has created (no node yet, capacity_wait_park_s after the pool's create): such a wait no longer holds the "
+        "slot, so the next task may start its own create; 1 (the default): the slot is held until Running; ignored "
+        "with strict_slot. More helps where flex-start capacity is slow but plentiful and hurts where the cluster's "
+        "chips are scarce (docs/bench/timings.md)",
+    )
+    capacity_wait_park_s: float = Field(
+        300.0,
+        ge=0,
+        description="a flex-start task whose created pool has had no node for this long parks its capacity wait "
+        "(capacity_waits_per_queue) and lets the slot go",
+    )
     contested_wait_s: float = Field(
         600.0,
         gt=0,
@@ -188,7 +203,15 @@ class Settings(BaseModel):
     )
     leader_ttl_s: float = Field(15.0, gt=0, description="leader lease lifetime; renewed every third of it")
     registry_interval_s: float = Field(5.0, gt=0, description="supervisor: seconds between registry reconciles; a busy QueueActor re-reads the registry (cluster status, reservation) as often")
-    health_port: int = Field(8088, ge=0, le=65535, description="`falcon-ray run`: /healthz and /readyz port (0 = off)")
+    health_port: int = Field(
+        8088, ge=0, le=65535, description="`falcon-ray run`: port of /healthz, /readyz and the read API /v1 (docs/api.md; 0 = off)"
+    )
+    api_token_file: str | None = Field(
+        None,
+        min_length=1,
+        description="file holding the bearer token the read API's /v1 requires (read again when it changes; "
+        "unreadable: /v1 answers 503); null: /v1 is open. /healthz and /readyz never need it",
+    )
     lang: str = Field("en", pattern="^(en|zh)$", description="language of task Messages")
     # --- limits of the waits (falcon_ray.limits is the table; node_pool_timeout_s and
     # submit_budget_s above are two of them)

@@ -3,7 +3,8 @@
 Contract
 --------
 ``run`` is the controller: it waits for the leader lease, creates or adopts the
-actors, serves /healthz and /readyz, and on SIGINT/SIGTERM lets every actor finish
+actors, serves /healthz, /readyz and the read API /v1 on the health port
+(``falcon_ray.health``, ``falcon_ray.api``), and on SIGINT/SIGTERM lets every actor finish
 its step before it stops. ``queues`` and ``health`` read a running controller (found
 through ``falcon_ray.discovery``: flags, the environment, or a running demo's record).
 ``COMMANDS`` lists them; ``falcon_ray.cli`` attaches them to the main group. This module
@@ -75,7 +76,8 @@ def run_cmd(db_url, ray_address, config):
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if settings.health_port:
-        health.serve(sup, settings.health_port)
+        server = health.serve(sup, settings.health_port)
+        click.echo(f"falcon-ray: /healthz, /readyz and the read API /v1 on port {server.server_address[1]}", err=True)
     click.echo(f"falcon-ray: controller {sup.holder} starting (namespace {settings.namespace})", err=True)
     sup.run(stop)
     click.echo("falcon-ray: stopping; letting in-flight steps finish", err=True)

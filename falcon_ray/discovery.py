@@ -4,7 +4,8 @@ Contract
 --------
 ``falcon-ray demo`` writes one small JSON record when its controller is up and removes
 it when it stops: its pid, Ray address (GCS), namespace, dashboard URL, metrics
-endpoint and database URL. ``falcon-ray queues``, ``falcon-ray health``, the
+endpoint, database URL and the read API's base URL (``api``: /v1 and /openapi.json
+are under it). ``falcon-ray queues``, ``falcon-ray health``, the
 notebooks (through ``falcon_ray.inspect``) and ``docs/queues_chart.py`` read it to find
 the demo with no flags. It is only a default: an explicit flag or environment
 variable always wins, and without a live record everything falls back to the

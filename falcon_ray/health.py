@@ -8,27 +8,31 @@ each ClusterActor's last successful GKE / Kubernetes call and watch age (a clust
 that cannot be reached is listed in ``degraded_clusters``: it makes neither probe
 fail, since restarting the controller would not fix it), and the live tasks past the
 limit of their wait (``overdue_tasks``, from the one table ``falcon_ray.limits``:
-which wait, since when, the limit and its action). ``healthy`` is the liveness verdict
+which wait, since when, the limit and its action; a task past its start deadline too). ``healthy`` is the liveness verdict
 (leader held or waiting, database reachable, actors answering); ``ready`` adds that the
 lease is held. Overdue tasks are reported, not fatal: they are the operator's
 business, not a reason to restart the controller.
 An actor started under an older leader epoch than the lease's (``fenced``: it
 stopped its loops) is reported with its reason and counts as not answering, so the
 probes fail until the supervisor has replaced it. ``leader.epoch`` is the lease's.
-``serve(supervisor, port)`` exposes ``/healthz`` and ``/readyz`` over HTTP.
+``serve(supervisor, port)`` serves ``/healthz`` and ``/readyz`` (200 or 503 with the
+report, a report at most 2 s old) and the read API of ``falcon_ray.api`` (``/v1``, its
+token from the settings' ``api_token_file``) as one ASGI application on one port
+(uvicorn on a daemon thread); the probes never need the token.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import limits
 from falcon_ray.clock import SYSTEM, Clock
 from falcon_ray.lifecycle import LeaseState
+from falcon_ray.model import has_run
 from falcon_ray.spec import DEFAULT_TIMEOUT_SECONDS
 
 
@@ -71,7 +75,25 @@ def overdue_tasks(store, settings, now=None, clock: Clock = SYSTEM) -> list[dict
             row = _overdue_row(t, wait, fields[t.id], settings, now, since)
             if row is not None:
                 out.append(row)
-    return out
+    return out + _past_start_deadline(store, tasks, fields, settings, now)
+
+
+def _past_start_deadline(store, tasks, fields: dict[int, dict[str, Any]], settings, now) -> list[dict[str, Any]]:
+    """The tasks waiting for their first start past their start deadline and its grace (the
+    queue or the poller did not end them): their disruption rows are read only for those,
+    and a task that has run is left out (the deadline is about the first start)."""
+    late = []
+    for t in tasks:
+        limit = fields[t.id].get("start_deadline_s")
+        if t.phase not in lc.BEFORE_START_PHASES or isinstance(limit, bool) or not isinstance(limit, int | float):
+            continue
+        r = _overdue_row(t, limits.Wait.START_DEADLINE, fields[t.id], settings, now, t.created_at)
+        if r is not None:
+            late.append(r)
+    if not late:
+        return []
+    ran = store.disruptions([r["id"] for r in late])
+    return [r for r in late if not has_run(ran.get(r["id"], ()))]
 
 
 def _creates(store, tasks) -> dict[int, Any]:
@@ -105,7 +127,8 @@ def _overdue_row(t, wait: limits.Wait, fields: dict[str, Any], settings, now, si
     """The report's row for a task past its wait's limit and grace; None when it is not."""
     row = limits.limit(wait)
     timeout = fields.get("timeout_seconds", t.timeout_seconds or DEFAULT_TIMEOUT_SECONDS)
-    limit = row.seconds(settings, timeout if isinstance(timeout, int) else None)
+    deadline = fields.get("start_deadline_s")
+    limit = row.seconds(settings, timeout if isinstance(timeout, int) else None, deadline if isinstance(deadline, int | float) else None)
     if limit is None or since is None:
         return None
     age = (now - since).total_seconds()
@@ -216,8 +239,47 @@ def _cluster_entry(snap: dict[str, Any], now: float) -> dict[str, Any]:
     )
 
 
-def serve(sup, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve /healthz (liveness) and /readyz (readiness) on a daemon thread."""
+class Server:
+    """The HTTP server of the health port, on a daemon thread: ``server_address`` is the
+    bound (host, port); ``shutdown`` stops serving, ``server_close`` releases the socket."""
+
+    def __init__(self, app, host: str, port: int) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(128)
+        self.server_address = self.sock.getsockname()[:2]
+        # log_config None: the process keeps its own logging set-up (JSON lines in `falcon-ray run`)
+        config = uvicorn.Config(
+            app, log_config=None, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True, name="health")
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        return f"http://{host}:{port}"
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def server_close(self) -> None:
+        self.sock.close()
+
+
+def serve(sup, port: int, host: str = "0.0.0.0", token_file: str | None = None) -> Server:
+    """Serve /healthz (liveness), /readyz (readiness) and the read API (``falcon_ray.api``:
+    /v1, guarded by ``token_file``, default the settings' ``api_token_file``) on one port,
+    on a daemon thread."""
+    from falcon_ray import api
+    from falcon_ray.inspect import ApiSource
+
     cache: dict[str, Any] = {"at": 0.0, "report": None}
     clock = getattr(sup, "clock", SYSTEM)
     lock = threading.Lock()
@@ -229,27 +291,7 @@ def serve(sup, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
                 cache["at"] = clock.monotonic()
             return cache["report"]
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path = self.path.split("?")[0]
-            if path not in ("/healthz", "/readyz"):
-                self.send_error(404)
-                return
-            try:
-                report = current()
-                ok = report["healthy"] if path == "/healthz" else report["ready"]
-            except Exception as e:
-                report, ok = {"error": str(e)}, False
-            body = json.dumps(report, default=str).encode()
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args) -> None:
-            return
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True, name="health").start()
-    return server
+    settings = sup.s
+    token_file = token_file if token_file is not None else settings.api_token_file
+    app = api.create_app(ApiSource(sup.store, settings.namespace), token_file=token_file, probes=current)
+    return Server(app, host, port)

@@ -7,7 +7,8 @@ and ``clusters`` ask every live QueueActor / ClusterActor for its ``snapshot()``
 (bounded by a timeout, so a hung actor shows as an error row instead of hanging
 the caller); ``timeline`` and ``outcomes`` read the task event log from the
 database. ``falcon-ray queues`` and the notebooks call these functions and hold no
-logic of their own.
+logic of their own. ``ApiSource`` is what the read API (``falcon_ray.api``) reads: the
+Store's rows and these snapshots; a read that fails raises ``api.Unavailable``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, An
         except Exception as e:
             out.append({"actor": name, "error": f"{type(e).__name__}: {e}"[:300]})
     return out
+
+
+def queue(namespace: str, cluster: str, topology: str, timeout: float = 10.0) -> dict[str, Any] | None:
+    """One QueueActor's snapshot; None when it does not exist, an error row when it did not answer."""
+    import ray
+
+    from actors import names
+
+    name = names.queue_name(cluster, topology)
+    h = names.lookup(name, namespace)
+    if h is None:
+        return None
+    try:
+        return ray.get(h.snapshot.remote(), timeout=timeout)
+    except Exception as e:
+        return {"actor": name, "error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def queues(namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -278,3 +295,46 @@ def time_in_phases(store: Store, task_id: int) -> list[dict[str, Any]]:
             end = e.at if e.status in ("Succeeded", "Failed", "Aborted") else now
         totals[label] = totals.get(label, 0.0) + max(0.0, (end - e.at).total_seconds())
     return [{"phase": k, "seconds": round(v, 3)} for k, v in totals.items()]
+
+
+class ApiSource:
+    """The read API's data (``falcon_ray.api.Source``): the rows of ``store``, the snapshots
+    of the actors in ``namespace`` (each call bounded by ``timeout``). Read-only."""
+
+    def __init__(self, store: Store, namespace: str, timeout: float = 5.0) -> None:
+        self.store, self.namespace, self.timeout = store, namespace, timeout
+
+    def _read(self, what: str, read):
+        from falcon_ray.api import Unavailable
+
+        try:
+            return read()
+        except Exception as e:
+            raise Unavailable(f"{what}: {type(e).__name__}: {e}") from None
+
+    def get_task(self, task_id: int):
+        return self._read("database", lambda: self.store.get_task(task_id))
+
+    def clusters(self):
+        return self._read("database", self.store.list_clusters)
+
+    def since(self, task):
+        return self._read("database", lambda: self.store.phase_entered([task.id]).get((task.id, task.phase)))
+
+    def disruptions(self, task_id: int):
+        return self._read("database", lambda: self.store.disruptions([task_id]).get(task_id, ()))
+
+    def leases(self):
+        return self._read("database", self.store.leases)
+
+    def queue(self, cluster: str, topology: str):
+        return self._read("Ray", lambda: queue(self.namespace, cluster, topology, self.timeout))
+
+    def queues(self):
+        return self._read("Ray", lambda: queues(self.namespace, self.timeout))
+
+    def cluster_snapshots(self):
+        def read():
+            return {s.get("cluster") or s.get("actor", "").removeprefix("cluster/"): s for s in clusters(self.namespace, self.timeout)}
+
+        return self._read("Ray", read)

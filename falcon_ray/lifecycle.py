@@ -50,6 +50,7 @@ class Reason(StrEnum):
     UNSUPPORTED_TPU_TYPE = "UnsupportedTPUType"  # no registered cluster offers the TPU type
     NO_CANDIDATE_CLUSTER = "NoCandidateCluster"  # clusters exist, none can take this task
     DISRUPTED = "Disrupted"  # the fleet disrupted its runs more often than its max_recoveries
+    START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"  # not Running by created_at + the spec's start_deadline_s
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.ABORTED})
@@ -70,6 +71,7 @@ FAILURE_REASONS = frozenset(
         Reason.UNSUPPORTED_TPU_TYPE,
         Reason.NO_CANDIDATE_CLUSTER,
         Reason.DISRUPTED,
+        Reason.START_DEADLINE_EXCEEDED,
     }
 )
 
@@ -104,6 +106,10 @@ def failed(reason: Reason) -> Phase:
 ACQUIRING_PHASES = (PROVISIONING, CLUSTER_BUSY, WAITING_FOR_NODE, DISPATCHING)
 PENDING_PHASES = (NEW, WAITING, *ACQUIRING_PHASES, RECOVERING)
 LIVE_PHASES = (*PENDING_PHASES, RUNNING)
+# The phases a task waits in for its first start: the spec's start_deadline_s ends it from
+# each of them. Recovering is not one: a task there has had a run (or the fleet ended one
+# that was starting), and the deadline is about the first start only.
+BEFORE_START_PHASES = (NEW, WAITING, *ACQUIRING_PHASES)
 
 # Who causes each move.
 UPPER = "upper layer"
@@ -175,6 +181,13 @@ _TASK_EDGES: tuple[tuple[Phase | tuple[Phase, ...], Phase, str], ...] = (
         (DISPATCHING, WAITING_FOR_NODE, RUNNING, RECOVERING),
         failed(Reason.DISRUPTED),
         f"{QUEUE}: the fleet disrupted the run once more than the task's max_recoveries allows",
+    ),
+    # the start deadline: not Running by created_at + start_deadline_s; cleaned up as an abort is
+    (NEW, failed(Reason.START_DEADLINE_EXCEEDED), f"{POLLER}: the spec's start_deadline_s passed before it was placed on a cluster"),
+    (
+        (WAITING, *ACQUIRING_PHASES),
+        failed(Reason.START_DEADLINE_EXCEEDED),
+        f"{QUEUE}: the spec's start_deadline_s passed before its first Running; its Job deleted, its pool kept idle or deleted",
     ),
     # abort: the upper layer may abort any live task; Falcon finishes it
     (LIVE_PHASES, ABORTING, f"{UPPER}: abort requested"),

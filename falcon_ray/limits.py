@@ -5,7 +5,8 @@ Contract
 ``LIMITS`` is the one table of waits. A row names the phase (Pending and a Reason, or
 Aborting), the circumstance that tells two waits of one Reason apart, the setting that
 holds the limit (or the task's own ``timeout_seconds``, or none: at once), the durable
-record the wait is counted from, and the action: ``fail`` (the task ends Failed with the
+record the wait is counted from, and the action (one row, the start deadline, spans the
+phases before the first start: ``phases``): ``fail`` (the task ends Failed with the
 row's Reason), ``re-rank`` (it goes back to the poller), or ``report`` (``falcon-ray
 health`` lists it; nothing else happens). The decisions that enforce a limit read it
 through ``seconds``; ``falcon-ray health`` classifies every live task with ``wait_of``
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from falcon_ray.config import Settings
 
 TASK_TIMEOUT = "timeout_seconds"  # the limit is the task's own timeout, not a setting
+TASK_START_DEADLINE = "start_deadline_s"  # the limit is the task's own start deadline (none unless its spec sets one)
 # A limit that fails or re-ranks a task is carried out at the queue's next tick; health
 # lists such a task only once it is this many ticks past it (the enforcement is late).
 REPORT_GRACE_TICKS = 3
@@ -56,6 +58,7 @@ class Wait(StrEnum):
     ABORT = "abort"
     RECOVERY = "recovery"
     DEGRADED = "degraded"
+    START_DEADLINE = "start-deadline"
 
 
 @dataclass(frozen=True)
@@ -68,13 +71,17 @@ class WaitLimit:
     action: Action
     enforced_by: str  # the decision that carries the action out ("" for report)
     fails_with: Reason = Reason.NONE
+    phases: str = ""  # the phases shown, for a row that spans several (``phase`` is the first)
 
-    def seconds(self, settings: Settings, task_timeout: float | None = None) -> float | None:
-        """The limit in seconds; None when there is none (a setting left at null)."""
+    def seconds(self, settings: Settings, task_timeout: float | None = None, start_deadline: float | None = None) -> float | None:
+        """The limit in seconds; None when there is none (a setting left at null, a task
+        without a start deadline)."""
         if self.setting is None:
             return 0.0
         if self.setting == TASK_TIMEOUT:
             return None if task_timeout is None else float(task_timeout)
+        if self.setting == TASK_START_DEADLINE:
+            return None if start_deadline is None else float(start_deadline)
         value = getattr(settings, self.setting)
         return None if value is None else float(value)
 
@@ -119,6 +126,9 @@ LIMITS: tuple[WaitLimit, ...] = (
               "Decision.fleet_ended"),
     WaitLimit(Wait.RECOVERY, lc.RECOVERING, "the fleet disrupted its run; its pool's nodes are to come back for the next attempt",
               "recovery_pool_wait_s", ENTERED, Action.REACQUIRE, "recover.recovering"),
+    WaitLimit(Wait.START_DEADLINE, lc.NEW, "its spec sets start_deadline_s and it has not started: not placed yet, Waiting, or holding the slot; once a run of it began (Running, or a run the fleet ended) the deadline no longer applies; its Job is deleted and its pool kept idle or deleted, as an abort's",
+              TASK_START_DEADLINE, "its submission (created_at)", Action.FAIL, "scheduling.start_deadline_passed, deadline.expire",
+              Reason.START_DEADLINE_EXCEEDED, phases=", ".join(map(str, lc.BEFORE_START_PHASES))),
     WaitLimit(Wait.ABORT, lc.ABORTING, "its Job and pool are being cleaned up",
               "aborting_limit_s", "the abort request (aborting_at)", Action.REPORT, ""),
 )  # fmt: skip
@@ -177,6 +187,8 @@ def _fmt_setting(row: WaitLimit, settings: Settings) -> str:
         return "at once"
     if row.setting == TASK_TIMEOUT:
         return "the task's `timeout_seconds`"
+    if row.setting == TASK_START_DEADLINE:
+        return "the task's `start_deadline_s` (none by default)"
     value = getattr(settings, row.setting)
     return f"`{row.setting}` ({'no limit' if value is None else f'{value:g} s'})"
 
@@ -190,7 +202,7 @@ def markdown_table(settings: Settings) -> str:
     for row in LIMITS:
         action = f"fail: `{row.fails_with}`" if row.action == Action.FAIL else str(row.action)
         by = ", ".join(f"`{x.strip()}`" for x in row.enforced_by.split(",")) if row.enforced_by else "`falcon-ray health`"
-        lines.append(f"| {row.phase} | {row.when} | {_fmt_setting(row, settings)} | {row.since} | {action} | {by} |")
+        lines.append(f"| {row.phases or row.phase} | {row.when} | {_fmt_setting(row, settings)} | {row.since} | {action} | {by} |")
     return "\n".join(lines)
 
 

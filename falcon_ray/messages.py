@@ -48,6 +48,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "expected_start": (", expected to start around {at} UTC", ",预计约 {at} UTC 开始"),
     "waiting_since": (" (waiting since {at} UTC)", " (自 {at} UTC 起等待)"),
+    "start_deadline_first": (
+        "; its start deadline {deadline} UTC passes before the expected start",
+        ";其启动截止时间 {deadline} UTC 早于预计开始时间",
+    ),
     "waiting_first": (
         "Queue position #1, next to acquire resources on {cluster} ({topology})",
         "队列位置 #1,下一个在 {cluster} ({topology}) 上获取资源",
@@ -261,6 +265,30 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "#{n} {kind},节点 {node},{at} UTC ({detail})",
     ),
     "timeout": ("Task timed out ({seconds}s), Job cancelled", "任务超时 ({seconds}s),已取消 Job"),
+    "start_deadline_exceeded": (
+        "Not started by its start deadline {deadline} UTC (start_deadline_s={limit} after its submission at {created} UTC): it was {phase}, {waiting} since {since} UTC{detail}",
+        "未能在启动截止时间 {deadline} UTC 前开始运行 (提交于 {created} UTC,start_deadline_s={limit}): 当时处于 {phase},自 {since} UTC 起{waiting}{detail}",
+    ),
+    "start_deadline_detail": ("; its last Message: {message}", ";最近的消息: {message}"),
+    "deadline_wait_new": ("waiting to be placed on a cluster", "等待被分配到集群"),
+    "deadline_wait_waiting": (
+        "waiting in queue {cluster}/{topology} for its turn to acquire resources",
+        "在队列 {cluster}/{topology} 中排队等待获取资源",
+    ),
+    "deadline_wait_create": ("waiting to create its node pool (supply: {supply})", "等待创建 node pool (supply: {supply})"),
+    "deadline_wait_provisioning": (
+        "waiting for node pool {pool} to be created (supply: {supply})",
+        "等待 node pool {pool} 创建完成 (supply: {supply})",
+    ),
+    "deadline_wait_cluster_busy": ("waiting for {supply} capacity on cluster {cluster}", "等待集群 {cluster} 的 {supply} 容量"),
+    "deadline_wait_nodes": (
+        "waiting for {supply} capacity: the nodes of node pool {pool}",
+        "等待 {supply} 容量: node pool {pool} 的节点",
+    ),
+    "deadline_wait_dispatching": (
+        "waiting for the pods of its Job on node pool {pool}",
+        "等待其 Job 在 node pool {pool} 上的 Pod 启动",
+    ),
     # Abort
     "aborting": (
         "Aborting, waiting for the Kubernetes Job to be deleted and the node pool cleaned up...",

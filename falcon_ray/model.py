@@ -505,6 +505,18 @@ class QueueTask:
         return tuple(d for d in self.disruptions if d.kind == RELEASED)
 
     @property
+    def start_deadline(self) -> dt.datetime | None:
+        """When it must have reached Running by (its spec's ``start_deadline_s`` after
+        ``created_at``), while it waits for its first start (``lc.BEFORE_START_PHASES``);
+        None without a deadline, or once a run of it began: the deadline is about the first
+        start, and a task that has been Running has a disruption the fleet caused on record
+        (``recoveries``: the only way out of Running but an end), as has one whose starting
+        run the fleet ended."""
+        if self.spec.start_deadline_s is None or self.phase not in lc.BEFORE_START_PHASES or has_run(self.disruptions):
+            return None
+        return self.spec.start_deadline_at(self.created_at)
+
+    @property
     def priority(self) -> int:
         """The pick rule's priority: a task recovering from a disruption, or that gave its
         pool back to another topology, goes ahead of every task that has not run yet (its
@@ -526,6 +538,14 @@ RECOVERY_PRIORITY = 1000  # above any spec priority (-100..100)
 # nodes of its new pool took an idle pool with Ready nodes instead (``acquire.switch_to_idle``).
 ABANDONED, RELEASED, SWITCHED = "abandoned", "released", "switched"
 CONTROLLER_MOVES = frozenset({ABANDONED, RELEASED, SWITCHED})
+
+
+def has_run(disruptions: Iterable[Disruption]) -> bool:
+    """Whether a task with these ``falcon_task_disruptions`` rows has had a run: the fleet
+    ended one (a row that is not one of the controller's own moves, ``CONTROLLER_MOVES``).
+    Leaving Running other than by an end always writes such a row, so a task without one
+    has never been Running."""
+    return any(d.kind not in CONTROLLER_MOVES for d in disruptions)
 
 
 @dataclass(frozen=True)
@@ -595,6 +615,13 @@ def age_key(t: QueueTask) -> tuple[dt.datetime, int]:
     return (t.created_at, t.id)
 
 
+def deadline_key(t: QueueTask) -> tuple[dt.datetime, int]:
+    """A task with a start deadline by that deadline (the ``WaitingQueue``'s ``deadlines``)."""
+    at = t.start_deadline
+    assert at is not None
+    return (at, t.id)
+
+
 @dataclass(frozen=True, eq=False)
 class WaitingQueue:
     """The queue's Waiting tasks grouped as the pick rule reads them: per priority, per
@@ -605,6 +632,8 @@ class WaitingQueue:
 
     buckets: Mapping[int, Mapping[str, tuple[QueueTask, ...]]] = field(default_factory=dict)
     ids: frozenset[int] = frozenset()
+    # the tasks with a start deadline (``QueueTask.start_deadline``), soonest first
+    deadlines: tuple[QueueTask, ...] = ()
 
     @classmethod
     def of(cls, tasks: Iterable[QueueTask]) -> WaitingQueue:
@@ -613,7 +642,19 @@ class WaitingQueue:
         for t in sorted(tasks, key=age_key):
             buckets.setdefault(t.priority, {}).setdefault(t.actor, []).append(t)
         frozen = {p: {a: tuple(ts) for a, ts in by.items()} for p, by in buckets.items()}
-        return cls(frozen, frozenset(t.id for by in frozen.values() for ts in by.values() for t in ts))
+        every = [t for by in frozen.values() for ts in by.values() for t in ts]
+        return cls(frozen, frozenset(t.id for t in every), tuple(sorted((t for t in every if t.start_deadline), key=deadline_key)))
+
+    def past_deadline(self, now: dt.datetime, without: Collection[int] = ()) -> list[QueueTask]:
+        """The tasks whose start deadline is ``now`` or earlier, soonest first, leaving out
+        ``without``: no pass over the tasks whose deadline is later, or that have none."""
+        out = []
+        for t in self.deadlines:
+            if deadline_key(t)[0] > now:
+                break
+            if t.id not in without:
+                out.append(t)
+        return out
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -43,7 +43,7 @@ from enum import StrEnum
 from typing import Protocol, TypeVar
 
 from falcon_ray import tpu
-from falcon_ray.model import Destination, QueueTask, WaitingQueue
+from falcon_ray.model import Destination, Disruption, QueueTask, WaitingQueue, deadline_key, has_run
 from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
 from falcon_ray.spec import SupplyMode, TaskSpec
 
@@ -148,7 +148,9 @@ class WaitingIndex:
     place by bisection (O(log N) comparisons), so a new or a finished task costs no pass
     over the others. ``value()`` is the ``WaitingQueue`` a decision reads: the buckets
     changed since the last value are copied into new tuples (a pointer copy of that one
-    bucket), the others shared; the id set is copied only when it changed. Pure: no I/O."""
+    bucket), the others shared; the id set is copied only when it changed. The tasks with a
+    start deadline are kept apart, soonest first (``WaitingQueue.deadlines``), so the
+    deadline rule reads only those. Pure: no I/O."""
 
     def __init__(self) -> None:
         self._lists: dict[tuple[int, str], list[QueueTask]] = {}
@@ -157,6 +159,8 @@ class WaitingIndex:
         self._dirty: set[tuple[int, str]] = set()
         self._ids: frozenset[int] | None = frozenset()  # None: the set changed since the last value
         self._value: WaitingQueue | None = WaitingQueue()
+        self._deadlines: list[QueueTask] = []  # the tasks with a start deadline, soonest first
+        self._deadlines_value: tuple[QueueTask, ...] | None = ()  # None: changed since the last value
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -172,12 +176,14 @@ class WaitingIndex:
             ts = self._lists[b]
             ts[bisect.bisect_left(ts, _age_key(t), key=_age_key)] = t
             self._tasks[t.id] = t
+            self._deadline_put(old, t)
             self._dirty.add(b)
             self._value = None
             return
         self.discard(t.id)
         bisect.insort(self._lists.setdefault(b, []), t, key=_age_key)
         self._tasks[t.id] = t
+        self._deadline_put(None, t)
         self._dirty.add(b)
         self._value = self._ids = None
 
@@ -191,6 +197,7 @@ class WaitingIndex:
                 self.put(t)
                 continue
             self._tasks[t.id] = t
+            self._deadline_put(old, t)
             by_bucket.setdefault((t.priority, t.actor), {})[t.id] = t
         for b, new in by_bucket.items():
             ts = self._lists[b]
@@ -209,8 +216,19 @@ class WaitingIndex:
         b = (t.priority, t.actor)
         ts = self._lists[b]
         del ts[bisect.bisect_left(ts, _age_key(t), key=_age_key)]
+        self._deadline_put(t, None)
         self._dirty.add(b)
         self._value = self._ids = None
+
+    def _deadline_put(self, old: QueueTask | None, new: QueueTask | None) -> None:
+        """Keep ``_deadlines`` in step when task ``old`` becomes ``new`` (either may be None)."""
+        if old is not None and old.start_deadline is not None:
+            ts = self._deadlines
+            del ts[bisect.bisect_left(ts, deadline_key(old), key=deadline_key)]
+            self._deadlines_value = None
+        if new is not None and new.start_deadline is not None:
+            bisect.insort(self._deadlines, new, key=deadline_key)
+            self._deadlines_value = None
 
     def value(self) -> WaitingQueue:
         if self._value is not None:
@@ -228,7 +246,9 @@ class WaitingIndex:
             buckets.setdefault(p, {})[a] = ts
         if self._ids is None:
             self._ids = frozenset(self._tasks)
-        self._value = WaitingQueue(buckets, self._ids)
+        if self._deadlines_value is None:
+            self._deadlines_value = tuple(self._deadlines)
+        self._value = WaitingQueue(buckets, self._ids, self._deadlines_value)
         return self._value
 
 
@@ -239,6 +259,22 @@ def supply_mode_for(spec: TaskSpec, default_reservation: str) -> SupplyMode:
     if spec.supply_mode is not None:
         return spec.supply_mode
     return SupplyMode.RESERVATION if default_reservation else SupplyMode.FLEX_START
+
+
+# --- the start deadline of a task the poller holds ------------------------------------
+
+
+def start_deadline_passed(
+    spec: TaskSpec, created_at: dt.datetime, now: dt.datetime, disruptions: Iterable[Disruption] = ()
+) -> dt.datetime | None:
+    """The start deadline of an unassigned Pending task (the poller's) when ``now`` has
+    reached it and the task has not run (``model.has_run`` of its disruption rows: a task
+    sent back to the poller after a run has no start deadline any more); None otherwise.
+    Called without the rows first (they are read only for a task past its deadline)."""
+    at = spec.start_deadline_at(created_at)
+    if at is None or now < at or has_run(disruptions):
+        return None
+    return at
 
 
 @dataclass(frozen=True)

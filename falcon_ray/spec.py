@@ -17,7 +17,9 @@ cluster registry, the node placement from the TPU catalogue.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 import re
 from enum import StrEnum
 from typing import Any
@@ -37,6 +39,8 @@ MAX_ENV_ITEMS = 256
 MAX_ENV_BYTES = 64 * 1024
 MAX_IMAGE_LEN = 512
 MAX_RECOVERIES = 100
+# The longest start deadline: a task that may wait longer than a month to start has none to give.
+MAX_START_DEADLINE_SECONDS = 30 * 24 * 3600
 
 # Docker reference grammar, simplified: [registry[:port]/]path[:tag][@digest]
 _IMAGE_RE = re.compile(
@@ -92,6 +96,10 @@ class TaskSpec(BaseModel):
     # How many times Falcon re-runs the task after the fleet (not the task) ended a run:
     # host maintenance, node repair, reclaimed capacity. None: Settings.max_recoveries; 0: never.
     max_recoveries: int | None = Field(default=None, ge=0, le=MAX_RECOVERIES, strict=True)
+    # Seconds after its submission (``jobs.created_at``) by which the task must have reached
+    # Running for the first time; past it a task that has not is ended Failed/StartDeadlineExceeded
+    # (``start_deadline_at``). None: it waits as long as its waits' own limits allow.
+    start_deadline_s: float | None = None
     working_dir: str | None = None
     cpu: str | None = None
     memory: str | None = None
@@ -158,6 +166,17 @@ class TaskSpec(BaseModel):
             raise ValueError(f"must be between 1 and {MAX_TIMEOUT_SECONDS} seconds, got {v}")
         return v
 
+    @field_validator("start_deadline_s", mode="before")
+    @classmethod
+    def _start_deadline(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ValueError("must be a number of seconds (or null for none)")
+        if not 0 < v <= MAX_START_DEADLINE_SECONDS:
+            raise ValueError(f"must be more than 0 and at most {MAX_START_DEADLINE_SECONDS} seconds, got {v:g}")
+        return float(v)
+
     @field_validator("working_dir")
     @classmethod
     def _working_dir(cls, v: str | None) -> str | None:
@@ -185,6 +204,13 @@ class TaskSpec(BaseModel):
     @property
     def shape(self) -> tpu.SliceShape:
         return tpu.lookup(self.tpu_type, self.topology)
+
+    def start_deadline_at(self, created_at: dt.datetime) -> dt.datetime | None:
+        """When a task of this spec submitted at ``created_at`` must have started (reached
+        Running) by; None without a ``start_deadline_s``."""
+        if self.start_deadline_s is None:
+            return None
+        return created_at + dt.timedelta(seconds=self.start_deadline_s)
 
 
 def _loc_part(x: Any) -> str:

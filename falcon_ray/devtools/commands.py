@@ -54,8 +54,8 @@ def register(group: click.Group) -> None:
 def demo_cmd(fleet, tasks_path, config, db_url, timeout, hold, shutdown_timeout, as_json):
     """Run Falcon-Ray end to end on a simulated fleet and play a tasks file.
 
-    It prints where to look (dashboard, Ray address, namespace, metrics, database)
-    before the play; `falcon-ray queues`, `falcon-ray health` and the notebooks find it
+    It prints where to look (dashboard, Ray address, namespace, metrics, database, the
+    read API) before the play; `falcon-ray queues`, `falcon-ray health` and the notebooks find it
     with no flags while it runs. Ctrl-C aborts the live tasks, lets the controller
     delete its pools, prints the fleet's accounting and exits 0.
     """
@@ -67,7 +67,7 @@ def demo_cmd(fleet, tasks_path, config, db_url, timeout, hold, shutdown_timeout,
         settings = demo_settings(config)
     except Exception as e:  # a bad tasks or settings file is bad input
         raise InvalidInput(" ".join(str(e).split())[:1000]) from None
-    run = DemoRun(fleet, settings, db_url, namespace=settings.namespace, dashboard=True)
+    run = DemoRun(fleet, settings, db_url, namespace=settings.namespace, dashboard=True, api=True)
     sys.exit(_demo(run, tasks, from_stdin, timeout, hold, shutdown_timeout, as_json))
 
 @click.command("chaos")
@@ -166,6 +166,8 @@ def _where_to_look(run, started: float) -> str:
         f"  namespace    {ns}",
         f"  metrics      {info.get('metrics_url') or '-'}   (Falcon's series are ray_falcon_*)",
         f"  database     {dbref.redacted(run.db_url)}",
+        f"  api          {run.api_url or '-'}   (the upper layer's read API: /v1/tasks/<id>, /v1/queues, /v1/clusters,"
+        f" /openapi.json; docs/api.md{'; bearer token in ' + run.settings.api_token_file if run.settings.api_token_file else ''})",
         f"  record       {discovery.record_path(ns)}   (how the commands below find this demo; removed when it stops)",
         "  in another terminal (in the venv: . .venv/bin/activate; tour: docs/demo.md):",
     ]

@@ -19,6 +19,10 @@ The rules, in the order ``decide`` applies them (original design, sections 4-9):
 
 1. Aborting tasks: delete the Job, hand the pool to keep-or-delete, then Aborted
    (``finish.abort``).
+1b. Tasks waiting for their first start past their start deadline (the spec's
+   ``start_deadline_s`` after ``created_at``): Failed/StartDeadlineExceeded, their Job and
+   pool handled as an end's, the slot and the waiting list left to the next task
+   (``deadline.expire``).
 2. Running tasks: Succeeded, JobFailed (the Job failed by the task's fault, or
    vanished) or Timeout (dispatched_at + timeout passed) end them; a run the fleet ended
    (``falcon_ray.faults``) is recovered: Recovering, or Failed/Disrupted past the task's
@@ -38,7 +42,8 @@ The rules, in the order ``decide`` applies them (original design, sections 4-9):
 6. Pools nobody needs: orphaned leases, idle pools nobody waits for, pools of a
    cluster out of service; Deleting leases followed to Deleted (``pools.leases``).
 7. Jobs of this queue whose task is no longer live are deleted (``pools.stale_jobs``).
-8. Waiting tasks get their position and the tasks ahead (``positions.positions``).
+8. Waiting tasks get their position and the tasks ahead (``positions.positions``), and
+   are told when their start deadline passes before their expected start.
 
 Keep-or-delete (``Decision.release``): a pool that a task releases is kept (Idle)
 while more tasks of its topology wait for a pool than there are idle pools,
@@ -52,7 +57,7 @@ import datetime as dt
 from falcon_ray import tpu
 from falcon_ray.config import Settings
 from falcon_ray.model import ClusterView, QueueState
-from falcon_ray.reconcile import acquire, finish, pick, pools, positions, recover
+from falcon_ray.reconcile import acquire, deadline, finish, pick, pools, positions, recover
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import (
     ClaimReservation,
@@ -121,6 +126,7 @@ def plan(q: QueueState, view: ClusterView, now: dt.datetime, settings: Settings)
     d = Decision(q, view, now, settings)
     for t in d.aborting:  # 1
         finish.abort(d, t)
+    deadline.expire(d)  # 1b
     for t in d.running:  # 2
         finish.execute(d, t)
     for t in d.recovering:  # 2b

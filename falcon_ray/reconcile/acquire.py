@@ -3,7 +3,9 @@
 Contract
 --------
 At most one task of a queue is Provisioning, ClusterBusy, WaitingForNode or
-Dispatching. ``acquire(d, t)`` moves it one step:
+Dispatching, besides the flex-start tasks whose capacity wait has parked
+(``Decision.parked``, ``capacity_waits_per_queue``) and the ready pools handed over past the
+slot (``pick.hand_over_ready``). ``acquire(d, t)`` moves each one step:
 
 - an idle pool of its topology appears: it switches to it (abandoning its own create
   to keep-or-delete); in WaitingForNode short of Ready nodes, it switches to an idle pool

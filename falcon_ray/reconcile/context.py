@@ -22,7 +22,7 @@ import datetime as dt
 import functools
 from collections import defaultdict
 
-from falcon_ray import faults, messages, scheduling
+from falcon_ray import faults, messages, render, scheduling
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState, Phase, Reason
@@ -141,8 +141,18 @@ class Decision:
         """Every Waiting task still on the list, in pick order (rule 8: once per step)."""
         return [] if self.all_left else scheduling.queue_order(self.waiting, self.queue.last_granted, self.left)
 
+    def waiting_past_deadline(self) -> list[QueueTask]:
+        """The Waiting tasks still on the list whose start deadline has come (``deadline``)."""
+        return [] if self.all_left else self.waiting.past_deadline(self.now, self.left)
+
     def leave(self, t: QueueTask) -> None:
         self.left.add(t.id)
+
+    def forget_holder(self, t: QueueTask) -> None:
+        """The slot holder ``t`` ends in this call: the slot is free for the later rules."""
+        self.acquiring.remove(t)
+        self.holders.remove(t)
+        self.demand.discard(t.id)
 
     def leave_all(self) -> None:
         self.all_left = True
@@ -176,6 +186,27 @@ class Decision:
         if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
             return True
         return t.phase == lc.WAITING_FOR_NODE and self.ready_nodes(lease.name) < t.spec.shape.hosts
+
+    def parked(self, t: QueueTask) -> bool:
+        """A flex-start task whose pool GKE has created and whose Job waits on it, with no node
+        for ``capacity_wait_park_s``: it waits for GKE's capacity (queued by GKE, not by Falcon),
+        and that wait no longer holds the queue's slot (``slot_free``)."""
+        s = self.settings
+        if s.strict_slot or s.capacity_waits_per_queue <= 1 or t.phase != lc.WAITING_FOR_NODE:
+            return False
+        lease = self.lease_by_task.get(t.id)
+        if lease is None or lease.state != LeaseState.IN_USE or not render.scales_from_zero(lease.supply_mode):
+            return False
+        pool = self.cluster.pools.get(lease.name)
+        return pool is not None and pool.registered == 0 and self.phase_age_s(t) >= s.capacity_wait_park_s
+
+    def slot_free(self) -> bool:
+        """The slot serializes acquiring new capacity: free when no task acquires, or when
+        every acquiring task has parked its capacity wait and fewer than
+        ``capacity_waits_per_queue`` wait so."""
+        if not self.acquiring:
+            return True
+        return len(self.acquiring) < self.settings.capacity_waits_per_queue and all(self.parked(t) for t in self.acquiring)
 
     def free_idle(self, t: QueueTask, ready: bool = False) -> Lease | None:
         """An idle pool that can be handed to ``t`` now: its create finished (it was Ready

@@ -6,8 +6,9 @@ Contract
 ``rerank(d)``: when the cluster is in maintenance or offline and another active
 cluster of its TPU type exists, every Waiting task is unassigned (Pending, no
 cluster) so the poller ranks it again; they leave the queue's waiting list.
-``pick(d)``: when no task holds the slot (one between its pick and Running) and the
-cluster is active, the pick rule
+``pick(d)``: when no task holds the slot (one between its pick and Running; a flex-start
+task whose capacity wait has parked does not hold it, up to ``capacity_waits_per_queue``
+such waits: ``Decision.slot_free``) and the cluster is active, the pick rule
 (``scheduling.pick_next`` on the heads of the highest priority: no pass over the
 waiting list) chooses; its move out of Waiting (to Provisioning or Dispatching) is
 what records its actor as the last granted (``store.queues``); an
@@ -42,7 +43,7 @@ def pick(d: Decision) -> None:
     if not d.queue.cluster_active or not d.waiting_count():
         return
     last = d.queue.last_granted
-    if not d.acquiring:  # the slot: one task between its pick and Running starts a create
+    if d.slot_free():  # the slot: one task between its pick and Running starts a create
         nxt = scheduling.pick_next(d.waiting_heads(), last)
         assert nxt is not None
         idle = d.free_idle(nxt)

@@ -5,7 +5,8 @@ Contract
 --------
 The order is the pick rule's (``scheduling.queue_order``), behind the slot holders;
 the start estimate is ``eta.estimate``'s, shown as the absolute time ``eta.choices``
-rounds it to: a Message that already shows either rounding of the new estimate is kept,
+rounds it to, and, for a task with a start deadline before that time, that the deadline
+passes first (``deadline.warning``): a Message that already shows either rounding of the new estimate is kept,
 so a Message changes when the estimate moves by a rounding step, not as time passes. A
 Message is written only when its text changes, and all changed ones go in one batched
 statement (``RefreshMessages``).
@@ -17,7 +18,7 @@ import datetime as dt
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.model import QueueTask
-from falcon_ray.reconcile import eta
+from falcon_ray.reconcile import deadline, eta
 from falcon_ray.reconcile.context import Decision, stamp
 from falcon_ray.reconcile.effects import RefreshMessages
 
@@ -42,7 +43,7 @@ def waiting_text(d: Decision, t: QueueTask, ahead: list[QueueTask], start_at: dt
     ahead (or the rounded estimate) does, not every minute. ``shown``: the first
     ``SHOWN_AHEAD`` of ``ahead`` as the text lists them, when the caller has it already."""
     since = _since(d, t.phase_since) if t.phase_since else ""
-    return _head(d, ahead, shown) + _expected(d, start_at) + since
+    return _head(d, ahead, shown) + _expected(d, start_at) + deadline.warning(d, t, start_at) + since
 
 
 def _head(d: Decision, ahead: list[QueueTask], shown: str | None) -> str:
@@ -95,12 +96,12 @@ def positions(d: Decision) -> None:
             head = d.requeued_text(t) + head
         since = _since(d, t.phase_since) if t.phase_since else ""
         shows = t.message
-        first = head + _expected(d, rounded[0]) + since
+        first = head + _expected(d, rounded[0]) + deadline.warning(d, t, rounded[0]) + since
         if shows != first and not (
             len(rounded) > 1
             and shows.startswith(head)
             and shows.endswith(since)
-            and any(shows == head + _expected(d, c) + since for c in rounded[1:])
+            and any(shows == head + _expected(d, c) + deadline.warning(d, t, c) + since for c in rounded[1:])
         ):
             updates.append((t.id, lc.WAITING, first))
         ahead.append(t)

@@ -3,9 +3,9 @@
 Contract
 --------
 * :class:`TokenBook` issues random bearer tokens and remembers each one's issue
-  time and expiry. ``check(header, max_age)`` accepts only
-  ``Authorization: Bearer <token>`` for a token this fleet issued, that has not
-  expired, and (when ``max_age`` is given - a cluster's ``token_ttl`` fault)
+  time and expiry on the clock it is given (the fleet's). ``check(header, max_age)``
+  accepts only ``Authorization: Bearer <token>`` for a token this fleet issued, that
+  has not expired, and (when ``max_age`` is given - a cluster's ``token_ttl`` fault)
   is younger than ``max_age`` seconds.
 * ``metadata_routes`` serves the subset of the metadata server that
   ``google.auth.default()`` and ``compute_engine.Credentials`` use, unchanged,
@@ -20,8 +20,9 @@ Contract
 * :class:`CallerBook` remembers who called: per caller (the ``x-goog-api-client``
   header the Google client libraries send, else ``User-Agent``, which the Kubernetes
   audit log records as ``userAgent``), how many requests and how many changes (any
-  method but GET/HEAD/OPTIONS) reached each API, and when the last ones came. Its
-  middleware goes on every app; the control endpoints are not recorded.
+  method but GET/HEAD/OPTIONS) reached each API, and when the last ones came (the
+  fleet's clock's time). Its middleware goes on every app; the control endpoints are
+  not recorded.
 * :func:`use_sim_metadata` points an already running Python process's
   google-auth at the simulator (google-auth reads ``GCE_METADATA_HOST`` once,
   at import).
@@ -34,11 +35,12 @@ import json
 import os
 import secrets
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from falcon_ray.clock import SYSTEM, Clock
 
 from .fleet import AuthConfig, MetadataConfig
 
@@ -51,19 +53,20 @@ DEFAULT_SCOPES = [
 
 @dataclass
 class IssuedToken:
-    issued_at: float  # monotonic
-    expires_at: float  # monotonic
+    issued_at: float  # the book's clock's monotonic time
+    expires_at: float
 
 
 class TokenBook:
-    def __init__(self, auth: AuthConfig):
+    def __init__(self, auth: AuthConfig, clock: Clock = SYSTEM):
+        self.clock = clock
         self.required = auth.required
         self.ttl = auth.token_ttl
         self._tokens: dict[str, IssuedToken] = {}
         self.issued_count = 0
 
     def issue(self) -> tuple[str, int]:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if len(self._tokens) > 256:
             self._tokens = {t: v for t, v in self._tokens.items() if v.expires_at > now}
         token = "ya29.sim-" + secrets.token_urlsafe(24)
@@ -83,7 +86,7 @@ class TokenBook:
         issued = self._tokens.get(token.strip())
         if issued is None:
             return "unknown bearer token"
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now >= issued.expires_at:
             return "bearer token expired"
         if max_age is not None and now - issued.issued_at >= max_age:
@@ -95,11 +98,12 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class CallerBook:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self.callers: dict[str, dict] = {}
 
     def record(self, user_agent: str, api: str, change: bool) -> None:
-        now = time.time()
+        now = self.clock.time()
         c = self.callers.setdefault(
             user_agent, {"requests": 0, "changes": 0, "apis": {}, "first_at": now, "last_at": now, "last_change_at": None}
         )
@@ -206,7 +210,7 @@ def metadata_routes(book: TokenBook, meta: MetadataConfig) -> list[web.RouteDef]
             audience = request.query.get("audience")
             if not audience:
                 return web.Response(status=400, text="non-empty audience parameter required", headers=FLAVOR)
-            return _text(_unsigned_id_token(meta.service_account, audience, int(book.ttl)))
+            return _text(_unsigned_id_token(meta.service_account, audience, int(book.ttl), int(book.clock.time())))
         return not_found()
 
     prefix = "/computeMetadata/v1"
@@ -219,11 +223,10 @@ def metadata_routes(book: TokenBook, meta: MetadataConfig) -> list[web.RouteDef]
     ]
 
 
-def _unsigned_id_token(email: str, audience: str, ttl: int) -> str:
+def _unsigned_id_token(email: str, audience: str, ttl: int, now: int) -> str:
     def b64(obj: object) -> str:
         return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
 
-    now = int(time.time())
     claims = {
         "aud": audience,
         "azp": email,

@@ -29,7 +29,8 @@ semantics the official ``kubernetes`` client relies on:
   adds BOOKMARKs every ``timings.watch_bookmark_interval`` and one just before
   ``timeoutSeconds`` ends the stream. Objects entering or leaving a selector
   arrive as ADDED / DELETED. The ``watch_drop_every`` fault aborts the TCP
-  connection mid-stream that many seconds after the watch opened.
+  connection mid-stream that many seconds after the watch opened. These times are
+  the cluster's clock's: on a fleet given a clock they pass when the test moves it.
 * Admission (:mod:`falcon_ray.sim.kube_admission`): wrongly typed bodies get 400,
   invalid ones 422, and a Job or Pod whose container image starts with a prefix
   in the ``deny_images`` fault is refused 403 with an admission-webhook message;
@@ -52,6 +53,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
+from falcon_ray.clock import SYSTEM
 
 from . import kube_admission as admission
 from .errors import KubeError, json_response, kube_errors, kube_status, read_json_object
@@ -547,6 +550,7 @@ class KubeApi:
         store = self.store
         prepared: web.StreamResponse | None = None
         watcher = store.subscribe(rk.plural)
+        opened = self.cluster.clock.monotonic()  # its timeout, bookmarks and cut count from here
         try:
             # Snapshot and subscription happen in the same loop step: no event is lost or repeated.
             first: list[bytes] = []
@@ -586,14 +590,14 @@ class KubeApi:
             if send_initial and bookmarks:
                 await resp.write(self._bookmark(rk, snapshot_rv, initial_end=True))
 
-            loop = asyncio.get_running_loop()
-            opened = loop.time()
+            clock = self.cluster.clock
+            virtual = clock is not SYSTEM  # a given clock: SimFleet.advance pokes the watch when it moves
             deadline = opened + timeout
             next_bookmark = opened + self.cluster.timings.watch_bookmark_interval
             while not self.closing.is_set():
                 if request.transport is None or request.transport.is_closing():
                     return resp  # the client hung up; stop holding a subscription for it
-                now = loop.time()
+                now = clock.monotonic()
                 drop_every = self.cluster.faults.watch_drop_every
                 drop_at = opened + drop_every if drop_every else float("inf")
                 if now >= drop_at:
@@ -607,15 +611,12 @@ class KubeApi:
                     await resp.write(self._bookmark(rk, store.rv))
                     next_bookmark = now + self.cluster.timings.watch_bookmark_interval
                     continue
-                # wake at least every CLIENT_CHECK_INTERVAL to notice clients that went away
-                wake = min(
-                    deadline,
-                    drop_at,
-                    next_bookmark if bookmarks else float("inf"),
-                    now + CLIENT_CHECK_INTERVAL,
-                )
+                # wake at least every CLIENT_CHECK_INTERVAL (the machine's seconds) to notice
+                # clients that went away; on a given clock the deadlines are re-read when it moves
+                wake = min(deadline, drop_at, next_bookmark if bookmarks else float("inf"))
+                wait = CLIENT_CHECK_INTERVAL if virtual else min(wake - now, CLIENT_CHECK_INTERVAL)
                 try:
-                    ev = await asyncio.wait_for(watcher.queue.get(), max(0.0, wake - now))
+                    ev = await asyncio.wait_for(watcher.queue.get(), max(0.0, wait))
                 except TimeoutError:
                     continue
                 if ev is None or ev.rv <= snapshot_rv:

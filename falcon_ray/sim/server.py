@@ -2,8 +2,8 @@
 
 Contract
 --------
-``SimFleet(config, host="127.0.0.1", port=0)``; ``start()`` runs an asyncio
-loop on a daemon thread, binds every listener and returns :attr:`endpoints`::
+``SimFleet(config, host="127.0.0.1", port=0, clock=SYSTEM)``; ``start()`` runs an
+asyncio loop on a daemon thread, binds every listener and returns :attr:`endpoints`::
 
     {"gke": "http://127.0.0.1:P", "compute": "http://127.0.0.1:P",
      "metadata": "127.0.0.1:P", "stats": "http://127.0.0.1:P/sim/stats",
@@ -13,8 +13,28 @@ GKE, Compute, the metadata server and the control endpoints share port P;
 each cluster's Kubernetes API has its own port Q. ``stop()`` closes open
 watches and listeners and joins the thread; the object is also a context
 manager. The control methods (``stats``, ``set_faults``, ``set_timings``,
-``reset_faults``, ``set_auth``, ``compact_history``) may be called from any
-thread: they run on the fleet's loop and return plain dicts.
+``reset_faults``, ``set_auth``, ``compact_history``, ``advance``) may be called from
+any thread: they run on the fleet's loop and return plain dicts.
+
+Time. Every time the model keeps (node-pool creation and deletion, node registration,
+the autoscaler, pod lifecycles and termination, disruptions, stockout windows, token
+lifetimes, watch timeouts and bookmarks, idle chip-seconds, the objects' timestamps)
+is read from ``clock``:
+
+* ``SYSTEM`` (the default; ``falcon-ray sim`` and the demo): the timers run on the
+  asyncio loop, in the machine's seconds.
+* a ``falcon_ray.clock.ManualClock`` (or the ``falcon-ray simulate`` driver's
+  ``VirtualClock``): the timers go on a ``falcon_ray.sim.timers.TimerQueue`` on that
+  clock, the mechanism the simulate driver runs the same model on. Nothing moves until
+  ``advance(seconds)``, which runs, on the loop and in order, every timer due up to
+  ``seconds`` ahead, leaves the clock there and lets the open watches act on the new
+  time (a bookmark, a cut, the end of ``timeoutSeconds``) before it returns; an effect
+  that is due at once (a request's follow-up, a ``call_soon``) runs at the loop's next
+  turn without moving the clock. The HTTP servers stay real; only the model's time is virtual, so a test waits
+  for "the create is done" by moving the clock past its timing instead of sleeping, and
+  the same calls give the same fleet each run (object uids come from the seed too).
+  Move such a clock only through ``advance``; ``next_timer()`` says how far ahead the
+  next timer is.
 
 Control endpoints on port P (no authentication):
 
@@ -42,12 +62,15 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from falcon_ray.clock import SYSTEM, Clock
+
 from .auth import CallerBook, TokenBook, metadata_routes
 from .cluster import SimCluster
 from .errors import GoogleError, google_errors, json_response, read_json_object
 from .fleet import AuthConfig, FleetConfig
 from .gcp_api import gcp_routes
 from .kube_api import kube_app
+from .timers import TimerQueue
 
 
 def _front_api(request: web.Request) -> str | None:
@@ -68,13 +91,49 @@ def _fake_ca_pem() -> str:
     return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
 
 
+# loop turns advance() yields after poking the watches: a woken watch needs three or four (its
+# queue's getter, wait_for's waiter, the handler) to read the new time and write or close
+_SETTLE_TURNS = 16
+
+
+class _LoopTimers:
+    """A fleet's timers on a given clock: a ``TimerQueue`` whose entries due now run at the
+    loop's next turn, and the later ones when ``SimFleet.advance`` reaches them."""
+
+    def __init__(self, queue: TimerQueue, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue = queue
+        self.loop = loop
+        self._draining = False
+
+    def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        self.queue.call_later(delay, fn, *args)
+        if delay <= 0:
+            self._drain_soon()
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        self.queue.call_soon(fn, *args)
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        if not self._draining:
+            self._draining = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self.queue.run_until(self.queue.clock.monotonic())
+        self._draining = False
+
+
 class SimFleet:
-    def __init__(self, config: FleetConfig, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, config: FleetConfig, host: str = "127.0.0.1", port: int = 0, clock: Clock = SYSTEM):
         self.config = config
         self.host = host
         self.port = port
-        self.book = TokenBook(config.auth)
-        self.callers = CallerBook()
+        self.clock = clock
+        # the model's timers on a given clock (None: on the asyncio loop, in the machine's time)
+        self.timers: TimerQueue | None = None if clock is SYSTEM else TimerQueue(clock)
+        self.book = TokenBook(config.auth, clock)
+        self.callers = CallerBook(clock)
         self.ca_pem = _fake_ca_pem()
         self.ca_b64 = base64.b64encode(self.ca_pem.encode()).decode()
         self.clusters: dict[str, SimCluster] = {}
@@ -133,8 +192,9 @@ class SimFleet:
         loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         self._closing = asyncio.Event()
+        timers = loop if self.timers is None else _LoopTimers(self.timers, loop)
         for index, cfg in enumerate(self.config.clusters):
-            self.clusters[cfg.name] = SimCluster(cfg, index, self.config.seed, loop)
+            self.clusters[cfg.name] = SimCluster(cfg, index, self.config.seed, timers, self.clock)
 
         runners: list[web.AppRunner] = []
         try:
@@ -201,6 +261,38 @@ class SimFleet:
             raise KeyError(
                 f"no simulated cluster named {name!r}; known: {', '.join(self.clusters)}"
             ) from None
+
+    def advance(self, seconds: float) -> int:
+        """Move the fleet's clock ``seconds`` ahead, running every timer due on the way in
+        order; how many ran. Only for a fleet given a clock (see the module's contract)."""
+        timers = self.timers
+        if timers is None:
+            raise RuntimeError("this fleet runs on the machine's clock; only a fleet given a clock is advanced")
+        if seconds < 0:
+            raise ValueError("a clock does not go back")
+
+        async def run() -> int:
+            target = timers.clock.monotonic() + seconds
+            ran = timers.run_until(target)
+            timers.clock.advance_to(target)
+            for c in self.clusters.values():
+                c.store.poke_watchers()  # a watch's timeout, bookmark or cut may be due now
+            for _ in range(_SETTLE_TURNS):  # the poked watches act on the new time before this returns
+                await asyncio.sleep(0)
+            return ran
+
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the simulated fleet is not running; call start() first")
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
+
+    def next_timer(self) -> float | None:
+        """Seconds of the fleet's clock until its next timer is due (None: none is queued).
+        Only for a fleet given a clock."""
+        timers = self.timers
+        if timers is None:
+            raise RuntimeError("this fleet runs on the machine's clock; its timers are the loop's")
+        at = self._call(timers.next_at)
+        return None if at is None else max(0.0, at - timers.clock.monotonic())
 
     def stats(self) -> dict[str, Any]:
         """``{"clusters": {NAME: {...}}, "tokens_issued": N}``; see docs/sim.md for every field."""

@@ -210,14 +210,18 @@ def test_transient_kubernetes_errors_surface_after_the_retry_budget(kube, pools)
 # --- tokens ----------------------------------------------------------------------------
 
 
-def test_a_token_the_cluster_refuses_is_refreshed_and_the_call_retried(sim, kube, pools):
+def test_a_token_the_cluster_refuses_is_refreshed_and_the_call_retried(virtual_sim):
+    sim = virtual_sim  # token ages on the fleet's clock, moved by the test
+    kube = make_kube(sim)
     kube.list_nodes()  # the hook has fetched a token
     hook = kube.token_hook
     before = hook.refreshes
     sim.set_faults(CLUSTER, token_ttl=0.3)  # the cluster refuses tokens older than 0.3 s
-    time.sleep(0.4)
-    assert kube.list_nodes()  # 401 -> forced refresh -> retried with a fresh token
-    assert hook.refreshes > before
+    sim.advance(0.299)
+    assert kube.list_nodes() == [] and hook.refreshes == before  # still accepted: no refresh
+    sim.advance(0.002)  # (0.001 more can fall short of 0.3 in floating point)
+    assert kube.list_nodes() == []  # answered (no pool in this fleet): 401 -> forced refresh -> retried
+    assert hook.refreshes == before + 1
 
 
 def test_the_hook_refreshes_credentials_that_google_auth_calls_expired(sim, kube, pools):

@@ -106,3 +106,20 @@ def test_the_clock_is_the_event_log_not_the_last_message_write(bench):
     bench.store.request_abort(holder)
     bench.clock.advance(601)
     assert _overdue(bench)[holder]["wait"] == "abort" and _overdue(bench)[holder]["age_s"] == 601
+
+
+def test_a_task_past_its_start_deadline_is_listed_three_ticks_past_it_unless_it_has_run(bench):
+    """The queue is left alone: a Waiting task with a start deadline is listed once the
+    deadline and its grace have passed (counted from its submission); one that has run
+    (a disruption of the fleet on record) is not, whatever its deadline."""
+    first, late, ran = bench.submit("alice"), bench.submit("bob", start_deadline_s=600), bench.submit("carol", start_deadline_s=600)
+    bench.step(ClusterView(reservation=ReservationView(count=4, in_use=0)))
+    assert bench.phase(late) == "Pending/Waiting" and bench.phase(first) == "Pending/Provisioning"
+    bench.store.record_disruption(ran, 0, "maintenance", "node-1", f"falcon-task-{ran}", "drained")
+    bench.clock.advance(600 + 3)  # the deadline and less than its grace
+    assert late not in _overdue(bench)
+    bench.clock.advance(2)
+    row = _overdue(bench)[late]
+    assert row["wait"] == "start-deadline" and row["action"] == "fail" and row["limit_s"] == 600
+    assert row["since"] == "2026-12-01T12:00:00"
+    assert ran not in _overdue(bench)

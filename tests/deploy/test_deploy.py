@@ -361,7 +361,7 @@ def test_secret_example_shows_every_secret_the_pods_reference_and_is_not_applied
         for v in pod.get("volumes", []):
             if "secret" in v:
                 refs |= {(v["secret"]["secretName"], item["key"]) for item in v["secret"]["items"]}
-    assert refs == {("falcon-db", "url"), ("falcon-ray-auth", "auth_token")}
+    assert refs == {("falcon-db", "url"), ("falcon-ray-auth", "auth_token"), ("falcon-api-token", "token")}
     for name, key in refs:
         secret = example[name]
         assert secret["kind"] == "Secret" and secret["metadata"]["namespace"] == "falcon"
@@ -491,12 +491,31 @@ def test_podmonitor_scrapes_rays_metrics_port_on_the_head_pod():
         assert r.get("action", "replace") in ("replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep")
 
 
-def test_network_policy_leaves_only_the_metrics_port_open():
+def test_network_policy_leaves_only_the_metrics_and_health_ports_open():
     np = one(KUBERAY / "networkpolicy.yaml")
     assert np["spec"]["podSelector"]["matchLabels"] == {"ray.io/cluster": "falcon"}
     assert np["spec"]["policyTypes"] == ["Ingress"]
     ports = [p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]]
-    assert ports == [int(head_spec()["rayStartParams"]["metrics-export-port"])]
+    assert ports == [int(head_spec()["rayStartParams"]["metrics-export-port"]), Settings().health_port]
+
+
+def test_the_api_service_reaches_the_controllers_health_port_and_its_token_is_the_mounted_secret(tmp_path):
+    """The read API (docs/api.md) is exposed by the Service falcon-api on the head pod's
+    health port, and the settings name the file the token Secret is mounted as."""
+    svc = one(KUBERAY / "service.yaml")
+    assert svc["kind"] == "Service" and svc["metadata"]["name"] == "falcon-api"
+    assert svc["spec"]["selector"] == {"ray.io/cluster": raycluster()["metadata"]["name"], "ray.io/node-type": "head"}
+    (port,) = svc["spec"]["ports"]
+    ctl = container(CONTROLLER)
+    assert named_port(ctl, port["targetPort"]) == Settings().health_port == port["port"]
+    path = tmp_path / "config.yaml"
+    path.write_text(one(KUBERAY / "configmap.yaml")["data"]["config.yaml"])
+    token_file = load_settings(path).api_token_file
+    assert token_file is not None
+    mount = next(m for m in ctl["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in head_spec()["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "falcon-api-token"
+    assert [f"{mount['mountPath']}/{i['path']}" for i in volume["secret"]["items"]] == [token_file]
 
 
 def test_db_upgrade_job_runs_a_real_falcon_ray_command():

@@ -1,5 +1,5 @@
 """`falcon-ray demo --hold` as a newcomer runs it, inspected from other processes with no
-flags: `queues`, `health`, the dashboard's HTTP API, the notebooks, `queues --watch`, then
+flags: `queues`, `health`, the dashboard's HTTP API, the notebooks, `queues --watch`, the read API, then
 Ctrl-C. One demo process serves the whole module (the tests run in file order and the
 last one stops it); every wait is bounded and the demo's process group is killed at the
 end whatever happened.
@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.harness import api_contract as contract
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from falcon_ray.cli import main; main()"]
@@ -114,9 +116,16 @@ class Demo:
             pass
 
 
+API_TOKEN = "demo-api-token-0123456789"
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    d = Demo(tmp_path_factory.mktemp("demo-inspect"))
+    tmp = tmp_path_factory.mktemp("demo-inspect")
+    token, config = tmp / "api-token", tmp / "settings.yaml"
+    token.write_text(API_TOKEN + "\n")
+    config.write_text(f"api_token_file: {token}\n")  # the demo's profile, and a token for the read API
+    d = Demo(tmp, args=("--config", str(config)))
     try:
         d.start()
         yield d
@@ -128,10 +137,11 @@ def demo(tmp_path_factory):
 def test_tasks_from_stdin_and_a_bad_line_does_not_kill_the_demo(demo):
     r = demo.record
     assert r["namespace"] == "falcon", r
-    for key in ("ray_address", "dashboard_url", "metrics_url", "db_url"):
+    for key in ("ray_address", "dashboard_url", "metrics_url", "db_url", "api"):
         assert r.get(key), (key, r)
     err = demo.err()
-    for needle in ("dashboard", r["dashboard_url"], r["ray_address"], "namespace    falcon", r["metrics_url"], r["db_url"], "falcon-ray queues --watch"):
+    for needle in ("dashboard", r["dashboard_url"], r["ray_address"], "namespace    falcon", r["metrics_url"], r["db_url"],
+                   f"api          {r['api']}", "falcon-ray queues --watch"):  # fmt: skip
         assert needle in err, (needle, err[-3000:])
     demo.feed("this is not json\n")
     demo.feed('{"actor": "x"}\n')
@@ -256,6 +266,39 @@ def test_queues_watch_redraws_and_ends_cleanly_on_ctrl_c(demo):
     assert "=" * 78 in text, "frames on a non-terminal are separated"
     assert "hold-long" in text and "RUN" in text and "POOL" in text, text[-2000:]
     assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.timeout(400)
+def test_the_read_api_of_the_demo_keeps_its_contract(demo):
+    """The API the record names: probes open, /v1 behind the token of the settings' file,
+    404 and 422 as JSON, tasks as the upper layer follows them, a large queue paged. The
+    queue's tasks are aborted at the end (the upper layer's abort), so the demo stops as before."""
+    base = demo.record["api"]
+    contract.check_probes_open(base)
+    contract.check_token(base, API_TOKEN)
+    contract.check_bad_input(base, API_TOKEN)
+    contract.check_openapi(base)
+    long = demo.wait_task("hold-long", lambda t: t.status == "Running")
+    body = contract.task(base, API_TOKEN, long.id)
+    assert (body["status"], body["topology"], body["position"]) == ("Running", "2x2", None), body
+    assert body["cluster"] == demo.store.get_cluster(long.cluster_id).name
+    done = demo.wait_task("by-hand", lambda t: t.status == "Succeeded")
+    assert contract.task(base, API_TOKEN, done.id)["status"] == "Succeeded"
+
+    spec = {"tpu_type": "v6e", "topology": "2x2", "image": "img:1", "command": ["python", "run.py"],
+            "env": {"FALCON_SIM_RUN_SECONDS": "900"}, "supply_mode": "reservation"}  # fmt: skip
+    ids = [demo.store.submit_task(f"api{i % 5}", spec, name=f"api-queue-{i}") for i in range(40)]
+    try:
+        q = contract.check_large_queue(base, API_TOKEN, at_least=12)
+        w = contract.task(base, API_TOKEN, q["waiting"][-1]["id"])
+        assert w["reason"] == "Waiting" and w["position"] == q["waiting"][-1]["position"] and w["ahead"] == w["position"] - 1
+        clusters = contract.check_clusters(base, API_TOKEN, {"edge-a", "edge-b"})
+        assert clusters["edge-a"]["reservation"] is not None and clusters["edge-b"]["reservation"] is None, clusters
+    finally:
+        for tid in ids:
+            demo.store.request_abort(tid)
+    for tid in ids:
+        demo.wait_task(f"api-queue-{ids.index(tid)}", lambda t: t.terminal, timeout=180)
 
 
 @pytest.mark.timeout(300)

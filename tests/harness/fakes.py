@@ -114,7 +114,7 @@ class QueueBench:
         self.settings = Settings(**settings)
         self.port = FakePort()
         self.topology = topology
-        self.poller = IntakePoller(self.settings, self.store, self.port)
+        self.poller = IntakePoller(self.settings, self.store, self.port, clock=self.clock)
         self.queue = self.restart()
 
     def restart(self, cluster_actor_too: bool = False) -> QueueReconciler:

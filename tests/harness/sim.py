@@ -14,6 +14,16 @@ Contract
 * ``gke_client``, ``compute_client``, ``kube_api_client``, ``google_credentials``:
   the REAL clients, aimed at the simulator; ``poll_until`` waits with a deadline;
   ``wait_operation`` polls a GKE operation until DONE.
+* ``virtual_sim`` (function scope): :data:`SIM_TEST_FLEET` on a ``ManualClock``, started
+  for the test, google-auth pointed at its metadata server (and back after).
+* ``virtual_fleet(config)``: a :class:`SimFleet` on a ``ManualClock`` (the model's time
+  moves only when the test says); ``advance_until(fleet, probe, within)`` moves it from
+  timer to timer until ``probe()`` holds and says how many of its seconds that took;
+  ``wait_operation(..., fleet=F)`` does the same for an operation.
+* ``InThread(fn)``: a client call that blocks (a watch stream read to its end) on a thread
+  of its own while the test moves the fleet's clock; ``open_watches(fleet, cluster, n)``
+  waits until the fleet holds ``n`` open watches of a cluster, so the test moves the clock
+  only once the stream is open.
 * ``private_fleet_config(clusters, **timings)``: a fleet without authentication
   for tests that need clusters of their own (regional ones, tight capacity).
 
@@ -24,13 +34,16 @@ faults), ``sim-k`` (128 chips: Kubernetes tests keep a pool here).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from falcon_ray.clock import ManualClock
 from falcon_ray.sim.auth import use_sim_metadata
 from falcon_ray.sim.fleet import FleetConfig, parse_fleet
 from falcon_ray.sim.server import SimFleet
@@ -93,12 +106,12 @@ def reset_sim_faults(fleet: SimFleet) -> None:
     fleet.reset_faults()
 
 
-@pytest.fixture(scope="session")
-def sim_fleet() -> Iterator[SimFleet]:
+@contextlib.contextmanager
+def _metadata_of(fleet: SimFleet) -> Iterator[SimFleet]:
+    """``fleet`` started, with google-auth pointed at its metadata server; both undone after."""
     saved = {k: os.environ.get(k) for k in _METADATA_ENV}
     metadata_module = sys.modules.get("google.auth.compute_engine._metadata")
     saved_host = getattr(metadata_module, "_GCE_METADATA_HOST", None)
-    fleet = SimFleet(sim_test_config())
     endpoints = fleet.start()
     use_sim_metadata(endpoints["metadata"])
     try:
@@ -113,6 +126,19 @@ def sim_fleet() -> Iterator[SimFleet]:
         module = sys.modules.get("google.auth.compute_engine._metadata")
         if module is not None and saved_host is not None:
             module._GCE_METADATA_HOST = saved_host  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def sim_fleet() -> Iterator[SimFleet]:
+    with _metadata_of(SimFleet(sim_test_config())) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def virtual_sim() -> Iterator[SimFleet]:
+    """:data:`SIM_TEST_FLEET` on a ``ManualClock``, for one test, with google-auth pointed at it."""
+    with _metadata_of(virtual_fleet(sim_test_config())) as fleet:
+        yield fleet
 
 
 @pytest.fixture
@@ -190,6 +216,57 @@ def poll_until(probe, timeout: float = 5.0, interval: float = 0.05, what: str = 
         time.sleep(interval)  # wall-clock: polls the HTTP sim's server thread over loopback
 
 
+def virtual_fleet(config: FleetConfig) -> SimFleet:
+    """A fleet (not started) whose model runs on a ``ManualClock``: see ``SimFleet``'s contract."""
+    return SimFleet(config, clock=ManualClock())
+
+
+def advance_until(fleet: SimFleet, probe, within: float, what: str = "condition"):
+    """Move ``fleet``'s clock to its next timer, again and again, until ``probe()`` returns
+    something truthy; return ``(that, the fleet's seconds it took)``. Fail when ``within``
+    of the fleet's seconds passed first (the bound is virtual: the claim can be exact)."""
+    start = fleet.clock.monotonic()
+    while True:
+        last = probe()
+        if last:
+            return last, fleet.clock.monotonic() - start
+        left = start + within - fleet.clock.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{what} did not happen within {within} s of the fleet's clock; last value: {last!r}")
+        due = fleet.next_timer()
+        fleet.advance(left if due is None else min(due, left))
+
+
+class InThread:
+    """``fn()`` on a thread of its own; ``result()`` joins it and returns what it returned or
+    raises what it raised (see the module's contract)."""
+
+    def __init__(self, fn) -> None:
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._out["error"] = e
+
+    def result(self, timeout: float = 30.0):
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the client's call did not return"
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
+def open_watches(fleet: SimFleet, cluster: str, n: int) -> None:
+    """Until ``fleet`` holds ``n`` open watches of ``cluster`` (a client's thread opens them)."""
+    poll_until(
+        lambda: fleet.stats()["clusters"][cluster]["kubernetes"]["open_watches"] == n, 10, what=f"{n} open watches"
+    )
+
+
 def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> FleetConfig:
     """A fleet of ``clusters`` without authentication, every cluster with :data:`FAST_TIMINGS` + ``timings``."""
     return parse_fleet(
@@ -202,16 +279,15 @@ def private_fleet_config(clusters: list[dict[str, Any]], **timings: float) -> Fl
     )
 
 
-def wait_operation(gke, location: str, op, timeout: float = 5.0):
-    """Poll a GKE operation (``location`` = ``projects/P/locations/L``) until DONE; return it."""
+def wait_operation(gke, location: str, op, timeout: float = 5.0, fleet: SimFleet | None = None):
+    """Poll a GKE operation (``location`` = ``projects/P/locations/L``) until DONE; return it.
+    With ``fleet`` (one given a clock) it moves the fleet's clock instead, ``timeout`` of its seconds."""
     from google.cloud import container_v1
 
-    return poll_until(
-        lambda: (
-            (o := gke.get_operation(name=f"{location}/operations/{op.name}")).status
-            == container_v1.Operation.Status.DONE
-            and o
-        ),
-        timeout,
-        what=f"operation {op.name} DONE",
-    )
+    def done():
+        o = gke.get_operation(name=f"{location}/operations/{op.name}")
+        return o.status == container_v1.Operation.Status.DONE and o
+
+    if fleet is not None:
+        return advance_until(fleet, done, timeout, what=f"operation {op.name} DONE")[0]
+    return poll_until(done, timeout, what=f"operation {op.name} DONE")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 
@@ -16,7 +15,7 @@ from google.auth import compute_engine
 from google.auth.credentials import AnonymousCredentials
 from kubernetes import client as k8s
 
-from tests.harness.sim import compute_client, gke_client, google_credentials, kube_api_client, poll_until
+from tests.harness.sim import compute_client, gke_client, google_credentials, kube_api_client
 
 A_CLUSTER = "projects/proj-sim-a/locations/us-east5-b/clusters/sim-a"
 K_CLUSTER = "projects/proj-sim-k/locations/europe-west4-a/clusters/sim-k"
@@ -97,7 +96,8 @@ def test_missing_or_unknown_tokens_get_401_on_every_api(sim):
     assert status["kind"] == "Status" and status["reason"] == "Unauthorized" and status["code"] == 401
 
 
-def test_expired_tokens_are_refused_and_google_auth_refreshes(sim):
+def test_expired_tokens_are_refused_and_google_auth_refreshes(virtual_sim):
+    sim = virtual_sim  # token lifetimes on the fleet's clock, moved by the test
     sim.set_auth(token_ttl=1)
     credentials = google_credentials()
     request = google.auth.transport.requests.Request()
@@ -115,20 +115,26 @@ def test_expired_tokens_are_refused_and_google_auth_refreshes(sim):
             return e.status == 401
         return False
 
-    poll_until(refused, timeout=3, what="the 1 s token to expire")
+    sim.advance(0.9)
+    assert not refused()  # still good just before its second is up
+    sim.advance(0.1)
+    assert refused()  # and refused at it
     credentials.refresh(request)
     assert credentials.token != first
     k8s.CoreV1Api(kube_api_client(sim, "sim-k", token=credentials.token)).list_node()
 
 
-def test_cluster_token_ttl_fault_refuses_tokens_google_auth_still_trusts(sim):
+def test_cluster_token_ttl_fault_refuses_tokens_google_auth_still_trusts(virtual_sim):
+    sim = virtual_sim  # token ages on the fleet's clock, moved by the test
     credentials = google_credentials()
     credentials.refresh(google.auth.transport.requests.Request())
     first = credentials.token
     gke = gke_client(sim, credentials=credentials)
     core_k = k8s.CoreV1Api(kube_api_client(sim, "sim-k", token=first))
     sim.set_faults("sim-k", token_ttl=0.5)
-    time.sleep(0.55)
+    sim.advance(0.4)
+    core_k.list_node()  # younger than the cluster's limit: accepted
+    sim.advance(0.1)
     assert credentials.valid  # a 3600 s token, as far as google-auth knows
     with pytest.raises(k8s.ApiException) as err:
         core_k.list_node()

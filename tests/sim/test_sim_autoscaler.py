@@ -1,19 +1,17 @@
 """The simulated cluster autoscaler, driven by the real container_v1 and kubernetes clients.
 
-Each test has a fleet of its own (one zonal cluster of 8 chips) so capacity and timings are exact.
+Each test has a fleet of its own (one zonal cluster of 8 chips) on a ``ManualClock``: the
+autoscaler's timings pass when the test moves the fleet's clock, so they are asserted exactly.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import container_v1
 from kubernetes import client as k8s
 
-from falcon_ray.sim.server import SimFleet
-from tests.harness.sim import gke_client, poll_until, private_fleet_config, wait_operation
+from tests.harness.sim import advance_until, gke_client, private_fleet_config, virtual_fleet, wait_operation
 
 PROJECT, ZONE, NAME = "proj-as", "us-east5-b", "as-1"
 LOCATION = f"projects/{PROJECT}/locations/{ZONE}"
@@ -33,7 +31,7 @@ def fleet():
         node_pool_create=0.15,
         node_pool_delete=0.1,
     )
-    with SimFleet(config) as running:
+    with virtual_fleet(config) as running:
         yield running
 
 
@@ -62,8 +60,8 @@ def pool_request(name, *, flex=False, initial=0, min_nodes=0, max_nodes=1, topol
     return pool
 
 
-def create(gke, request):
-    done = wait_operation(gke, LOCATION, gke.create_node_pool(parent=PARENT, node_pool=request))
+def create(fleet, gke, request):
+    done = wait_operation(gke, LOCATION, gke.create_node_pool(parent=PARENT, node_pool=request), fleet=fleet)
     assert not done.error.message, done.error.message
     return done
 
@@ -98,20 +96,21 @@ def pool_stats(fleet, name):
 
 def test_flex_pool_gets_a_node_only_once_a_pending_pod_selects_it(fleet):
     gke, core = clients(fleet)
-    create(gke, pool_request("falcon-flex", flex=True))
+    create(fleet, gke, pool_request("falcon-flex", flex=True))
     core.create_namespaced_pod(NS, tpu_pod("elsewhere", "no-such-pool"))  # selects another pool
-    time.sleep(SCALE_UP + FLEX_WAIT + REGISTER + 0.3)
+    fleet.advance(3600)  # an hour, not a moment past the flex wait
     assert nodes(core, "falcon-flex") == []  # RUNNING with no node: no pending pod selects it
     assert pool_stats(fleet, "falcon-flex")["first_node_at"] is None
 
-    asked = time.monotonic()
     core.create_namespaced_pod(NS, tpu_pod("wants-flex", "falcon-flex"))
-    (node,) = poll_until(lambda: nodes(core, "falcon-flex"), what="the flex node")
-    assert time.monotonic() - asked >= SCALE_UP + FLEX_WAIT + REGISTER - 0.05  # waited for capacity too
+    (node,), waited = advance_until(fleet, lambda: nodes(core, "falcon-flex"), 60, "the flex node")
+    assert waited == pytest.approx(SCALE_UP + FLEX_WAIT + REGISTER)  # waited for capacity too, and no longer
     assert core.read_node(node).metadata.labels["cloud.google.com/gke-flex-start"] == "true"
-    pod = poll_until(
+    pod, _ = advance_until(
+        fleet,
         lambda: (p := core.read_namespaced_pod("wants-flex", NS)).status.phase == "Running" and p,
-        what="the pod to run on the new node",
+        60,
+        "the pod to run on the new node",
     )
     assert pod.spec.node_name == node
     stats = pool_stats(fleet, "falcon-flex")
@@ -121,9 +120,9 @@ def test_flex_pool_gets_a_node_only_once_a_pending_pod_selects_it(fleet):
 
 def test_multi_host_flex_pool_grows_by_the_whole_slice(fleet):
     gke, core = clients(fleet)
-    create(gke, pool_request("falcon-slice", flex=True, max_nodes=2, topology="2x4"))
+    create(fleet, gke, pool_request("falcon-slice", flex=True, max_nodes=2, topology="2x4"))
     core.create_namespaced_pod(NS, tpu_pod("host-0", "falcon-slice"))  # one pod still needs the slice
-    found = poll_until(lambda: nodes(core, "falcon-slice"), what="the slice's nodes")
+    found, _ = advance_until(fleet, lambda: nodes(core, "falcon-slice"), 60, "the slice's nodes")
     assert len(found) == 2  # both hosts register together
     assert fleet.stats()["clusters"][NAME]["chips_committed"] == 8
 
@@ -148,20 +147,22 @@ def test_flex_scale_up_with_no_chips_free_keeps_waiting(fleet):
         config=container_v1.NodeConfig(machine_type="ct6e-standard-4t"),
         placement_policy=container_v1.NodePool.PlacementPolicy(type_=1, tpu_topology="2x4"),
     )
-    create(gke, on_demand)  # takes all 8 chips
-    create(gke, pool_request("falcon-wait", flex=True))
+    create(fleet, gke, on_demand)  # takes all 8 chips
+    create(fleet, gke, pool_request("falcon-wait", flex=True))
     core.create_namespaced_pod(NS, tpu_pod("patient", "falcon-wait"))
-    time.sleep(3 * (SCALE_UP + FLEX_WAIT) + REGISTER)
+    fleet.advance(3600)  # an hour of retried scale-ups, not three
     assert nodes(core, "falcon-wait") == []
     pool = gke.get_node_pool(name=f"{PARENT}/nodePools/falcon-wait")
     assert pool.status == container_v1.NodePool.Status.RUNNING and not pool.status_message  # never fails
     assert core.read_namespaced_pod("patient", NS).status.phase == "Pending"
 
-    wait_operation(gke, LOCATION, gke.delete_node_pool(name=f"{PARENT}/nodePools/falcon-hog"))
-    poll_until(lambda: nodes(core, "falcon-wait"), what="the flex node once chips are free")
-    poll_until(
+    wait_operation(gke, LOCATION, gke.delete_node_pool(name=f"{PARENT}/nodePools/falcon-hog"), fleet=fleet)
+    advance_until(fleet, lambda: nodes(core, "falcon-wait"), 60, "the flex node once chips are free")
+    advance_until(
+        fleet,
         lambda: core.read_namespaced_pod("patient", NS).status.phase in ("Running", "Succeeded"),
-        what="the pod to run",
+        60,
+        "the pod to run",
     )
 
 
@@ -169,14 +170,13 @@ def test_empty_nodes_are_removed_after_the_timeout_but_not_below_min(fleet):
     scale_down = 0.4
     fleet.set_timings(NAME, autoscaler_scale_down=scale_down)
     gke, core = clients(fleet)
-    create(gke, pool_request("falcon-min1", initial=2, min_nodes=1, max_nodes=2))
-    poll_until(lambda: len(nodes(core, "falcon-min1")) == 2, what="2 nodes")
-    registered = time.monotonic()
-    time.sleep(scale_down / 2)
+    create(fleet, gke, pool_request("falcon-min1", initial=2, min_nodes=1, max_nodes=2))
+    advance_until(fleet, lambda: len(nodes(core, "falcon-min1")) == 2, 60, "2 nodes")
+    fleet.advance(scale_down / 2)
     assert len(nodes(core, "falcon-min1")) == 2  # not empty for long enough yet
-    poll_until(lambda: len(nodes(core, "falcon-min1")) == 1, what="scale-down to min")
-    assert time.monotonic() - registered >= scale_down - 0.05
-    time.sleep(2 * scale_down)
+    _, waited = advance_until(fleet, lambda: len(nodes(core, "falcon-min1")) == 1, 60, "scale-down to min")
+    assert scale_down / 2 <= waited <= scale_down / 2 + 0.05  # at the timeout, not before, not much after
+    fleet.advance(3600)
     assert len(nodes(core, "falcon-min1")) == 1  # min 1 holds
     assert fleet.stats()["clusters"][NAME]["chips_committed"] == 4
 
@@ -184,20 +184,18 @@ def test_empty_nodes_are_removed_after_the_timeout_but_not_below_min(fleet):
 def test_busy_nodes_stay_and_an_autoscaled_pool_scales_from_zero_again(fleet):
     fleet.set_timings(NAME, autoscaler_scale_down=0.3)
     gke, core = clients(fleet)
-    create(gke, pool_request("falcon-busy", initial=2, min_nodes=0, max_nodes=2))
-    poll_until(lambda: len(nodes(core, "falcon-busy")) == 2, what="2 nodes")
+    create(fleet, gke, pool_request("falcon-busy", initial=2, min_nodes=0, max_nodes=2))
+    advance_until(fleet, lambda: len(nodes(core, "falcon-busy")) == 2, 60, "2 nodes")
     core.create_namespaced_pod(NS, tpu_pod("long", "falcon-busy", run="1.0"))
-    pod = poll_until(
-        lambda: (p := core.read_namespaced_pod("long", NS)).status.phase == "Running" and p, what="Running"
+    pod, _ = advance_until(
+        fleet, lambda: (p := core.read_namespaced_pod("long", NS)).status.phase == "Running" and p, 60, "Running"
     )
-    assert poll_until(lambda: nodes(core, "falcon-busy") == [pod.spec.node_name], what="only the busy node")
-    poll_until(lambda: nodes(core, "falcon-busy") == [], timeout=4, what="scale-down to 0 after the pod")
+    advance_until(fleet, lambda: nodes(core, "falcon-busy") == [pod.spec.node_name], 60, "only the busy node")
+    advance_until(fleet, lambda: nodes(core, "falcon-busy") == [], 60, "scale-down to 0 after the pod")
     assert fleet.stats()["clusters"][NAME]["chips_committed"] == 0
     pool = gke.get_node_pool(name=f"{PARENT}/nodePools/falcon-busy")
     assert pool.status == container_v1.NodePool.Status.RUNNING
 
-    asked = time.monotonic()
     core.create_namespaced_pod(NS, tpu_pod("again", "falcon-busy"))
-    poll_until(lambda: len(nodes(core, "falcon-busy")) == 1, what="scale-up from zero")
-    waited = time.monotonic() - asked
-    assert SCALE_UP + REGISTER - 0.05 <= waited < SCALE_UP + FLEX_WAIT + REGISTER  # no flex-start wait
+    _, waited = advance_until(fleet, lambda: len(nodes(core, "falcon-busy")) == 1, 60, "scale-up from zero")
+    assert waited == pytest.approx(SCALE_UP + REGISTER)  # no flex-start wait

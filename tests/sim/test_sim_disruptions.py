@@ -1,14 +1,15 @@
 """GKE disrupting running work in the sim (maintenance, repair, reclaim) and the Job controller's
 podFailurePolicy, driven by the real container_v1 and kubernetes clients.
 
-Each test has a fleet of its own (one zonal cluster, no authentication) with small timings.
+Each test has a fleet of its own (one zonal cluster, no authentication) on a ``ManualClock``:
+the notices, drains, repairs and scale-ups pass when the test moves the fleet's clock
+(``wait_for`` moves it from timer to timer; its bounds are the fleet's seconds).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 import urllib.request
 
 import pytest
@@ -18,8 +19,7 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from pydantic import ValidationError
 
-from falcon_ray.sim.server import SimFleet
-from tests.harness.sim import gke_client, poll_until, private_fleet_config, wait_operation
+from tests.harness.sim import advance_until, gke_client, private_fleet_config, virtual_fleet, wait_operation
 
 PROJECT, ZONE, NAME = "proj-dis", "us-east5-b", "dis-1"
 LOCATION = f"projects/{PROJECT}/locations/{ZONE}"
@@ -49,7 +49,7 @@ def fleet():
     config = private_fleet_config(
         [{"name": NAME, "project": PROJECT, "location": ZONE, "chips": 64}], **TIMINGS
     )
-    with SimFleet(config) as running:
+    with virtual_fleet(config) as running:
         yield running
 
 
@@ -59,7 +59,7 @@ def apis(fleet):
     return gke_client(fleet, credentials=AnonymousCredentials()), k8s.BatchV1Api(api), k8s.CoreV1Api(api)
 
 
-def make_pool(gke, core, name, hosts=1, topology="2x2", flex=False):
+def make_pool(fleet, gke, core, name, hosts=1, topology="2x2", flex=False):
     config = container_v1.NodeConfig(
         machine_type="ct6e-standard-4t", labels={"managed-by": "falcon"}, flex_start=flex or None
     )
@@ -72,10 +72,15 @@ def make_pool(gke, core, name, hosts=1, topology="2x2", flex=False):
         pool.placement_policy = container_v1.NodePool.PlacementPolicy(
             type_=container_v1.NodePool.PlacementPolicy.Type.COMPACT, tpu_topology=topology
         )
-    done = wait_operation(gke, LOCATION, gke.create_node_pool(parent=PARENT, node_pool=pool))
+    done = wait_operation(gke, LOCATION, gke.create_node_pool(parent=PARENT, node_pool=pool), fleet=fleet)
     assert not done.error.message, done.error.message
     if not flex:
-        poll_until(lambda: len(nodes_of(core, name)) == hosts, what=f"{hosts} nodes of {name}")
+        wait_for(fleet, lambda: len(nodes_of(core, name)) == hosts, what=f"{hosts} nodes of {name}")
+
+
+def wait_for(fleet, probe, timeout=5.0, what="condition"):
+    """What ``probe()`` returns once it holds, moving the fleet's clock (``timeout`` of its seconds)."""
+    return advance_until(fleet, probe, timeout, what)[0]
 
 
 def nodes_of(core, pool):
@@ -136,7 +141,7 @@ def job_body(
 ON_DISRUPTION = {"onPodConditions": [{"type": "DisruptionTarget"}]}
 
 
-def finished(batch, name, timeout=8.0):
+def finished(fleet, batch, name, timeout=8.0):
     def probe():
         job = batch.read_namespaced_job(name, NS)
         done = [
@@ -144,21 +149,23 @@ def finished(batch, name, timeout=8.0):
         ]
         return (job, done[0]) if done else None
 
-    return poll_until(probe, timeout, what=f"Job {name} to finish")
+    return wait_for(fleet, probe, timeout, what=f"Job {name} to finish")
 
 
-def running(batch, name, count=1, timeout=5.0):
-    return poll_until(
+def running(fleet, batch, name, count=1, timeout=5.0):
+    return wait_for(
+        fleet,
         lambda: (j := batch.read_namespaced_job(name, NS)).status.ready == count and j,
         timeout,
         what=f"{name} ready",
     )
 
 
-def history(list_fn, rv, *args, seconds=1):
-    """Every change after ``rv`` the watch replays (objects as dicts), as ``(type, object)``."""
+def history(list_fn, rv, *args, seconds=0):
+    """Every change after ``rv`` the watch replays (objects as dicts), as ``(type, object)``: the
+    history up to now (the fleet's clock does not move while the watch is open)."""
     out = []
-    stream = watch.Watch().stream(list_fn, *args, resource_version=rv, timeout_seconds=seconds)
+    stream = watch.Watch().stream(list_fn, *args, resource_version=rv, timeout_seconds=seconds, _request_timeout=30)
     for ev in stream:
         out.append((ev["type"], ev["raw_object"]))
     return out
@@ -181,20 +188,22 @@ def events(core, name):
 
 def test_maintenance_on_a_single_host_pool_notices_drains_and_brings_the_node_back(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "m1")
+    make_pool(fleet, gke, core, "m1")
     (node,) = [n.metadata.name for n in nodes_of(core, "m1")]
     batch.create_namespaced_job(NS, job_body("m1-job", "m1", disrupt="maintenance@0.2"))
-    running(batch, "m1-job")
+    running(fleet, batch, "m1-job")
     rv = core.list_namespaced_pod(NS).metadata.resource_version
     jobs_rv = batch.list_namespaced_job(NS).metadata.resource_version
 
-    notice = poll_until(
+    notice = wait_for(
+        fleet,
         lambda: (n := core.read_node(node)).metadata.labels.get(SCHEDULED) and n, what="notice"
     )
     assert ACTIVE not in notice.metadata.labels and not notice.spec.unschedulable
     assert int(notice.metadata.labels[SCHEDULED]) > 0
 
-    drained = poll_until(
+    drained = wait_for(
+        fleet,
         lambda: (n := core.read_node(node)).metadata.labels.get(ACTIVE) == "ONGOING" and n, what="drain"
     )
     assert drained.spec.unschedulable is True
@@ -202,7 +211,7 @@ def test_maintenance_on_a_single_host_pool_notices_drains_and_brings_the_node_ba
     ready = next(c for c in drained.status.conditions if c.type == "Ready")
     assert (ready.status, ready.message) == ("False", "node is shutting down")
 
-    job, cond = finished(batch, "m1-job")
+    job, cond = finished(fleet, batch, "m1-job")
     assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")  # no podFailurePolicy: counted
     assert job.status.failed == 1 and not job.status.active and job.status.ready == 0
     (pod,) = [p for p in core.list_namespaced_pod(NS).items if p.metadata.labels["job-name"] == "m1-job"]
@@ -213,7 +222,8 @@ def test_maintenance_on_a_single_host_pool_notices_drains_and_brings_the_node_ba
     term = pod.status.container_statuses[0].state.terminated
     assert (term.exit_code, term.reason) == (143, "Error")
 
-    back = poll_until(
+    back = wait_for(
+        fleet,
         lambda: (n := core.read_node(node)).metadata.labels.get(ACTIVE) is None and n, what="back"
     )
     assert SCHEDULED not in back.metadata.labels and not back.spec.unschedulable
@@ -242,7 +252,7 @@ def test_maintenance_on_a_single_host_pool_notices_drains_and_brings_the_node_ba
 
 def test_maintenance_of_a_multi_host_slice_fails_every_pod_and_fail_job_names_the_condition(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "m2", hosts=2, topology="2x4")
+    make_pool(fleet, gke, core, "m2", hosts=2, topology="2x4")
     policy = [
         {"action": "FailJob", **ON_DISRUPTION},
         {"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [0]}},
@@ -250,8 +260,8 @@ def test_maintenance_of_a_multi_host_slice_fails_every_pod_and_fail_job_names_th
     batch.create_namespaced_job(
         NS, job_body("m2-job", "m2", hosts=2, disrupt="maintenance@0.1", backoff=6, policy=policy)
     )
-    running(batch, "m2-job", 2)
-    job, cond = finished(batch, "m2-job")
+    running(fleet, batch, "m2-job", 2)
+    job, cond = finished(fleet, batch, "m2-job")
     assert (cond.type, cond.reason) == ("Failed", "PodFailurePolicy")
     assert cond.message.startswith(f"Pod {NS}/m2-job-") and cond.message.endswith(
         " has condition DisruptionTarget matching FailJob rule at index 0"
@@ -277,21 +287,23 @@ def test_maintenance_of_a_multi_host_slice_fails_every_pod_and_fail_job_names_th
 
 def test_repair_on_a_single_host_pool_marks_not_ready_then_recreates_the_node(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "r1")
+    make_pool(fleet, gke, core, "r1")
     (node,) = [n.metadata.name for n in nodes_of(core, "r1")]
     batch.create_namespaced_job(NS, job_body("r1-job", "r1", disrupt="repair@0.1"))
-    running(batch, "r1-job")
+    running(fleet, batch, "r1-job")
     pods_rv = core.list_namespaced_pod(NS).metadata.resource_version
     jobs_rv = batch.list_namespaced_job(NS).metadata.resource_version
 
-    unknown = poll_until(
+    unknown = wait_for(
+        fleet,
         lambda: (
             next(c for c in core.read_node(node).status.conditions if c.type == "Ready").status == "Unknown"
         ),
         what="Ready=Unknown",
     )
     assert unknown
-    not_ready = poll_until(
+    not_ready = wait_for(
+        fleet,
         lambda: (j := batch.read_namespaced_job("r1-job", NS)).status.ready == 0 and j, what="ready 0"
     )
     assert not_ready.status.active == 1  # the pod still runs as far as the API knows
@@ -301,9 +313,9 @@ def test_repair_on_a_single_host_pool_marks_not_ready_then_recreates_the_node(fl
         ("node.kubernetes.io/unreachable", "NoExecute"),
     } <= taints
 
-    job, cond = finished(batch, "r1-job")
+    job, cond = finished(fleet, batch, "r1-job")
     assert (cond.reason, job.status.failed) == ("BackoffLimitExceeded", 1)
-    back = poll_until(lambda: [n.metadata.name for n in nodes_of(core, "r1")] == [node], what="node back")
+    back = wait_for(fleet, lambda: [n.metadata.name for n in nodes_of(core, "r1")] == [node], what="node back")
     assert back
     assert next(c for c in core.read_node(node).status.conditions if c.type == "Ready").status == "True"
     assert not core.read_node(node).spec.unschedulable
@@ -329,15 +341,15 @@ def test_repair_on_a_single_host_pool_marks_not_ready_then_recreates_the_node(fl
 
 def test_repair_of_a_multi_host_slice_with_ignore_replaces_every_pod_and_completes(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "r2", hosts=2, topology="2x4")
+    make_pool(fleet, gke, core, "r2", hosts=2, topology="2x4")
     names = sorted(n.metadata.name for n in nodes_of(core, "r2"))
     policy = [{"action": "Ignore", **ON_DISRUPTION}]
     batch.create_namespaced_job(
         NS, job_body("r2-job", "r2", hosts=2, run="1", disrupt="repair@0.1", policy=policy)
     )
-    running(batch, "r2-job", 2)
+    running(fleet, batch, "r2-job", 2)
     pods_rv = core.list_namespaced_pod(NS).metadata.resource_version
-    job, cond = finished(batch, "r2-job")
+    job, cond = finished(fleet, batch, "r2-job")
     assert (cond.type, cond.reason) == ("Complete", "CompletionsReached")
     assert job.status.failed is None and job.status.succeeded == 2  # ignored failures are not counted
     deleted = [o for t, o in history(core.list_namespaced_pod, pods_rv, NS) if t == "DELETED"]
@@ -357,12 +369,12 @@ def test_repair_of_a_multi_host_slice_with_ignore_replaces_every_pod_and_complet
 
 def test_reclaim_of_a_flex_start_node_comes_back_only_through_the_autoscaler(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "f1", flex=True)
+    make_pool(fleet, gke, core, "f1", flex=True)
     batch.create_namespaced_job(NS, job_body("f1-job", "f1", run="1", disrupt="reclaim@0.1", backoff=1))
-    running(batch, "f1-job")
+    running(fleet, batch, "f1-job")
     (first,) = [n.metadata.name for n in nodes_of(core, "f1")]
     pods_rv = core.list_namespaced_pod(NS).metadata.resource_version
-    job, cond = finished(batch, "f1-job")
+    job, cond = finished(fleet, batch, "f1-job")
     assert (cond.type, job.status.failed, job.status.succeeded) == ("Complete", 1, 1)
     (second,) = [n.metadata.name for n in nodes_of(core, "f1")]
     assert second != first  # a new VM from a scale-up, not the reclaimed one
@@ -382,14 +394,12 @@ def test_reclaim_of_a_flex_start_node_comes_back_only_through_the_autoscaler(fle
 
 def test_reclaim_of_a_multi_host_flex_slice_leaves_the_pool_running_without_nodes(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "f2", hosts=2, topology="2x4", flex=True)
+    make_pool(fleet, gke, core, "f2", hosts=2, topology="2x4", flex=True)
     batch.create_namespaced_job(NS, job_body("f2-job", "f2", hosts=2, disrupt="reclaim@0.1"))
-    running(batch, "f2-job", 2, timeout=6)
-    job, cond = finished(batch, "f2-job")
+    running(fleet, batch, "f2-job", 2, timeout=6)
+    job, cond = finished(fleet, batch, "f2-job")
     assert cond.reason == "BackoffLimitExceeded"
-    time.sleep(
-        TIMINGS["autoscaler_scale_up"] + TIMINGS["flex_capacity_wait"] + TIMINGS["node_register"] + 0.3
-    )
+    fleet.advance(3600)  # an hour, not a moment past a scale-up's timings: no node comes back
     assert nodes_of(core, "f2") == []
     pool = gke.get_node_pool(name=f"{PARENT}/nodePools/f2")
     assert pool.status == container_v1.NodePool.Status.RUNNING
@@ -399,12 +409,12 @@ def test_reclaim_of_a_multi_host_flex_slice_leaves_the_pool_running_without_node
 
 def test_reclaim_of_a_non_flex_pool_is_a_preemption_the_vms_come_back(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "p1")
+    make_pool(fleet, gke, core, "p1")
     (node,) = [n.metadata.name for n in nodes_of(core, "p1")]
     batch.create_namespaced_job(NS, job_body("p1-job", "p1", disrupt="reclaim@0.1"))
-    running(batch, "p1-job")
-    finished(batch, "p1-job")
-    poll_until(lambda: [n.metadata.name for n in nodes_of(core, "p1")] == [node], what="the VM recreated")
+    running(fleet, batch, "p1-job")
+    finished(fleet, batch, "p1-job")
+    wait_for(fleet, lambda: [n.metadata.name for n in nodes_of(core, "p1")] == [node], what="the VM recreated")
     (rec,) = stats(fleet)["disruptions"]
     assert rec["kind"] == "reclaim" and rec["restored_at"] is not None
 
@@ -414,13 +424,13 @@ def test_reclaim_of_a_non_flex_pool_is_a_preemption_the_vms_come_back(fleet, api
 
 def test_items_apply_to_successive_runs_of_a_task_across_jobs(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "t1")
+    make_pool(fleet, gke, core, "t1")
     plan = "reclaim@0.1,maintenance@0.1"
     outcomes = []
     for name in ("falcon-task-7", "falcon-task-7-a1", "falcon-task-7-a2"):
         batch.create_namespaced_job(NS, job_body(name, "t1", run="0.6", disrupt=plan, task=7))
-        running(batch, name, timeout=5)
-        outcomes.append(finished(batch, name)[1].type)
+        running(fleet, batch, name, timeout=5)
+        outcomes.append(finished(fleet, batch, name)[1].type)
     assert outcomes == ["Failed", "Failed", "Complete"]
     recs = stats(fleet)["disruptions"]
     assert [(r["kind"], r["jobs"]) for r in recs] == [
@@ -431,10 +441,10 @@ def test_items_apply_to_successive_runs_of_a_task_across_jobs(fleet, apis):
 
 def test_a_malformed_plan_is_ignored_with_a_warning(fleet, apis, caplog):
     gke, batch, core = apis
-    make_pool(gke, core, "x1")
+    make_pool(fleet, gke, core, "x1")
     caplog.set_level(logging.WARNING, logger="falcon_ray.sim.disruptions")
     batch.create_namespaced_job(NS, job_body("x1-job", "x1", run="0.3", disrupt="explode@1,maintenance"))
-    _job, cond = finished(batch, "x1-job")
+    _job, cond = finished(fleet, batch, "x1-job")
     assert cond.type == "Complete"
     assert stats(fleet)["disruption_counts"] == {"maintenance": 0, "repair": 0, "reclaim": 0}
     assert any("malformed FALCON_SIM_DISRUPT" in r.getMessage() for r in caplog.records)
@@ -442,16 +452,16 @@ def test_a_malformed_plan_is_ignored_with_a_warning(fleet, apis, caplog):
 
 def test_the_random_rate_disrupts_nodes_with_running_pods(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "q1")
-    make_pool(gke, core, "q2")  # no pod: never disrupted
+    make_pool(fleet, gke, core, "q1")
+    make_pool(fleet, gke, core, "q2")  # no pod: never disrupted
     batch.create_namespaced_job(NS, job_body("q1-job", "q1", run="30", backoff=3))
-    running(batch, "q1-job")
+    running(fleet, batch, "q1-job")
     with pytest.raises(ValidationError):
         fleet.set_faults(NAME, disruption_kinds=["meteor"])
     with pytest.raises(ValidationError):
         fleet.set_faults(NAME, disruption_rate_per_node_hour=-1)
     fleet.set_faults(NAME, disruption_rate_per_node_hour=36000.0 * 5, disruption_kinds=["repair"])
-    recs = poll_until(lambda: stats(fleet)["disruptions"], timeout=3, what="a random disruption")
+    recs = wait_for(fleet, lambda: stats(fleet)["disruptions"], timeout=3, what="a random disruption")
     fleet.set_faults(NAME, disruption_rate_per_node_hour=0)
     assert recs[0]["kind"] == "repair" and recs[0]["trigger"] == "disruption_rate_per_node_hour"
     assert recs[0]["pool"] == "q1" and recs[0]["jobs"] == [f"{NS}/q1-job"]
@@ -460,7 +470,7 @@ def test_the_random_rate_disrupts_nodes_with_running_pods(fleet, apis):
 
 def test_the_disrupt_endpoint_and_the_fleet_method(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "e1")
+    make_pool(fleet, gke, core, "e1")
     (node,) = [n.metadata.name for n in nodes_of(core, "e1")]
     req = urllib.request.Request(
         f"{fleet.endpoints['gke']}/sim/clusters/{NAME}/disrupt",
@@ -479,7 +489,7 @@ def test_the_disrupt_endpoint_and_the_fleet_method(fleet, apis):
 
 def test_fail_job_on_an_exit_code_not_in_zero(fleet, apis):
     gke, batch, core = apis
-    make_pool(gke, core, "c1")
+    make_pool(fleet, gke, core, "c1")
     policy = [
         {"action": "Ignore", **ON_DISRUPTION},
         {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "NotIn", "values": [0]}},
@@ -487,7 +497,7 @@ def test_fail_job_on_an_exit_code_not_in_zero(fleet, apis):
     batch.create_namespaced_job(
         NS, job_body("c1-job", "c1", run="0.2", exit_code=3, backoff=6, policy=policy)
     )
-    job, cond = finished(batch, "c1-job")
+    job, cond = finished(fleet, batch, "c1-job")
     (pod,) = [p for p in core.list_namespaced_pod(NS).items if p.metadata.labels["job-name"] == "c1-job"]
     assert (cond.type, cond.reason) == ("Failed", "PodFailurePolicy")
     assert cond.message == (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.error
 import urllib.request
 
@@ -22,6 +21,7 @@ from tests.harness.sim import (
     google_credentials,
     kube_api_client,
     poll_until,
+    wait_operation,
 )
 
 A = ("proj-sim-a", "us-east5-b", "sim-a")
@@ -159,7 +159,8 @@ def test_create_pool_operation_runs_then_done_and_nodes_register(sim):
     assert core.list_node(label_selector=selector).items == []
 
 
-def test_flex_start_pool_is_invisible_for_the_lag_then_runs_with_no_nodes(sim):
+def test_flex_start_pool_is_invisible_for_the_lag_then_runs_with_no_nodes(virtual_sim):
+    sim = virtual_sim  # the lag and node registration on the fleet's clock, moved by the test
     gke = gke_client(sim)
     core = k8s.CoreV1Api(kube_api_client(sim, "sim-a"))
     op = gke.create_node_pool(
@@ -168,22 +169,24 @@ def test_flex_start_pool_is_invisible_for_the_lag_then_runs_with_no_nodes(sim):
     with pytest.raises(gexc.NotFound):
         gke.get_node_pool(name=f"{parent(A)}/nodePools/falcon-flex", retry=None)
     assert "falcon-flex" not in [p.name for p in gke.list_node_pools(parent=parent(A)).node_pools]
-    pool = poll_until(
-        lambda: next(
-            (p for p in gke.list_node_pools(parent=parent(A)).node_pools if p.name == "falcon-flex"), None
-        ),
-        what="flex pool to become visible",
-    )
-    assert pool.config.flex_start is True
-    wait_done(gke, A, op)
+
+    def listed():
+        return next((p for p in gke.list_node_pools(parent=parent(A)).node_pools if p.name == "falcon-flex"), None)
+
+    lag = sim_timings(sim, "sim-a", "flex_visibility_lag")
+    sim.advance(lag - 0.001)
+    assert listed() is None  # invisible for the whole lag
+    sim.advance(0.001)
+    pool = listed()  # and visible at its end
+    assert pool is not None and pool.config.flex_start is True
+    wait_operation(gke, f"projects/{A[0]}/locations/{A[1]}", op, 60, fleet=sim)
     assert (
         gke.get_node_pool(name=f"{parent(A)}/nodePools/falcon-flex").status
         == container_v1.NodePool.Status.RUNNING
     )
-    time.sleep(sim_timings(sim, "sim-a", "node_register") + 0.2)
+    sim.advance(600)  # ten minutes, not a moment past node_register (its tokens live an hour)
     # the autoscaler adds nodes only for pending pods (tests/test_sim_autoscaler.py)
     assert core.list_node(label_selector="cloud.google.com/gke-nodepool=falcon-flex").items == []
-    delete_and_wait(gke, A, "falcon-flex")
 
 
 def test_second_pool_operation_while_one_runs_is_failed_precondition(sim):

@@ -3,13 +3,14 @@ do it: Foreground (deletionTimestamp + foregroundDeletion finalizer, pods first)
 Job at once, its pods terminate over ``pod_termination``) and Orphan (the pods stay).
 
 Each test has a fleet of its own: one zonal cluster, no authentication, one single-host pool of
-4 chips, so a second Job needing the TPU can only run once the first Job's pod is gone.
+4 chips, so a second Job needing the TPU can only run once the first Job's pod is gone. The
+fleet runs on a ``ManualClock``: the termination's grace passes when the test moves it, so
+"not before ``pod_termination``" and "at once" are asserted exactly.
 """
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -17,8 +18,7 @@ from google.cloud import container_v1
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from falcon_ray.sim.server import SimFleet
-from tests.harness.sim import gke_client, poll_until, private_fleet_config, wait_operation
+from tests.harness.sim import advance_until, gke_client, private_fleet_config, virtual_fleet, wait_operation
 
 PROJECT, ZONE, NAME = "proj-del", "us-east5-b", "del-1"
 LOCATION = f"projects/{PROJECT}/locations/{ZONE}"
@@ -34,7 +34,7 @@ def fleet():
     config = private_fleet_config(
         [{"name": NAME, "project": PROJECT, "location": ZONE, "chips": 16}], **TIMINGS
     )
-    with SimFleet(config) as running:
+    with virtual_fleet(config) as running:
         yield running
 
 
@@ -48,10 +48,10 @@ def apis(fleet):
         initial_node_count=1,
         config=container_v1.NodeConfig(machine_type="ct6e-standard-4t", labels={"managed-by": "falcon"}),
     )
-    done = wait_operation(gke, LOCATION, gke.create_node_pool(parent=PARENT, node_pool=pool))
+    done = wait_operation(gke, LOCATION, gke.create_node_pool(parent=PARENT, node_pool=pool), fleet=fleet)
     assert not done.error.message, done.error.message
-    poll_until(
-        lambda: core.list_node(label_selector=f"cloud.google.com/gke-nodepool={POOL}").items, what="the node"
+    advance_until(
+        fleet, lambda: core.list_node(label_selector=f"cloud.google.com/gke-nodepool={POOL}").items, 60, "the node"
     )
     return batch, core
 
@@ -85,12 +85,14 @@ def pods_of(core, job: str) -> list:
     return core.list_namespaced_pod(NS, label_selector=f"job-name={job}").items
 
 
-def running_pod(batch, core, job: str, run: str = "30"):
+def running_pod(fleet, batch, core, job: str, run: str = "30"):
     batch.create_namespaced_job(NS, job_body(job, run=run))
-    return poll_until(
+    return advance_until(
+        fleet,
         lambda: next((p for p in pods_of(core, job) if p.status.phase == "Running"), None),
-        what=f"a Running pod of {job}",
-    )
+        60,
+        f"a Running pod of {job}",
+    )[0]
 
 
 def job_events(batch, name: str, since: str) -> list[tuple[str, bool]]:
@@ -103,6 +105,7 @@ def job_events(batch, name: str, since: str) -> list[tuple[str, bool]]:
         resource_version=since,
         field_selector=f"metadata.name={name}",
         timeout_seconds=2,
+        _request_timeout=30,  # the fleet's clock stands still: a missing DELETED fails, not hangs
     ):
         seen.append((ev["type"], ev["object"].metadata.deletion_timestamp is not None))
         if ev["type"] == "DELETED":
@@ -126,10 +129,10 @@ def test_timing_defaults_and_is_validated():
 
 def test_foreground_marks_the_job_deletes_its_pods_then_the_job(fleet, apis):
     batch, core = apis
-    pod = running_pod(batch, core, "fg")
+    pod = running_pod(fleet, batch, core, "fg")
     since = batch.list_namespaced_job(NS).metadata.resource_version
 
-    started = time.monotonic()
+    started = fleet.clock.monotonic()
     raw = batch.delete_namespaced_job("fg", NS, propagation_policy="Foreground", _preload_content=False)
     answered = json.loads(raw.data)
     assert raw.status == 200 and answered["kind"] == "Job"
@@ -149,13 +152,13 @@ def test_foreground_marks_the_job_deletes_its_pods_then_the_job(fleet, apis):
 
     # the terminating pod keeps the node's 4 chips: another Job's pod cannot be placed yet
     batch.create_namespaced_job(NS, job_body("fg-next"))
-    time.sleep(TERMINATION / 2)
+    fleet.advance(TERMINATION / 2)
     assert [p.status.phase for p in pods_of(core, "fg-next")] == ["Pending"]
     assert [p.metadata.name for p in pods_of(core, "fg")] == [pod.metadata.name]  # no replacement
     assert batch.read_namespaced_job("fg", NS).metadata.deletion_timestamp is not None
 
-    poll_until(lambda: not pods_of(core, "fg"), timeout=5, what="the pod of fg to go")
-    assert time.monotonic() - started >= TERMINATION * 0.9
+    advance_until(fleet, lambda: not pods_of(core, "fg"), 60, "the pod of fg to go")
+    assert fleet.clock.monotonic() - started == pytest.approx(TERMINATION)  # the grace, not less, not more
 
     def gone():
         try:
@@ -164,11 +167,14 @@ def test_foreground_marks_the_job_deletes_its_pods_then_the_job(fleet, apis):
             return e.status == 404
         return False
 
-    poll_until(gone, timeout=2, what="Job fg to be removed")
+    _, waited = advance_until(fleet, gone, 60, "Job fg to be removed")
+    assert waited == 0  # with its pods
     assert pods_of(core, "fg") == []  # and the Job controller made no replacement on the way
-    poll_until(
+    advance_until(
+        fleet,
         lambda: [p.status.phase for p in pods_of(core, "fg-next")] == ["Running"],
-        what="the next Job's pod to run once the TPU is free",
+        60,
+        "the next Job's pod to run once the TPU is free",
     )
 
     events = job_events(batch, "fg", since)
@@ -178,16 +184,16 @@ def test_foreground_marks_the_job_deletes_its_pods_then_the_job(fleet, apis):
 
     rec = record(fleet, "fg")
     assert len(rec["deleted_at"]) == 1 and len(rec["gone_at"]) == 1
-    assert rec["gone_at"][0] - rec["deleted_at"][0] >= TERMINATION * 0.9
+    assert rec["gone_at"][0] - rec["deleted_at"][0] == pytest.approx(TERMINATION)
 
 
 def test_foreground_removes_a_job_with_only_finished_pods_at_once(fleet, apis):
     batch, core = apis
     batch.create_namespaced_job(NS, job_body("done", run="0.05"))
-    poll_until(
-        lambda: [p.status.phase for p in pods_of(core, "done")] == ["Succeeded"], what="the pod to succeed"
+    advance_until(
+        fleet, lambda: [p.status.phase for p in pods_of(core, "done")] == ["Succeeded"], 60, "the pod to succeed"
     )
-    started = time.monotonic()
+    started = fleet.clock.monotonic()
     batch.delete_namespaced_job("done", NS, propagation_policy="Foreground")
     assert pods_of(core, "done") == []  # an ended pod goes at once
 
@@ -198,16 +204,16 @@ def test_foreground_removes_a_job_with_only_finished_pods_at_once(fleet, apis):
             return e.status == 404
         return False
 
-    poll_until(gone, timeout=2, what="Job done to be removed")
-    assert time.monotonic() - started < TERMINATION
+    advance_until(fleet, gone, 60, "Job done to be removed")
+    assert fleet.clock.monotonic() - started == 0  # at once: no grace to wait out
 
 
 def test_background_removes_the_job_at_once_and_the_pod_terminates(fleet, apis):
     batch, core = apis
-    pod = running_pod(batch, core, "bg")
+    pod = running_pod(fleet, batch, core, "bg")
     since = core.list_namespaced_pod(NS).metadata.resource_version
 
-    started = time.monotonic()
+    started = fleet.clock.monotonic()
     answer = batch.delete_namespaced_job("bg", NS, propagation_policy="Background")
     assert answer["kind"] == "Status" and answer["status"] == "Success"  # the Job is gone: a Status
     with pytest.raises(k8s.ApiException) as err:
@@ -219,16 +225,18 @@ def test_background_removes_the_job_at_once_and_the_pod_terminates(fleet, apis):
     assert terminating.metadata.deletion_grace_period_seconds == 1
     assert terminating.status.phase == "Running"
     batch.create_namespaced_job(NS, job_body("bg-next"))
-    time.sleep(TERMINATION / 2)
+    fleet.advance(TERMINATION / 2)
     still = core.read_namespaced_pod(pod.metadata.name, NS)  # still there half-way through
     assert still.metadata.deletion_timestamp is not None and still.status.phase == "Running"
     assert [p.status.phase for p in pods_of(core, "bg-next")] == ["Pending"]  # its TPU is held
 
-    poll_until(lambda: not pods_of(core, "bg"), timeout=5, what="the pod of bg to go")
-    assert time.monotonic() - started >= TERMINATION * 0.9
-    poll_until(
+    advance_until(fleet, lambda: not pods_of(core, "bg"), 60, "the pod of bg to go")
+    assert fleet.clock.monotonic() - started == pytest.approx(TERMINATION)  # the grace, not less, not more
+    advance_until(
+        fleet,
         lambda: [p.status.phase for p in pods_of(core, "bg-next")] == ["Running"],
-        what="the next Job's pod to run once the TPU is free",
+        60,
+        "the next Job's pod to run once the TPU is free",
     )
 
     seen = []
@@ -239,6 +247,7 @@ def test_background_removes_the_job_at_once_and_the_pod_terminates(fleet, apis):
         resource_version=since,
         field_selector=f"metadata.name={pod.metadata.name}",
         timeout_seconds=2,
+        _request_timeout=30,  # the fleet's clock stands still: a missing DELETED fails, not hangs
     ):
         seen.append(ev)
         if ev["type"] == "DELETED":
@@ -250,17 +259,17 @@ def test_background_removes_the_job_at_once_and_the_pod_terminates(fleet, apis):
     assert last.status.container_statuses[0].state.terminated.exit_code == 143
 
     rec = record(fleet, "bg")
-    assert len(rec["gone_at"]) == 1 and rec["gone_at"][0] - rec["deleted_at"][0] < TERMINATION / 2
+    assert len(rec["gone_at"]) == 1 and rec["gone_at"][0] == rec["deleted_at"][0]  # the Job went at once
 
 
 def test_orphan_leaves_the_pods_running_without_their_owner(fleet, apis):
     batch, core = apis
-    pod = running_pod(batch, core, "orph")
+    pod = running_pod(fleet, batch, core, "orph")
     batch.delete_namespaced_job("orph", NS, propagation_policy="Orphan")
     with pytest.raises(k8s.ApiException) as err:
         batch.read_namespaced_job("orph", NS)
     assert err.value.status == 404
-    time.sleep(TERMINATION * 1.5)
+    fleet.advance(TERMINATION * 10)  # ten graces; the pod's own run is 30 s
     (kept,) = pods_of(core, "orph")
     assert kept.metadata.name == pod.metadata.name
     assert kept.status.phase == "Running" and kept.metadata.deletion_timestamp is None

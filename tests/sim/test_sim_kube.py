@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 
@@ -12,7 +11,15 @@ from google.cloud import container_v1
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from tests.harness.sim import gke_client, kube_api_client, poll_until
+from tests.harness.sim import (
+    InThread,
+    advance_until,
+    gke_client,
+    kube_api_client,
+    open_watches,
+    poll_until,
+    wait_operation,
+)
 
 NS = "falcon-test"
 K = ("proj-sim-k", "europe-west4-a", "sim-k")
@@ -60,6 +67,27 @@ def kube(sim_fleet):
             ),
             what=f"delete {name}",
         )
+
+
+@pytest.fixture
+def vkube(virtual_sim):
+    """Batch and Core clients for sim-k of a fleet on a ``ManualClock``, with a 1-host 2x2 pool."""
+    gke = gke_client(virtual_sim)
+    pool = container_v1.NodePool(
+        name="falcon-k-2x2",
+        initial_node_count=1,
+        config=container_v1.NodeConfig(machine_type="ct6e-standard-4t", labels={"managed-by": "falcon"}),
+    )
+    wait_operation(gke, f"projects/{K[0]}/locations/{K[1]}", gke.create_node_pool(parent=PARENT, node_pool=pool), 60, fleet=virtual_sim)
+    api = kube_api_client(virtual_sim, "sim-k")
+    core = k8s.CoreV1Api(api)
+    advance_until(virtual_sim, lambda: core.list_node().items, 60, "the node")
+    return k8s.BatchV1Api(api), core
+
+
+def watches(fleet) -> int:
+    """sim-k's open watches, as the fleet holds them once ``advance`` returned."""
+    return fleet.stats()["clusters"]["sim-k"]["kubernetes"]["open_watches"]
 
 
 def job_body(
@@ -496,31 +524,39 @@ def test_a_pod_created_with_a_node_name_is_started_by_that_node(kube, sim):
 # ---- watch ---------------------------------------------------------------------------------------
 
 
-def test_watch_replays_history_from_a_resource_version_with_bookmarks_and_timeout(kube, sim):
-    batch, _ = kube
+def test_watch_replays_history_from_a_resource_version_with_bookmarks_and_timeout(vkube, virtual_sim):
+    sim = virtual_sim  # the stream's timeout and bookmarks on the fleet's clock, moved by the test
+    batch, _ = vkube
     rv = batch.list_namespaced_job(NS).metadata.resource_version
     batch.create_namespaced_job(NS, job_body("watch-a", run="0.1"))
     batch.create_namespaced_job(NS, job_body("watch-b", run="0.1"))
     w = watch.Watch()
-    started = time.monotonic()
-    events = list(
-        w.stream(
-            batch.list_namespaced_job,
-            NS,
-            resource_version=rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=1,
-            label_selector="falcon/task in (watch-a,watch-b)",
+    stream = InThread(
+        lambda: list(
+            w.stream(
+                batch.list_namespaced_job,
+                NS,
+                resource_version=rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=1,
+                label_selector="falcon/task in (watch-a,watch-b)",
+            )
         )
     )
-    elapsed = time.monotonic() - started
-    assert 0.9 <= elapsed < 2.5
+    open_watches(sim, "sim-k", 1)
+    for _ in range(9):
+        sim.advance(0.1)  # bookmarks every 0.3 s; both Jobs run and finish meanwhile
+    sim.advance(0.099)
+    assert watches(sim) == 1  # open until its timeoutSeconds is up,
+    sim.advance(0.001)
+    assert watches(sim) == 0  # and closed by the server at it
+    events = stream.result()
     typed = [(e["type"], e["raw_object"]["metadata"].get("name")) for e in events]
     assert typed[0] == ("ADDED", "watch-a")
     for name in ("watch-a", "watch-b"):
         assert typed.index(("ADDED", name)) < typed.index(("MODIFIED", name))
     bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
-    assert len(bookmarks) >= 2 and events[-1]["type"] == "BOOKMARK"  # periodic, and one before the timeout
+    assert len(bookmarks) == 4 and events[-1]["type"] == "BOOKMARK"  # at 0.3, 0.6 and 0.9 s, and one at the end
     versions = [int(e["raw_object"]["metadata"]["resourceVersion"]) for e in events]
     assert versions == sorted(versions) and versions[0] > int(rv)
     assert w.resource_version == events[-1]["raw_object"]["metadata"]["resourceVersion"]
@@ -571,18 +607,28 @@ def test_watch_from_a_future_resource_version_is_refused(kube, sim):
     assert err.value.status == 504 and "Too large resource version" in err.value.reason
 
 
-def test_watch_drop_fault_cuts_open_streams(kube, sim):
-    batch, _ = kube
+def test_watch_drop_fault_cuts_open_streams(vkube, virtual_sim):
+    sim = virtual_sim  # the cut and the timeout on the fleet's clock, moved by the test
+    batch, _ = vkube
     sim.set_faults("sim-k", watch_drop_every=0.3)
-    started = time.monotonic()
+    cut = InThread(lambda: list(watch.Watch().stream(batch.list_namespaced_job, NS, timeout_seconds=5)))
+    open_watches(sim, "sim-k", 1)
+    sim.advance(0.299)
+    assert sim.stats()["clusters"]["sim-k"]["fault_counts"]["watch_cut"] == 0  # not before its time
+    sim.advance(0.001)
+    assert sim.stats()["clusters"]["sim-k"]["fault_counts"]["watch_cut"] == 1  # cut at it
     with pytest.raises(Exception) as err:
-        list(watch.Watch().stream(batch.list_namespaced_job, NS, timeout_seconds=5))
-    assert time.monotonic() - started < 2
+        cut.result()
     assert "ProtocolError" in type(err.value).__name__ or "ended prematurely" in str(err.value)
     sim.set_faults("sim-k", watch_drop_every=None)
-    started = time.monotonic()
-    list(watch.Watch().stream(batch.list_namespaced_job, NS, timeout_seconds=1))
-    assert time.monotonic() - started >= 0.95
+    whole = InThread(lambda: list(watch.Watch().stream(batch.list_namespaced_job, NS, timeout_seconds=1)))
+    open_watches(sim, "sim-k", 1)
+    sim.advance(0.999)
+    assert watches(sim) == 1  # without the fault the stream stays up to its timeout,
+    sim.advance(0.001)
+    assert watches(sim) == 0
+    assert whole.result() is not None  # and ends cleanly
+    assert sim.stats()["clusters"]["sim-k"]["fault_counts"]["watch_cut"] == 1
 
 
 def test_label_changes_move_objects_in_and_out_of_a_filtered_watch(kube, sim):

@@ -1,9 +1,12 @@
-"""Accounting at /sim/stats, measured on a private fleet so no other test's pools or Jobs leak in."""
+"""Accounting at /sim/stats, measured on a private fleet so no other test's pools or Jobs leak in.
+
+The fleet runs on a ``ManualClock``: its seconds pass when the test moves it, so idle
+chip-seconds and the pools' times are asserted exactly.
+"""
 
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import pytest
@@ -12,8 +15,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import container_v1
 from kubernetes import client as k8s
 
-from falcon_ray.sim.server import SimFleet
-from tests.harness.sim import gke_client, poll_until, sim_test_config
+from tests.harness.sim import advance_until, gke_client, sim_test_config, virtual_fleet
 
 C = ("proj-sim-k", "europe-west4-a", "sim-k")
 PARENT = f"projects/{C[0]}/locations/{C[1]}/clusters/{C[2]}"
@@ -22,19 +24,21 @@ CHIPS = 4
 
 @pytest.fixture
 def private_fleet():
-    with SimFleet(sim_test_config(auth={"required": False})) as fleet:
+    with virtual_fleet(sim_test_config(auth={"required": False})) as fleet:
         yield fleet
 
 
-def wait_op(gke, op):
-    return poll_until(
+def wait_op(fleet, gke, op):
+    return advance_until(
+        fleet,
         lambda: (
             (o := gke.get_operation(name=f"projects/{C[0]}/locations/{C[1]}/operations/{op.name}")).status
             == container_v1.Operation.Status.DONE
             and o
         ),
-        what=f"operation {op.name}",
-    )
+        60,
+        f"operation {op.name}",
+    )[0]
 
 
 def single_host_pool(name):
@@ -55,11 +59,11 @@ def test_idle_chip_seconds_and_pool_and_job_accounting(private_fleet):
     api = k8s.ApiClient(k8s.Configuration(host=fleet.endpoints["clusters"]["sim-k"]["kubernetes"]))
     batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
 
-    wait_op(gke, gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-idle")))
-    poll_until(lambda: core.list_node().items, what="the node")
+    wait_op(fleet, gke, gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-idle")))
+    advance_until(fleet, lambda: core.list_node().items, 60, "the node")
     first = idle(fleet)
-    time.sleep(0.3)
-    assert idle(fleet) - first >= 0.25 * CHIPS  # an idle pool accrues chips x seconds
+    fleet.advance(0.3)
+    assert idle(fleet) - first == pytest.approx(0.3 * CHIPS)  # an idle pool accrues chips x seconds
 
     run_seconds = 0.8
     manifest = {
@@ -84,16 +88,15 @@ def test_idle_chip_seconds_and_pool_and_job_accounting(private_fleet):
         },
     }
     batch.create_namespaced_job("ns", manifest)
-    poll_until(
-        lambda: [p for p in core.list_namespaced_pod("ns").items if p.status.phase == "Running"],
-        what="Running",
+    advance_until(
+        fleet, lambda: [p for p in core.list_namespaced_pod("ns").items if p.status.phase == "Running"], 60, "Running"
     )
     while_running = idle(fleet)
-    time.sleep(0.4)
-    assert idle(fleet) - while_running < 0.05 * CHIPS  # a running pod makes the pool busy
-    poll_until(lambda: batch.read_namespaced_job("busy", "ns").status.succeeded, what="the Job to succeed")
+    fleet.advance(0.4)
+    assert idle(fleet) == while_running  # a running pod makes the pool busy: not a chip-second more
+    advance_until(fleet, lambda: batch.read_namespaced_job("busy", "ns").status.succeeded, 60, "the Job to succeed")
 
-    wait_op(gke, gke.delete_node_pool(name=f"{PARENT}/nodePools/falcon-idle"))
+    wait_op(fleet, gke, gke.delete_node_pool(name=f"{PARENT}/nodePools/falcon-idle"))
     stats = fleet.stats()["clusters"]["sim-k"]
     (pool,) = stats["node_pools"]
     assert pool["status"] == "DELETED" and pool["chips"] == CHIPS and pool["supply"] == "on-demand"
@@ -105,9 +108,9 @@ def test_idle_chip_seconds_and_pool_and_job_accounting(private_fleet):
     }
     alive = pool["deleted_at"] - pool["ready_at"]
     expected = CHIPS * (alive - run_seconds)
-    assert abs(stats["idle_chip_seconds"] - expected) < 0.25 * CHIPS, (stats["idle_chip_seconds"], expected)
+    assert stats["idle_chip_seconds"] == pytest.approx(expected, abs=0.005), (stats["idle_chip_seconds"], expected)
     assert pool["idle_chip_seconds"] == stats["idle_chip_seconds"]
-    time.sleep(0.1)
+    fleet.advance(3600)
     assert idle(fleet) == stats["idle_chip_seconds"]  # a deleted pool stops accruing
 
     assert stats["max_concurrent_pool_ops"] == 1 and stats["rejected_pool_ops"] == 0
@@ -136,7 +139,7 @@ def test_unserialized_pool_operations_show_in_max_concurrent_pool_ops(private_fl
     op = gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-one"))
     with pytest.raises(gexc.BadRequest):
         gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-two"))
-    wait_op(gke, op)
+    wait_op(private_fleet, gke, op)
     stats = private_fleet.stats()["clusters"]["sim-k"]
     assert stats["max_concurrent_pool_ops"] == 2 and stats["rejected_pool_ops"] == 1
     assert [p["name"] for p in stats["node_pools"]] == ["falcon-one"]
@@ -146,16 +149,16 @@ def test_pool_stats_tell_when_the_first_node_registered_and_in_which_zone(privat
     fleet = private_fleet
     fleet.set_timings("sim-k", node_register=0.4)
     gke = gke_client(fleet, credentials=AnonymousCredentials())
-    wait_op(gke, gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-first")))
+    wait_op(fleet, gke, gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-first")))
     (pool,) = fleet.stats()["clusters"]["sim-k"]["node_pools"]
     assert pool["status"] == "RUNNING" and pool["nodes"] == [] and pool["first_node_at"] is None
     assert pool["zone"] == "europe-west4-a" and pool["locations"] == ["europe-west4-a"]
     assert pool["autoscaling"] is None
-    pool = poll_until(
-        lambda: (p := fleet.stats()["clusters"]["sim-k"]["node_pools"][0])["first_node_at"] and p,
-        what="first_node_at",
+    pool, _ = advance_until(
+        fleet, lambda: (p := fleet.stats()["clusters"]["sim-k"]["node_pools"][0])["first_node_at"] and p, 60, "first_node_at"
     )
-    assert pool["first_node_at"] - pool["ready_at"] >= 0.35 and pool["first_node_at"] <= time.time()
+    assert pool["first_node_at"] - pool["ready_at"] == pytest.approx(0.4)  # node_register after the pool is ready
+    assert pool["first_node_at"] == fleet.clock.time()  # a wall time: the fleet's, when the node registered (now)
     clusters = fleet.stats()["clusters"]
     assert clusters["sim-k"]["node_locations"] == ["europe-west4-a"]
     assert clusters["sim-a"]["reservation"]["zone"] == "us-east5-b"  # default: the cluster's zone

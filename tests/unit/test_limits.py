@@ -19,7 +19,7 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import limits
 from falcon_ray.config import Settings
 from falcon_ray.lifecycle import Reason
-from falcon_ray.limits import LIMITS, TASK_TIMEOUT, Action, Wait
+from falcon_ray.limits import LIMITS, TASK_START_DEADLINE, TASK_TIMEOUT, Action, Wait
 from falcon_ray.model import (
     Cluster,
     ClusterView,
@@ -41,14 +41,26 @@ def test_every_wait_phase_has_a_row_and_every_row_a_real_setting():
     phases = {row.phase for row in LIMITS}
     assert phases == {*lc.PENDING_PHASES, lc.ABORTING, lc.RUNNING}  # Running: only a degraded run
     for row in LIMITS:
-        if row.setting not in (None, TASK_TIMEOUT):
+        if row.setting not in (None, TASK_TIMEOUT, TASK_START_DEADLINE):
             assert row.setting in Settings.model_fields, row
         if row.action == Action.FAIL:
-            assert lc.allowed(row.phase, lc.failed(row.fails_with)), row
+            assert all(lc.allowed(p, lc.failed(row.fails_with)) for p in _phases(row)), row
             assert row.enforced_by
         else:
             assert row.fails_with == Reason.NONE
     assert len({row.wait for row in LIMITS}) == len(LIMITS)
+
+
+def _phases(row: limits.WaitLimit) -> tuple[lc.Phase, ...]:
+    """The phases a row covers: the start deadline's, every phase before the first start."""
+    return lc.BEFORE_START_PHASES if row.wait == Wait.START_DEADLINE else (row.phase,)
+
+
+def test_the_start_deadline_row_spans_the_phases_before_the_first_start():
+    row = limits.limit(Wait.START_DEADLINE)
+    assert row.phases == ", ".join(map(str, lc.BEFORE_START_PHASES)) and lc.RECOVERING not in lc.BEFORE_START_PHASES
+    assert row.seconds(Settings()) is None and row.seconds(Settings(), start_deadline=90.0) == 90.0
+    assert limits.wait_of(lc.NEW) == Wait.INTAKE  # the per-phase row still classifies a Pending task
 
 
 @pytest.mark.parametrize("phase", [*lc.PENDING_PHASES, lc.ABORTING])

@@ -54,6 +54,11 @@ PLAUSIBLE = {
     "tpu_type": "v7x",
     "waited": "12m",
     "own": "falcon-42-2x2-1",
+    "deadline": "2026-12-01 15:00",
+    "created": "2026-12-01 14:00",
+    "phase": "Pending/WaitingForNode",
+    "waiting": "waiting for flex-start capacity: the nodes of node pool falcon-2x4-abcd",
+    "message": "node pool falcon-2x4-abcd control-plane RUNNING but 0/2 expected node(s) registered (Ready=0)...",
 }
 
 

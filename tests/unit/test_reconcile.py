@@ -561,10 +561,11 @@ def test_abandoned_create_is_late_from_gke_acceptance(name, pool, op, deleted, r
 # ---- issue 37: the slot serializes acquiring new capacity, not reuse ------------------------------
 
 
-def _flex_holder(pool_ready: int = 0):
+def _flex_holder(pool_ready: int = 0, in_phase_s: float = 200):
     """Task 1 holds the slot in WaitingForNode on its new flex-start pool (Job submitted, 0
-    nodes); an idle pool of the topology has its node Ready (``pool_ready`` on the holder's)."""
-    holder = task(1, phase=lc.WAITING_FOR_NODE, pool="falcon-t1-2x2", in_phase_s=1800, supply_mode="flex-start")
+    nodes, for less than ``capacity_wait_park_s`` by default); an idle pool of the topology
+    has its node Ready (``pool_ready`` on the holder's)."""
+    holder = task(1, phase=lc.WAITING_FOR_NODE, pool="falcon-t1-2x2", in_phase_s=in_phase_s, supply_mode="flex-start")
     own = lease(1, "falcon-t1-2x2", LeaseState.IN_USE, 1, age_s=1900, mode="flex-start")
     idle = lease(2, "falcon-t9-2x2", LeaseState.IDLE, None, age_s=4000, mode="on-demand")
     pools = {
@@ -627,6 +628,50 @@ def test_a_task_whose_flex_nodes_came_does_not_switch():
     jobs = {1: JobView(1, "falcon-task-1", "falcon-jobs", "u1", "Pending", 0, 0, 1, node_pool="falcon-t1-2x2")}
     g = decide(state([holder], [own, idle]), ClusterView(pools=view.pools, jobs=jobs, synced=True), NOW, S)
     assert "falcon-t1-2x2" not in {e.name for e in effects(g, DeletePool)} and (1, lc.DISPATCHING) not in transitions(g)
+
+
+def test_a_parked_capacity_wait_frees_the_slot_for_the_next_create():
+    """A flex-start holder whose created pool has had no node for ``capacity_wait_park_s``
+    waits for GKE's capacity, not for Falcon: the next task is picked and creates its own
+    pool, up to ``capacity_waits_per_queue`` such waits; never under the strict slot, never
+    before the park time, never once a node has come."""
+    waiting = task(2, actor="bob", age_s=50)
+    parks = S.model_copy(update={"capacity_waits_per_queue": 3})
+    park = S.capacity_wait_park_s
+    assert S.capacity_waits_per_queue == 1, "the default holds the slot until Running"
+
+    def picked(settings=parks, in_phase_s=park, registered=0, others=()):
+        holder, own, _idle, view = _flex_holder(in_phase_s=in_phase_s)
+        pools = dict(view.pools)
+        pools["falcon-t1-2x2"] = PoolView("falcon-t1-2x2", "RUNNING", registered, 0)
+        g = decide(state([holder, *others, waiting], [own]), ClusterView(pools=pools, jobs=view.jobs, synced=True), NOW, settings)
+        return any(e.task_id == 2 and e.to != lc.WAITING for e in effects(g, Transition))
+
+    assert picked(), "parked at the park time: the slot is free"
+    assert not picked(in_phase_s=park - 1), "before the park time the holder keeps the slot"
+    assert not picked(registered=1), "a node came: its capacity is on the way, the holder keeps the slot"
+    assert not picked(parks.model_copy(update={"strict_slot": True})), "the original's rule"
+    assert not picked(S), "one capacity wait at a time (the default)"
+    other = task(3, actor="carol", phase=lc.PROVISIONING, pool="falcon-t3-2x2", in_phase_s=30)
+    assert not picked(others=[other]), "a task that is creating holds the slot whoever else is parked"
+
+
+def test_parked_capacity_waits_are_bounded_per_queue():
+    parks = S.model_copy(update={"capacity_waits_per_queue": 3})
+    limit = parks.capacity_waits_per_queue
+    holders, leases, pools, jobs = [], [], {}, {}
+    for i in range(1, limit + 1):
+        name = f"falcon-t{i}-2x2"
+        holders.append(task(i, phase=lc.WAITING_FOR_NODE, pool=name, in_phase_s=3600, supply_mode="flex-start"))
+        leases.append(lease(i, name, LeaseState.IN_USE, i, age_s=3700, mode="flex-start"))
+        pools[name] = PoolView(name, "RUNNING", 0, 0)
+        jobs[i] = JobView(i, f"falcon-task-{i}", "falcon-jobs", f"u{i}", "Pending", 0, 0, 1, node_pool=name)
+    waiting = task(limit + 1, actor="bob", age_s=50)
+    view = ClusterView(pools=pools, jobs=jobs, synced=True)
+    g = decide(state([*holders, waiting], leases), view, NOW, parks)
+    assert (limit + 1) not in {e.task_id for e in effects(g, Transition)}, "the queue's parked waits are at their limit"
+    g = decide(state([*holders[1:], waiting], leases[1:]), view, NOW, parks)
+    assert any(e.task_id == limit + 1 and e.to != lc.WAITING for e in effects(g, Transition)), "one fewer: the next task is picked"
 
 
 def test_a_release_whose_move_back_was_not_made_is_finished_without_a_second_row():

@@ -140,6 +140,7 @@ class DemoRun:
         namespace: str | None = None,
         dashboard: bool = False,
         controller_db_url: str | None = None,
+        api: bool = False,
     ) -> None:
         """``namespace``: the Ray namespace to claim (``falcon-ray demo`` passes ``falcon``):
         used unless a controller already runs there (actors in the Ray this run joins, or
@@ -150,7 +151,9 @@ class DemoRun:
         with its dashboard and a metrics export port (``falcon-ray demo``).
         ``controller_db_url``: the same database by another way for the controller (its
         supervisor and actors), e.g. through a proxy the chaos soak cuts; the run's own
-        store (the upper layer: submits, aborts, reads) keeps ``db_url``."""
+        store (the upper layer: submits, aborts, reads) keeps ``db_url``. ``api``: serve
+        /healthz, /readyz and the read API /v1 (``falcon_ray.health.serve``) on 127.0.0.1,
+        on the settings' ``health_port`` or, when it is 0, a free port (``api_url``)."""
         from falcon_ray.sim.fleet import FleetConfig, load_fleet
 
         self.fleet_config = fleet if isinstance(fleet, FleetConfig) else load_fleet(fleet)
@@ -172,6 +175,9 @@ class DemoRun:
         self.namespace_request = namespace
         self.namespace_note = ""
         self.dashboard = dashboard
+        self.api = api
+        self.api_server = None
+        self.api_url: str | None = None
         self.ray_info: dict[str, Any] = {}
         self.base_settings = base
         self.settings: Settings | None = None
@@ -240,6 +246,11 @@ class DemoRun:
         self._wait_connected(timeout=60)
         self.thread = threading.Thread(target=self.supervisor.run, args=(self.stop_event,), daemon=True)
         self.thread.start()
+        if self.api:
+            from falcon_ray import health
+
+            self.api_server = health.serve(self.supervisor, self.settings.health_port, host="127.0.0.1")
+            self.api_url = self.api_server.url
         self.t0 = time.monotonic()
         return self
 
@@ -256,6 +267,9 @@ class DemoRun:
 
     def stop(self) -> None:
         self.stop_event.set()
+        if self.api_server is not None:
+            self.api_server.shutdown()
+            self.api_server.server_close()
         if self.supervisor is not None:
             try:
                 self.supervisor.shutdown(drain=False, kill=True)
@@ -311,6 +325,7 @@ class DemoRun:
             "ray_auth_mode": os.environ.get("RAY_AUTH_MODE") or None,
             "holder": self.supervisor.holder if self.supervisor else None,
             "sim_stats": self.sim.endpoints.get("stats") if self.sim is not None else None,
+            "api": self.api_url,
         }
 
     # ---- the upper layer ----------------------------------------------------------------------

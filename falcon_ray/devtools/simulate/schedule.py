@@ -2,9 +2,10 @@
 
 Contract
 --------
-``Scheduler`` is a heap of callbacks keyed by (monotonic time, sequence): the fleet model's
-timers (``call_later`` / ``call_soon``, the loop ``falcon_ray.sim.cluster.SimCluster``
-needs) and the controller's steps share it, so two things due at the same instant always
+``Scheduler`` is ``falcon_ray.sim.timers.TimerQueue`` (the queue a ``SimFleet`` in virtual
+time runs its timers on), a heap of callbacks keyed by (monotonic time, sequence), on the
+run's clock: the fleet model's timers (``call_later`` / ``call_soon``, the loop
+``falcon_ray.sim.cluster.SimCluster`` needs) and the controller's steps share it, so two things due at the same instant always
 run in the order they were scheduled. ``run_next()`` moves the clock to the earliest entry
 and runs it; nothing sleeps.
 
@@ -32,8 +33,6 @@ the driver leaves out steps that cannot do anything. ``on_step`` is called after
 from __future__ import annotations
 
 import datetime as dt
-import heapq
-import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from typing import Any
 import greenlet
 
 from falcon_ray.clock import ManualClock
+from falcon_ray.sim.timers import TimerQueue
 
 
 class VirtualClock:
@@ -87,32 +87,11 @@ class VirtualClock:
         return f"VirtualClock({self.now().isoformat()})"
 
 
-class Scheduler:
-    """The event queue of a run (see the module's contract)."""
+class Scheduler(TimerQueue):
+    """The event queue of a run: the simulated fleet's ``TimerQueue`` on the run's
+    ``VirtualClock`` (see the module's contract)."""
 
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-        self._heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
-        self._seq = itertools.count()
-        self.ran = 0
-
-    def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
-        heapq.heappush(self._heap, (max(t, self.clock.monotonic()), next(self._seq), fn, args))
-
-    def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
-        self.at(self.clock.monotonic() + max(0.0, delay), fn, *args)
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.at(self.clock.monotonic(), fn, *args)
-
-    def next_at(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
-
-    def run_next(self) -> None:
-        t, _, fn, args = heapq.heappop(self._heap)
-        self.clock.advance_to(t)
-        self.ran += 1
-        fn(*args)
+    clock: VirtualClock
 
 
 class _Strand(greenlet.greenlet):

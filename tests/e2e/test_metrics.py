@@ -125,10 +125,11 @@ def test_falcon_series_on_the_metrics_export_port(ray_session, tmp_path):
         worker = poller["process"]["ray_worker_id"]
         # long enough that the gauges are exported while it runs, on a loaded machine too
         long = run.submit("dave", spec("2x2", 30), "metrics-long")
-        # 2 s runs: a queue sees them Running even on a loaded machine (a run that ends
-        # before its queue's next look goes Dispatching -> Succeeded/Failed, no Running)
-        ok = run.submit("alice", spec("2x2", 2), "metrics-ok")
-        oom = run.submit("bob", spec("2x2", 2, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
+        # 8 s runs, sixteen queue ticks, inside the long one's 30 s: a queue sees them Running
+        # on a loaded machine too (a run that ends before its queue's next look goes
+        # Dispatching -> Succeeded/Failed, no Running, and the Running counts below miss it)
+        ok = run.submit("alice", spec("2x2", 8), "metrics-ok")
+        oom = run.submit("bob", spec("2x2", 8, env={"FALCON_SIM_OOM": "1"}), "metrics-oom")
         bad = run.submit("carol", {"tpu_type": "v6e", "topology": "3x3", "image": "x", "command": ["y"]}, "metrics-bad")
         assert run.wait(lambda: run.store.get_task(long).status == "Running", 30)
         _await_series(port, LIVE, worker, timeout=25)

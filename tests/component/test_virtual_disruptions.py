@@ -1,12 +1,18 @@
-"""Disruptions end to end: the scenario of ``falcon_ray/devtools/demo/scenarios/disruptions`` (the
-fleet, the settings and the tasks ``falcon-ray demo --fleet --tasks --config`` plays), on
-the session's Ray, the real clients over HTTP, the sim disrupting runs as GKE does.
+"""Disruptions in virtual time: the scenario of ``falcon_ray/devtools/demo/scenarios/disruptions``
+(its fleet, settings and tasks, as ``falcon-ray demo`` plays them) played by ``falcon-ray
+simulate``'s driver: the product's poller, queues and cluster gateways against the fleet
+model disrupting runs as GKE does.
 
 Single-host and multi-host tasks are each disrupted by each kind (maintenance, repair,
 reclaim) and succeed on a later attempt; a task with ``max_recoveries: 0`` and one
 disrupted more often than its budget end Failed/Disrupted; a task exiting with code 3 ends
 Failed/JobFailed after one run. No Falcon pool is left, and no two Jobs of one task were
 ever alive at once.
+
+Moved from the Ray end-to-end tests (tests/e2e/test_disruptions.py), where whether the
+controller read a failed run's nodes inside the maintenance window depended on the
+machine's speed. Every test prints the commands that replay the run; the run is played
+once per seed of ``SEEDS`` and shared by the tests.
 """
 
 from __future__ import annotations
@@ -15,16 +21,16 @@ from collections import defaultdict
 from importlib import resources
 
 import pytest
+import yaml
 
 from falcon_ray import faults, render
 from falcon_ray import lifecycle as lc
-from falcon_ray.devtools.demo import DemoRun, demo_settings, load_tasks
-from falcon_ray.sim.fleet import load_fleet
-from tests.harness.e2e import assert_clean, reasons
-
-pytestmark = pytest.mark.timeout(300)
+from falcon_ray.config import load_settings
+from falcon_ray.devtools.demo import load_tasks
+from tests.harness.virtual import play, replay_lines
 
 SCENARIO = resources.files("falcon_ray.devtools.demo").joinpath("scenarios", "disruptions")
+SEEDS = (11, 12)
 EXPECTED = {
     "single-maintenance": ("Succeeded", 1),
     "single-repair": ("Succeeded", 1),
@@ -39,38 +45,41 @@ EXPECTED = {
 }
 
 
+@pytest.fixture(scope="module", params=SEEDS, ids=lambda s: f"seed{s}")
+def played(request, tmp_path_factory):
+    seed = request.param
+    fleet = yaml.safe_load((SCENARIO / "fleet.yaml").read_text())
+    settings = load_settings(str(SCENARIO / "settings.yaml"))
+    tasks = load_tasks(str(SCENARIO / "tasks.jsonl"))
+    replay = replay_lines(f"{request.node.nodeid}[seed{seed}]", tmp_path_factory.mktemp(f"disruptions-{seed}"), fleet, tasks, settings, seed)
+    run = play(fleet, tasks, seed, settings)
+    try:
+        stats = run.assert_clean()
+        by_name = {t.name: t for t in run.tasks()}
+        yield run, by_name, stats, replay
+    finally:
+        run.sim.dispose()
+
+
 def _disrupted(run, t) -> list:
     """The task's disruption rows that record the fleet's disruptions (not the controller's
     own moves, ``faults.counted``)."""
     return [d for d in run.store.disruptions([t.id]).get(t.id, ()) if faults.counted(d.kind)]
 
 
-@pytest.fixture(scope="module")
-def played(ray_session, tmp_path_factory):
-    db = tmp_path_factory.mktemp("disruptions") / "falcon.db"
-    run = DemoRun(load_fleet(str(SCENARIO / "fleet.yaml")), demo_settings(str(SCENARIO / "settings.yaml")), f"sqlite:///{db}")
-    run.start()
-    try:
-        tasks = load_tasks(str(SCENARIO / "tasks.jsonl"))
-        run.play(tasks)
-        stats = assert_clean(run, timeout=240)
-        by_name = {t.name: t for t in run.tasks()}
-        yield run, by_name, stats
-    finally:
-        run.stop()
-
-
 def test_every_task_ends_as_its_disruptions_and_budget_say(played):
-    run, by_name, _ = played
+    run, by_name, _, replay = played
+    print(*replay, sep="\n")
     assert set(by_name) == set(EXPECTED)
     got = {name: (str(t.phase), len(_disrupted(run, t))) for name, t in by_name.items()}
     assert got == EXPECTED, {n: (by_name[n].message) for n in got if got[n] != EXPECTED[n]}
 
 
 def test_the_disruption_kinds_recorded_are_the_ones_the_fleet_injected(played):
-    run, by_name, stats = played
+    run, by_name, stats, replay = played
+    print(*replay, sep="\n")
     injected: dict[str, list[str]] = defaultdict(list)  # Job name -> kinds the sim applied to its pods
-    for c in stats["clusters"].values():
+    for c in stats.values():
         for rec in c["disruptions"]:
             for job in rec["jobs"]:
                 injected[job.split("/", 1)[1]].append(rec["kind"])
@@ -86,9 +95,10 @@ def test_the_disruption_kinds_recorded_are_the_ones_the_fleet_injected(played):
 
 
 def test_a_recovered_task_went_through_recovering_and_says_which_attempt(played):
-    run, by_name, _ = played
+    run, by_name, _, replay = played
+    print(*replay, sep="\n")
     for name in ("single-maintenance", "multi-repair", "single-reclaim", "three-kinds-within-budget"):
-        seen = reasons(run, by_name[name].id)
+        seen = run.phases(name)
         assert seen.count("Running") == EXPECTED[name][1] + 1, (name, seen)
         assert seen.count("Pending/Recovering") == EXPECTED[name][1], (name, seen)
         running = [e.message for e in run.store.events(by_name[name].id) if e.status == "Running"]
@@ -96,14 +106,15 @@ def test_a_recovered_task_went_through_recovering_and_says_which_attempt(played)
     over = by_name["over-budget"]
     assert "2 time(s), more than its max_recoveries (1)" in over.message
     assert "#1 maintenance on node" in over.message and "#2 repair on node" in over.message, over.message
-    assert reasons(run, by_name["no-recovery-allowed"].id)[-1] == "Failed/Disrupted"
+    assert run.phases("no-recovery-allowed")[-1] == "Failed/Disrupted"
     own = by_name["own-failure"]
-    assert reasons(run, own.id).count("Running") <= 1 and "exit code 3" in own.message, own.message
+    assert run.phases("own-failure").count("Running") <= 1 and "exit code 3" in own.message, own.message
 
 
 def test_each_attempt_had_its_own_job_and_never_two_at_once(played):
-    run, by_name, stats = played
-    jobs = {j["name"]: j for c in stats["clusters"].values() for j in c["jobs"]}
+    run, by_name, stats, replay = played
+    print(*replay, sep="\n")
+    jobs = {j["name"]: j for c in stats.values() for j in c["jobs"]}
     for name in EXPECTED:
         t = by_name[name]
         # each row, a disruption or a move of the controller's (a switch to a ready pool),

@@ -57,13 +57,10 @@ EXEMPT_FILES = ("tests/harness/ray_head.py",)
 
 # unmarked wall-clock lines a file may still hold, by file: a debt, not a licence.
 # ``test_clients_kube.py``'s sleep ages a token in a test that also steps Falcon's JobWatcher
-# on streams the fleet cuts; ``test_fencing.py``'s two lines let a real lease lapse under
-# ``Supervisor``, whose lease keeper is a thread (a ``ManualClock``'s waits return at once:
-# the keeper would spin). See docs/testing.md. An entry may only come down, and must when
+# on streams the fleet cuts. See docs/testing.md. An entry may only come down, and must when
 # its file holds fewer.
 ALLOWED: dict[str, int] = {
     "tests/clients/test_clients_kube.py": 1,
-    "tests/component/test_fencing.py": 2,
 }
 
 _MORE_TIME_FUNCS = {"perf_counter_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns"}

@@ -144,7 +144,6 @@ class ManualClock:
 class _Park:
     """One parked ``sleep`` / ``wait`` of a ``ParkingClock``."""
 
-    thread: threading.Thread
     deadline: float  # monotonic
     event: threading.Event | None
     seq: int
@@ -216,10 +215,12 @@ class ParkingClock(ManualClock):
             self._mono = mono
 
     def _busy_locked(self) -> list[str]:
-        """The threads that woke (or whose event is set) and neither wait again nor ended."""
+        """The threads that woke (or whose event is set) and neither wait again nor ended,
+        but the one asking."""
         for t in [t for t in self._threads if not t.is_alive()]:
             del self._threads[t]
-        return [t.name for t, p in self._threads.items() if p is None or p.ready()]
+        me = threading.current_thread()
+        return [t.name for t, p in self._threads.items() if t is not me and (p is None or p.ready())]
 
     def _settle_locked(self, also=lambda: True, what: str = "") -> None:
         give_up = _time.monotonic() + self.settle_s
@@ -262,7 +263,7 @@ class ParkingClock(ManualClock):
     def _park(self, seconds: float, event: threading.Event | None) -> bool:
         me = threading.current_thread()
         with self._cond:
-            park = _Park(me, self._mono + seconds, event, next(self._seq))
+            park = _Park(self._mono + seconds, event, next(self._seq))
             self._parked.append(park)
             self._threads[me] = park
             self._cond.notify_all()

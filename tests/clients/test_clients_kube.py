@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from falcon_ray.kube import JobObservation, JobWatcher, KubeApi, api_client
 from falcon_ray.spec import TaskSpec
 from falcon_ray.store.repository import Cluster
 from tests.clients.test_clients_gcp import create, delete, gke_api, registry_cluster, wait_done
-from tests.harness.sim import poll_until
+from tests.harness.sim import InThread, advance_until, open_watches, poll_until
 
 CLUSTER = "sim-k"
 NAMESPACE = "falcon-jobs"
@@ -346,27 +345,83 @@ def test_watcher_outlives_a_token_that_expires_mid_watch(sim, kube, pools):
     assert run.watcher.reconnects >= 1 and run.watcher.last_ok_at is not None
 
 
-def test_dropped_streams_resume_at_once_and_a_refused_token_is_retried_at_once(sim, kube, pools):
+@pytest.fixture
+def vkube(virtual_sim) -> tuple[KubeApi, Pools]:
+    """A ``KubeApi`` on sim-k of a fleet on a ``ManualClock``, with a 1-host 2x2 pool whose node is ready."""
+    sim = virtual_sim
+    api = gke_api(sim)
+    c = registry_cluster(sim, CLUSTER)
+    c = Cluster(**{**c.to_dict(), "gcs_bucket": "logs-sim-k", "namespace": NAMESPACE})
+    task_id = next(_TASK_IDS)
+    spec = TaskSpec(tpu_type="v6e", topology="2x2", image="busybox", command=["true"])
+    name = render.node_pool_name(task_id, "2x2")
+    op = api.create_node_pool(
+        c.project, c.location, c.name, render.node_pool_request(spec, c, "on-demand", name, task_id, idle_seconds=600)
+    )
+    advance_until(sim, lambda: api.get_operation(c.project, c.location, op).done, 60, what=f"pool {name}")
+    kube = make_kube(sim)
+    advance_until(
+        sim,
+        lambda: (nodes := kube.list_nodes(f"cloud.google.com/gke-nodepool={name}")) and all(n.ready for n in nodes),
+        60,
+        what=f"nodes of {name}",
+    )
+    return kube, Pools(c, name, "")
+
+
+def _advance_to(fleet, at: float) -> None:
+    """Move ``fleet``'s clock to its monotonic time ``at`` exactly (``at - now`` added to now is ``at``)."""
+    fleet.advance(at - fleet.clock.monotonic())
+
+
+def test_dropped_streams_resume_at_once_and_a_refused_token_is_retried_at_once(virtual_sim, vkube):
     """Found by the chaos soak (seed 3): with streams cut every few seconds each cut counted
     as a failure, so the backoff grew to its 30 s ceiling; past the cluster's token
     lifetime the refreshed token was refused again after every backoff. Jobs that ended
     went unseen for minutes. With production backoffs: a stream cut after it was up is a
-    drop (resume at once), and the first 401 retries at once with the new token."""
-    w = watcher_for(kube, timeout_seconds=2, backoff_initial=0.5, backoff_max=30)
+    drop (resume at once), and the first 401 retries at once with the new token.
+
+    On the fleet's clock, moved by the test (the watcher reads the same clock): each step
+    runs on a thread; its stream is still open at 1.199 s and cut at 1.2 s, and the step
+    returns 0 as a drop, resuming from its resourceVersion."""
+    sim = virtual_sim
+    kube, pools = vkube
+    w = watcher_for(kube, timeout_seconds=2, backoff_initial=0.5, backoff_max=30, clock=sim.clock)
+
+    def cuts() -> int:
+        return sim.stats()["clusters"][CLUSTER]["fault_counts"]["watch_cut"]
+
     sim.set_faults(CLUSTER, watch_drop_every=1.2)
-    delays = [w.step(lambda o: None) for _ in range(4)]
-    assert delays == [0.0] * 4 and w.drops == 4 and w.errors == 0
+    for i in range(4):
+        step = InThread(lambda: w.step(lambda o: None))
+        open_watches(sim, CLUSTER, 1)
+        opened = sim.clock.monotonic()  # the fleet's clock stands still until the test moves it
+        _advance_to(sim, opened + 1.199)
+        assert cuts() == i and sim.stats()["clusters"][CLUSTER]["kubernetes"]["open_watches"] == 1, "cut early"
+        _advance_to(sim, opened + 1.2)
+        assert cuts() == i + 1
+        assert step.result() == 0.0, f"cut {i + 1} was backed off, not resumed at once"
+        assert (w.drops, w.errors, w.lists, w.relists, w.reconnects) == (i + 1, 0, 1, 0, i)
+        open_watches(sim, CLUSTER, 0)
+
     sim.set_faults(CLUSTER, watch_drop_every=None, token_ttl=0.3)
-    time.sleep(0.5)  # the watcher's token is now older than the cluster accepts
+    sim.advance(0.5)  # the watcher's token is now older than the cluster accepts
     refreshes = kube.token_hook.refreshes
     assert w.step(lambda o: None) == 0.0  # 401: refreshed, and retried at once
-    assert kube.token_hook.refreshes > refreshes
+    assert kube.token_hook.refreshes == refreshes + 1 and w.errors == 1
+
     _, manifest = submit(kube, pools, FALCON_SIM_RUN_SECONDS="0.2")
-    ref = kube.create_job(manifest)
+    ref = kube.create_job(manifest)  # with the new token, still younger than 0.3 s of the fleet's clock
     seen: list[str] = []
-    deadline = time.monotonic() + 10  # wall-clock: the watch reads the HTTP sim's stream over loopback
-    while "Succeeded" not in seen and time.monotonic() < deadline:  # wall-clock: a bound, not a timing claim
-        assert w.step(lambda o: seen.append(o.phase) if o.name == ref.name else None) <= 0.5
-    assert "Succeeded" in seen
-    sim.set_faults(CLUSTER, token_ttl=None)
-    kube.delete_job(NAMESPACE, ref.name)
+    step = InThread(lambda: w.step(lambda o: seen.append(o.phase) if o.name == ref.name else None))
+    open_watches(sim, CLUSTER, 1)
+    opened = sim.clock.monotonic()
+    _advance_to(sim, opened + 1.999)  # the Job runs and ends on the way
+    assert sim.stats()["clusters"][CLUSTER]["kubernetes"]["open_watches"] == 1  # up to its timeout,
+    _advance_to(sim, opened + 2)
+    assert step.result() == 0.0  # and ended cleanly at it, carrying the Job to its end
+    assert seen and seen[-1] == "Succeeded", seen
+    assert (w.errors, w.drops, w.lists, w.relists) == (1, 4, 1, 0)
+    # the token has aged past 0.3 s on that stream: the next 401 is again a first one, retried at once
+    assert w.step(lambda o: None) == 0.0
+    assert kube.token_hook.refreshes == refreshes + 2 and w.errors == 2

@@ -9,16 +9,21 @@ queue and the poller built on it stop without calling any other actor.
 
 from __future__ import annotations
 
-import time
+import datetime as dt
+import math
+import threading
 
 import pytest
 import sqlalchemy as sa
 
+from actors.supervisor import Supervisor
 from falcon_ray import lifecycle as lc
+from falcon_ray.clock import ParkingClock
+from falcon_ray.config import Settings
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.store import Fenced, Store
 from falcon_ray.store import tables as t
-from tests.harness.fakes import FakeClock, QueueBench
+from tests.harness.fakes import T0, FakeClock, QueueBench
 
 
 def _events(store: Store) -> int:
@@ -147,58 +152,96 @@ def test_the_lease_is_renewed_from_the_moment_it_is_taken(store):
     """Before the run loop starts (``DemoRun.start``, or a first ``start()`` that creates
     every actor on a loaded machine and takes longer than the lease lives), the lease must
     already be renewed: a second controller must not take it meanwhile. It once did, in
-    a full test run at load 13."""
-    from actors.supervisor import Supervisor
-    from falcon_ray.config import Settings
+    a full test run at load 13.
 
-    settings = Settings(leader_ttl_s=0.6)
-    first, second = Supervisor(settings, store.url, holder="first"), Supervisor(settings, store.url, holder="second")
+    On a ``ParkingClock`` at the production TTL: the keeper (a real thread) renews at each
+    third of the TTL from the instant the lease was taken, not a millisecond before; a
+    rival waiting two lifetimes never takes it; once the renewals stop, the lease is still
+    held at its expiry and the rival takes it one millisecond later, as a new holder."""
+    settings = Settings()
+    ttl = settings.leader_ttl_s
+    clock = ParkingClock(T0)
+    first = Supervisor(settings, store.url, holder="first", clock=clock)
+    second = Supervisor(settings, store.url, holder="second", clock=clock)
+
+    def renewed() -> dt.datetime:
+        return store.leader()["renewed_at"]
+
     try:
+        m0 = clock.monotonic()
         assert first.wait_for_lead(timeout=5)
-        time.sleep(3 * settings.leader_ttl_s)  # no run loop yet: only the keeper renews
-        assert not second.wait_for_lead(timeout=1.5), "the first holder's lease lapsed before its run loop began"
-        assert store.leader()["holder"] == "first"
+        assert clock.until_parked(1) == [m0 + ttl / 3]  # the keeper waits from the instant it was taken
+        assert renewed() == T0 and store.leader()["expires_at"] == T0 + dt.timedelta(seconds=ttl)
+        for k in range(1, 10):  # three lifetimes, no run loop: only the keeper renews
+            clock.advance_to(m0 + k * ttl / 3 - 0.001)
+            assert renewed() == T0 + dt.timedelta(seconds=(k - 1) * ttl / 3), f"renewed early, before {k}/3 of the TTL"
+            clock.advance_to(m0 + k * ttl / 3)
+            assert renewed() == T0 + dt.timedelta(seconds=k * ttl / 3), f"not renewed at {k}/3 of the TTL"
+        assert not second.wait_for_lead(timeout=2 * ttl), "the first holder's lease lapsed before its run loop began"
+        lease = store.leader()
+        assert (lease["holder"], lease["epoch"]) == ("first", 1)
+        last = lease["renewed_at"]
+        assert lease["expires_at"] == last + dt.timedelta(seconds=ttl)
+
+        first.stop.set()  # the keeper stops (as if its process died: nobody releases the lease)
+        clock.advance(0)
+        assert clock.deadlines() == []  # the keeper ended: nobody renews
+        expiry = m0 + (last - T0).total_seconds() + ttl
+        clock.advance_to(expiry)
+        assert not second.try_lead() and store.leader()["holder"] == "first"  # held up to its expiry
+        clock.advance(0.001)
+        assert second.try_lead() and (store.leader()["holder"], second.epoch) == ("second", 2)
     finally:
-        first.shutdown(drain=False, kill=False)
+        first.stop.set()  # (not shutdown(): that looks for actors, and would start a Ray here)
         second.stop.set()
         first.store.dispose()
         second.store.dispose()
 
 
-def test_the_lease_is_renewed_while_the_first_start_is_still_creating_actors(tmp_path):
+def test_the_lease_is_renewed_while_the_first_start_is_still_creating_actors(store):
     """Creating (or adopting) every actor can take longer than the lease's TTL on a busy
     Ray cluster; the lease must not lapse meanwhile, or a waiting controller takes it and
-    the first one's actors are fenced before they ever ran (found by the two-controller test)."""
-    import threading
-    import time
+    the first one's actors are fenced before they ever ran (found by the two-controller test).
 
-    from actors.supervisor import Supervisor
-    from falcon_ray.config import Settings
-    from falcon_ray.store.migrate import upgrade
-
-    url = f"sqlite:///{tmp_path}/lease.db"
-    upgrade(url, with_jobs_table=True)
-    ttl = 0.6
-    sup = Supervisor(Settings(leader_ttl_s=ttl, registry_interval_s=60), url, holder="first")
-    rival = Store(url)
+    On a ``ParkingClock`` at the production TTL, ``run()`` on a thread of its own: the
+    start takes three lifetimes; at every half-lifetime of it a rival tries, and finds the
+    lease renewed at the keeper's last third. Once the start told the run loop to stop,
+    the keeper ends at its next wake without renewing."""
+    settings = Settings(registry_interval_s=60)
+    ttl = settings.leader_ttl_s
+    clock = ParkingClock(T0)
+    sup = Supervisor(settings, store.url, holder="first", clock=clock)
+    rival = Store(store.url, clock=clock.now)
     stop = threading.Event()
-    taken: list[bool] = []
+    m0 = clock.monotonic()
+    tries: list[tuple[float, bool, dt.datetime]] = []
 
     def slow_start() -> None:  # stands in for actor creation that outlasts the TTL
         for _ in range(6):
-            time.sleep(ttl / 2)
-            taken.append(rival.acquire_leader("second", ttl_s=ttl))
+            clock.sleep(ttl / 2)
+            took = rival.acquire_leader("second", ttl_s=ttl)
+            tries.append((clock.monotonic() - m0, took, rival.leader()["renewed_at"]))
         stop.set()
 
     sup.start = slow_start  # type: ignore[method-assign]
     runner = threading.Thread(target=sup.run, args=(stop,), daemon=True)
     runner.start()
-    runner.join(15)
     try:
+        assert clock.until_parked(2) == [m0 + ttl / 3, m0 + ttl / 2]  # the keeper, and the start's first wait
+        clock.advance(3 * ttl)
+        runner.join(10)
         assert not runner.is_alive()
-        assert taken and not any(taken), "a rival took the lease while the first start was still running"
-        assert rival.leader()["holder"] == "first" and rival.leader()["epoch"] == 1
+        # the k-th try, at k/2 of the TTL, finds the lease renewed at the keeper's last third
+        # before it; at a tie (k even) the try's wait began first, so it runs first
+        def third(k: int) -> dt.datetime:
+            return T0 + dt.timedelta(seconds=(math.ceil(3 * k / 2) - 1) * ttl / 3)
+
+        assert tries == [(ttl / 2 * k, False, third(k)) for k in range(1, 7)]
+        lease = rival.leader()
+        assert (lease["holder"], lease["epoch"], lease["renewed_at"]) == ("first", 1, third(6))
+        assert clock.deadlines() == []  # the keeper woke at 3 TTL, saw the run loop stopped, and ended
     finally:
+        stop.set()
         rival.dispose()
         sup.store.dispose()
 

@@ -1,4 +1,4 @@
-"""The clock objects (falcon_ray/clock.py) and a loop run on a manual clock."""
+"""The clock objects (falcon_ray/clock.py) and loops run on a manual and a parking clock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from actors.ticker import Ticker
-from falcon_ray.clock import SYSTEM, ManualClock
+from falcon_ray.clock import SYSTEM, ManualClock, ParkingClock
 
 
 def test_the_system_clock_agrees_with_the_machine():
@@ -55,3 +55,103 @@ def test_a_loop_of_hourly_steps_runs_a_day_in_milliseconds_on_a_manual_clock():
         t.drain(10)
     assert seen[:25] == [3600.0 * i for i in range(25)], seen[:25]
     assert t.last_step_at is not None and t.last_step_at >= ManualClock().time() + 24 * 3600
+
+
+# ---- ParkingClock: other threads' waits park until the driver moves the clock ----------------
+
+
+def _on_thread(fn) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_parking_clock_holds_another_threads_sleep_to_its_exact_deadline():
+    c = ParkingClock()
+    m0 = c.monotonic()
+    seen: list[float] = []
+
+    def sleeper():
+        for _ in range(3):
+            c.sleep(10)
+            seen.append(c.monotonic() - m0)
+
+    t = _on_thread(sleeper)
+    assert c.until_parked(1) == [m0 + 10]
+    c.advance(9.999)
+    assert seen == [] and c.deadlines() == [m0 + 10], "woke before its deadline"
+    c.advance(0.001)
+    assert seen == [10.0] and c.deadlines() == [m0 + 20]  # it ran, and waits again, before advance returned
+    c.advance(25)  # stops at 20 and 30 on the way
+    assert seen == [10.0, 20.0, 30.0] and c.monotonic() - m0 == 35
+    t.join(10)
+    assert not t.is_alive() and c.deadlines() == []
+
+
+def test_a_parking_clock_wakes_waits_one_at_a_time_by_deadline_then_by_when_they_began():
+    c = ParkingClock()
+    m0 = c.monotonic()
+    log: list[tuple[str, float]] = []
+
+    def every(name: str, period: float, times: int):
+        def loop():
+            for _ in range(times):
+                c.sleep(period)
+                log.append((name, c.monotonic() - m0))
+
+        return loop
+
+    a = _on_thread(every("a", 3, 5))
+    c.until_parked(1)  # a's first wait began first
+    b = _on_thread(every("b", 5, 3))
+    c.until_parked(2)
+    c.advance(15)
+    # at 15 both are due: b's wait began at 10, a's at 12
+    assert log == [("a", 3), ("b", 5), ("a", 6), ("a", 9), ("b", 10), ("a", 12), ("b", 15), ("a", 15)], log
+    a.join(10)
+    b.join(10)
+
+
+def test_the_drivers_wait_ends_at_the_instant_another_thread_sets_its_event():
+    c = ParkingClock()
+    m0 = c.monotonic()
+    e = threading.Event()
+
+    def setter():
+        c.sleep(7)
+        e.set()
+
+    t = _on_thread(setter)
+    c.until_parked(1)
+    assert c.wait(e, 100) is True and c.monotonic() - m0 == 7  # not 100: it returned when the event was set
+    t.join(10)
+    assert c.wait(threading.Event(), 3) is False and c.monotonic() - m0 == 10  # a wait in vain moves it
+
+
+def test_an_event_set_wakes_a_parked_wait_without_moving_the_clock():
+    c = ParkingClock()
+    m0 = c.monotonic()
+    e = threading.Event()
+    out: list[tuple[bool, float]] = []
+    t = _on_thread(lambda: out.append((c.wait(e, 60), c.monotonic() - m0)))
+    c.until_parked(1)
+    e.set()
+    c.advance(0)  # the woken thread runs to its end before the clock may move
+    assert out == [(True, 0.0)]
+    t.join(10)
+
+
+def test_a_woken_thread_that_neither_waits_again_nor_ends_fails_the_move():
+    c = ParkingClock(settle_s=0.2)
+    release = threading.Event()
+
+    def stuck():
+        c.sleep(1)
+        release.wait()  # blocks on something the clock does not know
+
+    t = _on_thread(stuck)
+    c.until_parked(1)
+    with pytest.raises(RuntimeError, match="neither waited on the clock again nor ended"):
+        c.advance(1)
+    release.set()
+    t.join(10)

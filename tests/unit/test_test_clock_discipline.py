@@ -13,13 +13,14 @@ clock or wait on it:
   real clock, called by name;
 - ``x.wait(<number>)`` and ``x.wait(timeout=...)`` with no other argument: an Event's,
   a Condition's or a process's wait bounded in seconds of the machine. An injected
-  clock's wait (``clock.wait(event, 2.0)``, two arguments) and a ``ManualClock``'s or
-  ``VirtualClock``'s ``sleep`` / ``monotonic`` (any name but ``time``, ``_time``,
-  ``asyncio``, ``SYSTEM``) are virtual time and not reported.
+  clock's wait (``clock.wait(event, 2.0)``, two arguments) and a ``ManualClock``'s,
+  ``ParkingClock``'s or ``VirtualClock``'s ``sleep`` / ``monotonic`` (any name but
+  ``time``, ``_time``, ``asyncio``, ``SYSTEM``) are virtual time and not reported.
 
 Each such line must carry ``# wall-clock: <why>`` (the why not empty): a test of a real
 process, a socket, an HTTP server thread over loopback, Ray or the system clock itself.
-A test that proves an order or a timing runs on a ``ManualClock``, on the simulated
+A test that proves an order or a timing runs on a ``ManualClock`` (a ``ParkingClock``
+when the code under test waits on threads of its own), on the simulated
 fleet's clock moved by the test (a ``SimFleet`` given a ``ManualClock`` and moved by
 ``advance``, or ``VirtualFleet`` on a ``Scheduler``), or in the ``falcon-ray simulate``
 driver. A marker on a line that reads nothing must go.
@@ -55,16 +56,10 @@ REPO = Path(__file__).resolve().parents[2]
 EXEMPT_DIRS = ("tests/e2e/",)
 EXEMPT_FILES = ("tests/harness/ray_head.py",)
 
-# unmarked wall-clock lines a file may still hold, by file: a debt, not a licence.
-# ``test_clients_kube.py``'s sleep ages a token in a test that also steps Falcon's JobWatcher
-# on streams the fleet cuts; ``test_fencing.py``'s two lines let a real lease lapse under
-# ``Supervisor``, whose lease keeper is a thread (a ``ManualClock``'s waits return at once:
-# the keeper would spin). See docs/testing.md. An entry may only come down, and must when
-# its file holds fewer.
-ALLOWED: dict[str, int] = {
-    "tests/clients/test_clients_kube.py": 1,
-    "tests/component/test_fencing.py": 2,
-}
+# unmarked wall-clock lines a file may still hold, by file: a debt, not a licence. Empty:
+# every test outside tests/e2e waits in virtual time or says why not. An entry may only
+# come down, and must when its file holds fewer.
+ALLOWED: dict[str, int] = {}
 
 _MORE_TIME_FUNCS = {"perf_counter_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns"}
 _FROM_IMPORTS = {

@@ -69,7 +69,7 @@ from falcon_ray.spec import SupplyMode
 HISTORY_TASKS = 20  # starts kept per queue
 MIN_SAMPLES = 3
 HANDOVER_S = 60.0  # a hand-over's time while the history has none
-RUN_NEIGHBOURS = 10
+RUN_NEIGHBOURS = 8
 
 # the latest start: the expected one plus the COVERAGE quantile of the scores of the queue's
 # recent first estimates (``score``), times the expected wait plus SCALE_S

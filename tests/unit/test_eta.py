@@ -115,10 +115,10 @@ def test_a_running_task_is_expected_to_last_what_longer_runs_lasted(runs, age, w
 
 def test_a_runs_length_comes_from_the_ended_runs_with_the_nearest_timeouts():
     # short runs set short timeouts, long runs long ones; the slack is not proportional
-    short = [sample(i, 300, ran_s=50, timeout=3700) for i in range(4)]
-    long = [sample(10 + i, 300, ran_s=8000, timeout=20000) for i in range(4)]
+    short = [sample(i, 300, ran_s=50, timeout=3700) for i in range(5)]
+    long = [sample(10 + i, 300, ran_s=8000, timeout=20000) for i in range(5)]
     m = eta.model_of(history(*short, *long))
-    assert m is not None and m.run_left(20000) == pytest.approx(8000)  # all eight pooled: about 4,100
+    assert m is not None and m.run_left(20000) == pytest.approx(8000)  # all ten pooled: about 4,100
     assert m.run_left(3700) == pytest.approx(50)
 
 

@@ -11,11 +11,14 @@ The model, stated once (docs/operations.md explains it to operators):
 
 1. From the history, three typical times, each the median of its samples: a *hand-over*
    (given a pool that existed -> Running: ``StartSample.handed_over``), a *create*
-   (picked -> Running for the others, less the time in ClusterBusy; per supply mode,
-   all modes pooled when a mode has fewer than ``MIN_SAMPLES``), and a *run* (each ended
-   run as a fraction of its task's ``timeout_seconds``). A time already spent counts: a
-   running task (or a slot holder's create) is expected to last the median of the samples
-   longer than it has lasted so far (a run with none: its timeout; a create: now).
+   (picked -> Running for the others, less the time in ClusterBusy; per supply mode, its
+   own few when it has fewer than ``MIN_SAMPLES``, all modes pooled when it has none: a
+   flex-start create's capacity wait is not in a reservation's), and a *run* (each ended
+   run as a fraction of its task's ``timeout_seconds``, from the ``RUN_NEIGHBOURS`` ended
+   runs whose timeouts are nearest the task's). A time already spent counts: a running
+   task (or a slot holder's create) is expected to last the median of the samples longer
+   than it has lasted so far (a run with none: its timeout; a create with none: a typical
+   create more, as it waits for capacity again).
 2. Pools come free for the queue's topology: an idle pool now (or when its create ends),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
@@ -38,8 +41,8 @@ start (``score``: the lateness over the expected wait plus SCALE_S, so a short w
 held to a bound of seconds) and keeps its last SCORES_KEPT scores with their supply mode
 in the history (``QueueHistory.scores``). The latest start is the expected one moved by
 the split-conformal COVERAGE quantile of the mode's scores (``Model.bound``); a mode with
-fewer than MIN_SCORES takes the larger of PRIOR_SCORE and the quantile of all the
-queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
+fewer than MIN_SCORES takes the larger of its prior (``PRIOR_SCORES``, PRIOR_SCORE for
+a mode without one) and the quantile of all the queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
 its coverage where the model is wrong, and widens when the model errs more. The scores
 live in the queue's memory: after a restart the prior holds until they are back.
 

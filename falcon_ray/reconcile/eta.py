@@ -11,11 +11,14 @@ The model, stated once (docs/operations.md explains it to operators):
 
 1. From the history, three typical times, each the median of its samples: a *hand-over*
    (given a pool that existed -> Running: ``StartSample.handed_over``), a *create*
-   (picked -> Running for the others, less the time in ClusterBusy; per supply mode,
-   all modes pooled when a mode has fewer than ``MIN_SAMPLES``), and a *run* (each ended
-   run as a fraction of its task's ``timeout_seconds``). A time already spent counts: a
-   running task (or a slot holder's create) is expected to last the median of the samples
-   longer than it has lasted so far (a run with none: its timeout; a create: now).
+   (picked -> Running for the others, less the time in ClusterBusy; per supply mode, its
+   own few when it has fewer than ``MIN_SAMPLES``, all modes pooled when it has none: a
+   flex-start create's capacity wait is not in a reservation's), and a *run* (each ended
+   run as a fraction of its task's ``timeout_seconds``, from the ``RUN_NEIGHBOURS`` ended
+   runs whose timeouts are nearest the task's). A time already spent counts: a running
+   task (or a slot holder's create) is expected to last the median of the samples longer
+   than it has lasted so far (a run with none: its timeout; a create with none: a typical
+   create more, as it waits for capacity again).
 2. Pools come free for the queue's topology: an idle pool now (or when its create ends),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
@@ -38,8 +41,8 @@ start (``score``: the lateness over the expected wait plus SCALE_S, so a short w
 held to a bound of seconds) and keeps its last SCORES_KEPT scores with their supply mode
 in the history (``QueueHistory.scores``). The latest start is the expected one moved by
 the split-conformal COVERAGE quantile of the mode's scores (``Model.bound``); a mode with
-fewer than MIN_SCORES takes the larger of PRIOR_SCORE and the quantile of all the
-queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
+fewer than MIN_SCORES takes the larger of its prior (``PRIOR_SCORES``, PRIOR_SCORE for
+a mode without one) and the quantile of all the queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
 its coverage where the model is wrong, and widens when the model errs more. The scores
 live in the queue's memory: after a restart the prior holds until they are back.
 
@@ -69,6 +72,7 @@ from falcon_ray.spec import SupplyMode
 HISTORY_TASKS = 20  # starts kept per queue
 MIN_SAMPLES = 3
 HANDOVER_S = 60.0  # a hand-over's time while the history has none
+RUN_NEIGHBOURS = 8
 
 # the latest start: the expected one plus the COVERAGE quantile of the scores of the queue's
 # recent first estimates (``score``), times the expected wait plus SCALE_S
@@ -76,6 +80,8 @@ COVERAGE = 0.9
 SCALE_S = 300.0  # a short expected wait is as uncertain as one of this length
 PRIOR_SCORE = 2.5  # the bound while a queue has fewer than MIN_SCORES scores of a mode
 MIN_SCORES = 10
+# a flex-start start waits for capacity, whose spread a queue's few creates do not show yet
+PRIOR_SCORES = {SupplyMode.FLEX_START: 3.5}
 SCORES_KEPT = 40  # scores kept per queue (all modes)
 
 
@@ -137,13 +143,14 @@ class Model:
     handover_s: float
     create_s: dict[SupplyMode, list[float]]  # per mode, sorted; a mode with too few: all of them
     pooled_create_s: list[float]
-    run_fractions: list[float]  # ended runs / their timeouts; empty with fewer than MIN_SAMPLES
+    run_fractions: list[tuple[float, float]]  # (timeout, ended run / timeout); empty with fewer than MIN_SAMPLES
     bound_scores: dict[SupplyMode, float] = field(default_factory=dict)  # per mode with MIN_SCORES scores
     pooled_bound: float = PRIOR_SCORE  # the other modes'
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
-        return self.bound_scores.get(mode, self.pooled_bound)
+        got = self.bound_scores.get(mode)
+        return got if got is not None else max(self.pooled_bound, PRIOR_SCORES.get(mode, PRIOR_SCORE))
 
     def creates(self, mode: SupplyMode) -> list[float]:
         return self.create_s.get(mode, self.pooled_create_s)
@@ -154,11 +161,22 @@ class Model:
         if not samples:
             return None
         left = _left(samples, spent)
-        return 0.0 if left is None else left
+        if left is not None:
+            return left
+        # longer than every create seen: it waits for capacity again (a flex-start scale-up
+        # that found too little retries after another capacity wait), a typical create more
+        return statistics.median(samples)
 
     def run_left(self, timeout_s: float, age: float = 0.0) -> float:
-        """Seconds left of a run with this timeout that has lasted ``age``."""
-        left = _left([f * timeout_s for f in self.run_fractions], age)
+        """Seconds left of a run with this timeout that has lasted ``age``: from the
+        RUN_NEIGHBOURS ended runs whose timeouts are nearest (by ratio) to it, each as the
+        same fraction of this timeout (a short timeout is set for a short run, and the slack
+        users leave is not proportional to the run)."""
+        near = self.run_fractions
+        if len(near) > RUN_NEIGHBOURS:
+            at = math.log(max(1.0, timeout_s))
+            near = sorted(near, key=lambda x: (abs(math.log(max(1.0, x[0])) - at), x[0]))[:RUN_NEIGHBOURS]
+        left = _left([f * timeout_s for _, f in near], age)
         return max(0.0, timeout_s - age) if left is None else min(left, max(0.0, timeout_s - age))
 
 
@@ -189,8 +207,11 @@ def _model_of(history: QueueHistory) -> Model | None:
     for s in samples:
         if not s.handed_over:
             by_mode.setdefault(s.supply_mode, []).append(s.acquire_s)
-    per_mode = {m: sorted(v) for m, v in by_mode.items() if len(v) >= MIN_SAMPLES}
-    runs = [min(1.0, s.ran_s / s.timeout_s) for s in samples if s.ran_s is not None and s.timeout_s > 0]
+    # a mode with fewer than MIN_SAMPLES creates: its own few when it has any (another mode's
+    # creates leave out its capacity wait: a flex-start create waits for capacity, a
+    # reservation's does not), all modes' otherwise
+    per_mode = {m: sorted(v) for m, v in by_mode.items()}
+    runs = [(s.timeout_s, min(1.0, s.ran_s / s.timeout_s)) for s in samples if s.ran_s is not None and s.timeout_s > 0]
     scores: dict[SupplyMode, list[float]] = {}
     for mode, x in history.scores:
         scores.setdefault(mode, []).append(x)
@@ -399,7 +420,7 @@ def choices(now: dt.datetime, seconds: float, width: float | None = None) -> tup
     return (lo, hi) if (at - lo) < (hi - at) else (hi, lo)
 
 
-LATEST_KEPT_STEPS = 3  # a Message showing a latest start up to this many steps later keeps it
+LATEST_KEPT_STEPS = 6  # a Message showing a latest start up to this many steps later keeps it
 
 
 def latest_choices(now: dt.datetime, seconds: float, width: float) -> tuple[dt.datetime, ...]:

@@ -16,6 +16,7 @@ from falcon_ray.spec import SupplyMode, parse_spec
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 0)
 FLEX = SupplyMode.FLEX_START
+RES = SupplyMode.RESERVATION
 
 
 def task(tid: int, phase, age_s: float = 0.0, timeout: int = 1200, mode: str = "flex-start") -> QueueTask:
@@ -112,6 +113,27 @@ def test_a_running_task_is_expected_to_last_what_longer_runs_lasted(runs, age, w
     assert m is not None and m.run_left(1200, age) == pytest.approx(want)
 
 
+def test_a_runs_length_comes_from_the_ended_runs_with_the_nearest_timeouts():
+    # short runs set short timeouts, long runs long ones; the slack is not proportional
+    short = [sample(i, 300, ran_s=50, timeout=3700) for i in range(5)]
+    long = [sample(10 + i, 300, ran_s=8000, timeout=20000) for i in range(5)]
+    m = eta.model_of(history(*short, *long))
+    assert m is not None and m.run_left(20000) == pytest.approx(8000)  # all ten pooled: about 4,100
+    assert m.run_left(3700) == pytest.approx(50)
+
+
+def test_a_mode_with_few_creates_of_its_own_takes_them_before_other_modes():
+    reservation = [sample(i, 600, mode=RES) for i in range(5)]
+    h = history(*reservation, sample(9, 3000))  # one flex-start create: its capacity wait included
+    assert eta.estimate(NOW, h, [], [], [W2], "", eta.Pools()) == {2: pytest.approx(3000)}  # pooled: 600
+
+
+def test_a_create_that_outlasted_every_sample_takes_a_typical_create_more():
+    holder = task(1, lc.PROVISIONING, age_s=2000)  # every create seen took 300 s
+    got = eta.estimate(NOW, history(*creates(300)), [holder], [], [W2], "", eta.Pools())
+    assert got == {2: pytest.approx(300 + 300)}  # not "now": it waits for capacity again
+
+
 W, P, B, N, D, R = ("Pending", "Waiting"), ("Pending", "Provisioning"), ("Pending", "ClusterBusy"), \
     ("Pending", "WaitingForNode"), ("Pending", "Dispatching"), ("Running", "")  # fmt: skip
 
@@ -177,7 +199,6 @@ def test_a_historys_model_is_worked_out_once_and_a_new_history_gets_its_own():
 
 # ---- the range ------------------------------------------------------------------------------------
 
-RES = SupplyMode.RESERVATION
 
 
 def test_a_score_is_the_lateness_over_the_expected_wait_plus_the_scale():
@@ -197,12 +218,19 @@ def test_the_latest_start_is_the_conformal_quantile_of_the_modes_scores():
 def test_a_mode_with_few_scores_takes_the_prior_or_the_queues_wider_quantile():
     few = QueueHistory(tuple(creates(300)), tuple((RES, 0.1) for _ in range(eta.MIN_SCORES)))
     got = eta.ranges(NOW, few, [], [], [W2], "", eta.Pools())  # W2 is flex-start: none of its own
-    assert got[2].latest == pytest.approx(300 + eta.PRIOR_SCORE * (300 + eta.SCALE_S))
-    wide = QueueHistory(tuple(creates(300)), tuple((RES, 4.0) for _ in range(eta.MIN_SCORES)))
-    assert eta.ranges(NOW, wide, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + 4.0 * 600)
+    assert got[2].latest == pytest.approx(300 + eta.PRIOR_SCORES[FLEX] * (300 + eta.SCALE_S))
+    wide = QueueHistory(tuple(creates(300)), tuple((RES, 5.0) for _ in range(eta.MIN_SCORES)))
+    assert eta.ranges(NOW, wide, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + 5.0 * 600)
     # its own scores, once it has enough, however narrow
     own = QueueHistory(tuple(creates(300)), tuple((FLEX, 0.0) for _ in range(eta.MIN_SCORES)))
     assert eta.ranges(NOW, own, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300)
+
+
+def test_a_flex_start_task_without_scores_of_its_mode_gets_a_wider_prior_than_a_reservation_task():
+    h = QueueHistory(tuple(creates(300)), ())
+    res = task(2, lc.WAITING, mode="reservation")
+    assert eta.ranges(NOW, h, [], [], [res], "", eta.Pools())[2].latest == pytest.approx(300 + eta.PRIOR_SCORE * 600)
+    assert eta.ranges(NOW, h, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + 3.5 * 600)
 
 
 def test_no_range_without_an_estimate():
@@ -212,10 +240,10 @@ def test_no_range_without_an_estimate():
 @pytest.mark.parametrize(
     "seconds, width, want",
     [
-        (1420, 3000, ("12:25", "12:30", "12:35", "12:40")),  # rounded up, then up to 3 steps later
-        (1500, 3000, ("12:25", "12:30", "12:35", "12:40")),  # on a step: itself
-        (1420, 200, ("12:24", "12:25", "12:26", "12:27")),  # no coarser than the range is wide
-        (8000, 1000, ("14:15", "14:20", "14:25", "14:30")),
+        (1420, 3000, ("12:25", "12:30", "12:35", "12:40", "12:45", "12:50", "12:55")),  # rounded up, then up to 6 steps later
+        (1500, 3000, ("12:25", "12:30", "12:35", "12:40", "12:45", "12:50", "12:55")),  # on a step: itself
+        (1420, 200, ("12:24", "12:25", "12:26", "12:27", "12:28", "12:29", "12:30")),  # no coarser than the range is wide
+        (8000, 1000, ("14:15", "14:20", "14:25", "14:30", "14:35", "14:40", "14:45")),
     ],
 )
 def test_the_latest_start_is_rounded_up(seconds, width, want):

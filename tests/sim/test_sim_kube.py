@@ -698,16 +698,17 @@ def test_label_changes_move_objects_in_and_out_of_a_filtered_watch(kube, fleet):
     rv = batch.list_namespaced_job(NS).metadata.resource_version
     batch.patch_namespaced_job("watch-move", NS, {"metadata": {"labels": {"stage": "on"}}})
     batch.patch_namespaced_job("watch-move", NS, {"metadata": {"labels": {"stage": "off"}}})
-    w = watch.Watch()
-    events = []
-    for event in w.stream(
-        batch.list_namespaced_job, NS, resource_version=rv, timeout_seconds=5, label_selector="stage=on"
-    ):
-        events.append(
-            (event["type"], event["object"].metadata.name, event["object"].metadata.labels["stage"])
-        )
-        if event["type"] == "DELETED":
-            w.stop()
+    stream = InThread(
+        lambda: [
+            (e["type"], e["object"].metadata.name, e["object"].metadata.labels["stage"])
+            for e in watch.Watch().stream(
+                batch.list_namespaced_job, NS, resource_version=rv, timeout_seconds=1, label_selector="stage=on"
+            )
+        ]
+    )
+    open_watches(fleet, "sim-k", 1)
+    fleet.advance(1)  # to the stream's timeoutSeconds: the server ends it
+    events = stream.result()
     # the clock stood still: no write of the Job controller came between the two patches
     assert events == [("ADDED", "watch-move", "on"), ("DELETED", "watch-move", "off")]
     batch.delete_namespaced_job("watch-move", NS, propagation_policy="Background")

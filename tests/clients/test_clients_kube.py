@@ -21,11 +21,13 @@ from falcon_ray.kube import JobObservation, JobWatcher, KubeApi, api_client
 from falcon_ray.spec import TaskSpec
 from falcon_ray.store.repository import Cluster
 from tests.clients.test_clients_gcp import create, delete, gke_api, registry_cluster, wait_done
-from tests.harness.sim import InThread, advance_until, open_watches, poll_until
+from tests.harness.sim import FAST_TIMINGS, InThread, advance_until, open_watches, poll_until
 
 CLUSTER = "sim-k"
 NAMESPACE = "falcon-jobs"
 _TASK_IDS = itertools.count(920_000)
+POD_START = FAST_TIMINGS["pod_start"]  # a bound pod runs this long after its bind (a constant)
+RUN = 0.2  # ``submit``'s FALCON_SIM_RUN_SECONDS
 
 
 def make_kube(fleet, cluster: str = CLUSTER) -> KubeApi:
@@ -75,6 +77,45 @@ def kube(sim, pools) -> KubeApi:
     return make_kube(sim)
 
 
+@pytest.fixture
+def vkube(virtual_sim) -> tuple[KubeApi, Pools]:
+    """A ``KubeApi`` on sim-k of a fleet on a ``ManualClock`` (fresh for the test, nothing in it
+    moves unless the test moves it), with a 1-host 2x2 and a 2-host 2x4 pool whose nodes are ready."""
+    sim = virtual_sim
+    api = gke_api(sim)
+    c = registry_cluster(sim, CLUSTER)
+    c = Cluster(**{**c.to_dict(), "gcs_bucket": "logs-sim-k", "namespace": NAMESPACE})
+    names = {}
+    for topology in ("2x2", "2x4"):
+        task_id = next(_TASK_IDS)
+        spec = TaskSpec(tpu_type="v6e", topology=topology, image="busybox", command=["true"])
+        name = names[topology] = render.node_pool_name(task_id, topology)
+        op = api.create_node_pool(
+            c.project,
+            c.location,
+            c.name,
+            render.node_pool_request(spec, c, "on-demand", name, task_id, idle_seconds=600),
+        )
+        advance_until(sim, lambda op=op: api.get_operation(c.project, c.location, op).done, 60, what=f"pool {name}")
+    kube = make_kube(sim)
+    for name in names.values():
+        advance_until(
+            sim,
+            lambda name=name: (
+                (nodes := kube.list_nodes(f"cloud.google.com/gke-nodepool={name}")) and all(n.ready for n in nodes)
+            ),
+            60,
+            what=f"nodes of {name}",
+        )
+    sim.advance(0)  # every effect due at this instant has run
+    return kube, Pools(c, names["2x2"], names["2x4"])
+
+
+def _advance_to(fleet, at: float) -> None:
+    """Move ``fleet``'s clock to its monotonic time ``at`` exactly (``at - now`` added to now is ``at``)."""
+    fleet.advance(at - fleet.clock.monotonic())
+
+
 def submit(kube: KubeApi, pools: Pools, topology: str = "2x2", **env: str) -> tuple[int, dict]:
     task_id = next(_TASK_IDS)
     spec = TaskSpec(
@@ -82,7 +123,7 @@ def submit(kube: KubeApi, pools: Pools, topology: str = "2x2", **env: str) -> tu
         topology=topology,
         image="us-docker.pkg.dev/proj/repo/train:1",
         command=["python3", "train.py"],
-        env={"FALCON_SIM_RUN_SECONDS": "0.2", **env},
+        env={"FALCON_SIM_RUN_SECONDS": str(RUN), **env},
     )
     pool = pools.single if topology == "2x2" else pools.multi
     queue = render.queue_label(CLUSTER, topology)
@@ -91,43 +132,53 @@ def submit(kube: KubeApi, pools: Pools, topology: str = "2x2", **env: str) -> tu
     return task_id, render.job_manifest(task_id, spec, pools.cluster, pool, queue)
 
 
-def wait_phase(kube: KubeApi, name: str, phase: str, timeout: float = 10) -> JobObservation:
-    return poll_until(
-        lambda: (
-            (job := kube.get_job(NAMESPACE, name)) is not None
-            and (obs := JobObservation.from_job(job)).phase == phase
-            and obs
-        ),
-        timeout=timeout,
-        what=f"{name} {phase}",
-    )
+def observe(kube: KubeApi, name: str) -> JobObservation | None:
+    job = kube.get_job(NAMESPACE, name)
+    return None if job is None else JobObservation.from_job(job)
+
+
+def phase_at(fleet, kube: KubeApi, name: str, phase: str, at: float) -> JobObservation:
+    """The Job ``name`` is not yet in ``phase`` 1 ms of the fleet's time before the instant ``at``
+    and is at ``at``; return its observation there."""
+    _advance_to(fleet, at - 0.001)
+    before = observe(kube, name)
+    assert before is None or before.phase != phase, f"{name} {phase} 1 ms early"
+    _advance_to(fleet, at)
+    obs = observe(kube, name)
+    assert obs is not None and obs.phase == phase, (name, phase, obs)
+    return obs
 
 
 # --- Jobs ------------------------------------------------------------------------------
 
 
-def test_job_runs_to_succeeded_and_a_repeated_create_adopts_it(kube, pools):
+def test_job_runs_to_succeeded_and_a_repeated_create_adopts_it(virtual_sim, vkube):
+    kube, pools = vkube
     task_id, manifest = submit(kube, pools)
+    t0 = virtual_sim.clock.monotonic()
     ref = kube.create_job(manifest)
     assert ref.created and ref.uid and ref.name == render.job_name(task_id) and ref.namespace == NAMESPACE
     again = kube.create_job(manifest)  # 409 AlreadyExists -> adopt
     assert (again.created, again.uid) == (False, ref.uid)
 
-    obs = wait_phase(kube, ref.name, "Succeeded")
+    obs = phase_at(virtual_sim, kube, ref.name, "Succeeded", t0 + POD_START + RUN)  # pod start + run time
     assert obs.task_id == task_id and obs.uid == ref.uid and obs.expected == 1 and obs.succeeded == 1
     assert obs.labels[render.LABEL_QUEUE] == f"{CLUSTER}.2x2"
     jobs, rv = kube.list_jobs(NAMESPACE, f"{render.LABEL_TASK_ID}={task_id}")
     assert [j.name for j in jobs] == [ref.name] and rv
 
     assert kube.delete_job(NAMESPACE, ref.name) is True
-    poll_until(lambda: kube.get_job(NAMESPACE, ref.name) is None, what="job gone")
+    virtual_sim.advance(0)  # its pods ended: the delete removes the Job at once, the clock still
+    assert kube.get_job(NAMESPACE, ref.name) is None
     assert kube.delete_job(NAMESPACE, ref.name) is False
 
 
-def test_oom_killed_job_reports_the_pods_termination(kube, pools):
+def test_oom_killed_job_reports_the_pods_termination(virtual_sim, vkube):
+    kube, pools = vkube
     _, manifest = submit(kube, pools, FALCON_SIM_EXIT_CODE="137", FALCON_SIM_OOM="1")
+    t0 = virtual_sim.clock.monotonic()
     ref = kube.create_job(manifest)
-    obs = wait_phase(kube, ref.name, "Failed")
+    obs = phase_at(virtual_sim, kube, ref.name, "Failed", t0 + POD_START + RUN)
     assert obs.failed >= 1 and obs.message  # the Job's own condition text
     message = kube.job_failure_message(NAMESPACE, ref.name)
     assert "OOMKilled" in message and "exit code 137" in message
@@ -135,27 +186,31 @@ def test_oom_killed_job_reports_the_pods_termination(kube, pools):
     kube.delete_job(NAMESPACE, ref.name)
 
 
-def test_plain_exit_code_failure(kube, pools):
+def test_plain_exit_code_failure(virtual_sim, vkube):
+    kube, pools = vkube
     _, manifest = submit(kube, pools, FALCON_SIM_EXIT_CODE="3")
+    t0 = virtual_sim.clock.monotonic()
     ref = kube.create_job(manifest)
-    wait_phase(kube, ref.name, "Failed")
+    phase_at(virtual_sim, kube, ref.name, "Failed", t0 + POD_START + RUN)
     message = kube.job_failure_message(NAMESPACE, kube.get_job(NAMESPACE, ref.name))
     assert "(exit code 3)" in message and "OOMKilled" not in message
     kube.delete_job(NAMESPACE, ref.name)
 
 
-def test_multi_host_job_has_one_pod_per_host_behind_a_headless_service(kube, pools):
+def test_multi_host_job_has_one_pod_per_host_behind_a_headless_service(virtual_sim, vkube):
+    kube, pools = vkube
     task_id, manifest = submit(kube, pools, topology="2x4", FALCON_SIM_RUN_SECONDS="0.5")
     name = render.job_name(task_id)
     assert kube.create_service(render.headless_service(task_id, None, pools.cluster)) is False  # exists
+    t0 = virtual_sim.clock.monotonic()
     kube.create_job(manifest)
-    running = wait_phase(kube, name, "Running")
+    running = phase_at(virtual_sim, kube, name, "Running", t0 + POD_START)  # both pods started at pod_start
     assert running.expected == 2 and running.ready == 2
     pods = kube.list_pods(NAMESPACE, f"job-name={name}")
     assert len(pods) == 2 and all(p.node_name for p in pods)
     nodes = {n.name: n for n in kube.list_nodes(f"cloud.google.com/gke-nodepool={pools.multi}")}
     assert {p.node_name for p in pods} == set(nodes)
-    wait_phase(kube, name, "Succeeded")
+    phase_at(virtual_sim, kube, name, "Succeeded", t0 + POD_START + 0.5)
     assert kube.delete_job(NAMESPACE, name) and kube.delete_service(NAMESPACE, name)
     assert kube.delete_service(NAMESPACE, name) is False
 
@@ -287,13 +342,21 @@ def watcher_for(kube: KubeApi, **kwargs) -> JobWatcher:
     return JobWatcher(kube, NAMESPACE, **settings)
 
 
-def test_watcher_lists_then_follows_a_job_to_its_end(kube, pools):
+def test_watcher_lists_then_follows_a_job_to_its_end(virtual_sim, vkube):
+    kube, pools = vkube
     with Running(watcher_for(kube)) as run:
+        open_watches(virtual_sim, CLUSTER, 1)
         _, manifest = submit(kube, pools)
+        t0 = virtual_sim.clock.monotonic()
         ref = kube.create_job(manifest)
+        _advance_to(virtual_sim, t0 + POD_START + RUN - 0.001)
+        assert observe(kube, ref.name).phase == "Running"
+        _advance_to(virtual_sim, t0 + POD_START + RUN)  # the Job ends here; the stream carries it
+        # the only wait: the watcher's thread reading what the fleet has sent over loopback
         poll_until(lambda: "Succeeded" in run.recorder.phases(ref.name), what="Succeeded event")
         kube.delete_job(NAMESPACE, ref.name)
         poll_until(lambda: "Deleted" in run.recorder.phases(ref.name), what="Deleted event")
+        assert virtual_sim.clock.monotonic() == t0 + POD_START + RUN  # no further fleet time passed
     w = run.watcher
     assert w.lists == 1 and w.relists == 0 and w.errors == 0
     assert run.recorder.resyncs and w.last_ok_at and w.last_event_at and w.resource_version
@@ -343,35 +406,6 @@ def test_watcher_outlives_a_token_that_expires_mid_watch(sim, kube, pools):
         )
         kube.delete_job(NAMESPACE, ref.name)
     assert run.watcher.reconnects >= 1 and run.watcher.last_ok_at is not None
-
-
-@pytest.fixture
-def vkube(virtual_sim) -> tuple[KubeApi, Pools]:
-    """A ``KubeApi`` on sim-k of a fleet on a ``ManualClock``, with a 1-host 2x2 pool whose node is ready."""
-    sim = virtual_sim
-    api = gke_api(sim)
-    c = registry_cluster(sim, CLUSTER)
-    c = Cluster(**{**c.to_dict(), "gcs_bucket": "logs-sim-k", "namespace": NAMESPACE})
-    task_id = next(_TASK_IDS)
-    spec = TaskSpec(tpu_type="v6e", topology="2x2", image="busybox", command=["true"])
-    name = render.node_pool_name(task_id, "2x2")
-    op = api.create_node_pool(
-        c.project, c.location, c.name, render.node_pool_request(spec, c, "on-demand", name, task_id, idle_seconds=600)
-    )
-    advance_until(sim, lambda: api.get_operation(c.project, c.location, op).done, 60, what=f"pool {name}")
-    kube = make_kube(sim)
-    advance_until(
-        sim,
-        lambda: (nodes := kube.list_nodes(f"cloud.google.com/gke-nodepool={name}")) and all(n.ready for n in nodes),
-        60,
-        what=f"nodes of {name}",
-    )
-    return kube, Pools(c, name, "")
-
-
-def _advance_to(fleet, at: float) -> None:
-    """Move ``fleet``'s clock to its monotonic time ``at`` exactly (``at - now`` added to now is ``at``)."""
-    fleet.advance(at - fleet.clock.monotonic())
 
 
 def test_dropped_streams_resume_at_once_and_a_refused_token_is_retried_at_once(virtual_sim, vkube):

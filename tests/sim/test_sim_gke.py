@@ -48,6 +48,11 @@ def wait_done(gke, c, op, timeout=5.0):
     )
 
 
+def advance_to(fleet, at: float) -> None:
+    """Move ``fleet``'s clock to its monotonic time ``at`` exactly (``at - now`` added to now is ``at``)."""
+    fleet.advance(at - fleet.clock.monotonic())
+
+
 def tpu_pool(name, hosts=1, topology="2x2", reservation=None, flex=False, labels=None):
     """A v6e pool request shaped like the controller's (proto-plus copies sub-messages: build inside-out)."""
     config = container_v1.NodeConfig(
@@ -117,9 +122,11 @@ def test_get_cluster_gives_the_kubernetes_endpoint_and_a_pem_ca(sim):
     assert cluster.workload_identity_config.workload_pool == "proj-sim-a.svc.id.goog"
 
 
-def test_create_pool_operation_runs_then_done_and_nodes_register(sim):
+def test_create_pool_operation_runs_then_done_and_nodes_register(virtual_sim):
+    sim = virtual_sim  # the create, the registration and the delete on the fleet's clock, moved by the test
     gke = gke_client(sim)
     core = k8s.CoreV1Api(kube_api_client(sim, "sim-a"))
+    t0 = sim.clock.monotonic()
     op = gke.create_node_pool(parent=parent(A), node_pool=tpu_pool("falcon-life", hosts=2, topology="2x4"))
     assert op.status == container_v1.Operation.Status.RUNNING
     assert op.operation_type == container_v1.Operation.Type.CREATE_NODE_POOL
@@ -128,7 +135,12 @@ def test_create_pool_operation_runs_then_done_and_nodes_register(sim):
     assert pool.status == container_v1.NodePool.Status.PROVISIONING
     assert pool.placement_policy.tpu_topology == "2x4" and pool.initial_node_count == 2
 
-    done = wait_done(gke, A, op)
+    created = t0 + sim_timings(sim, "sim-a", "node_pool_create")
+    advance_to(sim, created - 0.001)
+    assert gke.get_operation(name=op_path(A, op.name)).status == container_v1.Operation.Status.RUNNING
+    advance_to(sim, created)  # DONE at node_pool_create, not before
+    done = gke.get_operation(name=op_path(A, op.name))
+    assert done.status == container_v1.Operation.Status.DONE
     assert not done.error.message and done.end_time
     assert (
         gke.get_node_pool(name=f"{parent(A)}/nodePools/falcon-life").status
@@ -137,7 +149,11 @@ def test_create_pool_operation_runs_then_done_and_nodes_register(sim):
     assert "falcon-life" in [p.name for p in gke.list_node_pools(parent=parent(A)).node_pools]
 
     selector = "cloud.google.com/gke-nodepool=falcon-life"
-    nodes = poll_until(lambda: core.list_node(label_selector=selector).items, what="nodes to register")
+    registered = created + sim_timings(sim, "sim-a", "node_register")
+    advance_to(sim, registered - 0.001)
+    assert core.list_node(label_selector=selector).items == []
+    advance_to(sim, registered)  # the nodes register node_register after the pool is RUNNING
+    nodes = core.list_node(label_selector=selector).items
     assert len(nodes) == 2
     for node in nodes:
         labels = node.metadata.labels
@@ -147,13 +163,18 @@ def test_create_pool_operation_runs_then_done_and_nodes_register(sim):
         assert node.status.allocatable["google.com/tpu"] == "4"
         assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
 
+    t1 = sim.clock.monotonic()
     delete_op = gke.delete_node_pool(name=f"{parent(A)}/nodePools/falcon-life")
     assert delete_op.operation_type == container_v1.Operation.Type.DELETE_NODE_POOL
     assert (
         gke.get_node_pool(name=f"{parent(A)}/nodePools/falcon-life").status
         == container_v1.NodePool.Status.STOPPING
     )
-    wait_done(gke, A, delete_op)
+    deleted = t1 + sim_timings(sim, "sim-a", "node_pool_delete")
+    advance_to(sim, deleted - 0.001)
+    assert gke.get_operation(name=op_path(A, delete_op.name)).status == container_v1.Operation.Status.RUNNING
+    advance_to(sim, deleted)
+    assert gke.get_operation(name=op_path(A, delete_op.name)).status == container_v1.Operation.Status.DONE
     with pytest.raises(gexc.NotFound):
         gke.get_node_pool(name=f"{parent(A)}/nodePools/falcon-life", retry=None)
     assert core.list_node(label_selector=selector).items == []

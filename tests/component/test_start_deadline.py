@@ -19,18 +19,8 @@ from falcon_ray.model import TaskEvent
 from falcon_ray.reconcile.context import stamp
 from falcon_ray.sim.fleet import parse_fleet
 from tests.harness.simulate import sim_task
+from tests.harness.virtual import TIMINGS  # GKE's orders of magnitude, as the other virtual-time tests
 
-TIMINGS = {
-    "node_pool_create": 420.0,
-    "node_register": 90.0,
-    "pod_start": 20.0,
-    "node_pool_delete": 180.0,
-    "flex_visibility_lag": 60.0,
-    "autoscaler_scale_up": 30.0,
-    "flex_capacity_wait": 120.0,
-    "autoscaler_scale_down": 600.0,
-    "pod_termination": 30.0,
-}
 DEADLINE_S = 1800.0
 S = Settings()
 LATE_S = S.queue_tick_s + S.poll_interval_s  # how long after the deadline the end may come

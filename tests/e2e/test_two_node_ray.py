@@ -210,7 +210,7 @@ def test_actors_run_on_the_worker_node_and_come_back_on_a_new_one_after_it_is_lo
     phases: dict[str, float] = {}  # seconds from the start, printed with -s
     try:
         head.start()
-        address = head.wait_ready(timeout=60)
+        address = head.wait_ready()
         workers.append(WorkerNode("w1", root, address))
         workers[0].start()
         db_url = f"sqlite:///{root / 'falcon.db'}"

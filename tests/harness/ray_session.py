@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     head = RayHead("ray", Path(tempfile.mkdtemp(prefix="fr-")), num_cpus=2, system_config=SYSTEM_CONFIG, log_monitor=False)
     head.start()
     try:
-        address = head.wait_ready(timeout=120)
+        address = head.wait_ready(timeout=180)
     except Exception:
         head.stop()
         raise

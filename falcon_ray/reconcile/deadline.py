@@ -1,5 +1,6 @@
 """Rule 1b: a task not started by its start deadline ends Failed/StartDeadlineExceeded; a
-Waiting task's Message says so early when its expected start comes after the deadline.
+Waiting task's Message says so early when its latest start (the expected one without a
+range) comes after the deadline.
 
 Contract
 --------

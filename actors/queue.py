@@ -489,7 +489,7 @@ class QueueReconciler:
         """The queue as an operator reads it: waiting in pick order (each with its start range
         as the last step decided it, ``eta``: epoch seconds or None), slot holder, running, pools."""
         with self.lock:
-            state, view = self.last_state, self.last_view
+            state, view, ranges = self.last_state, self.last_view, self.ranges
         out: dict[str, Any] = {
             "cluster": self.cluster_name, "topology": self.topology, "waiting": [], "acquiring": [], "recovering": [],
             "running": [], "aborting": [], "leases": [], "last_granted": "", "db_statements": self.store.statements,
@@ -497,8 +497,6 @@ class QueueReconciler:
         if state is None:
             return out
         now = self.clock.now()
-        with self.lock:
-            ranges = self.ranges
         out["waiting"] = [
             dict(_task_view(t, now), position=pos, eta=_eta_view(ranges.get(t.id)))
             for pos, t in enumerate(scheduling.queue_order(state.waiting, state.last_granted), start=1)

@@ -9,64 +9,31 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import ray
-import yaml
 
-from falcon_ray.sim.server import SimFleet
-from falcon_ray.store import Store
-from falcon_ray.store.migrate import upgrade
 from tests.harness import api_contract as contract
-from tests.harness.e2e import make_fleet, spec
+from tests.harness.e2e import make_fleet, run_command_setup, spec
+from tests.harness.ray_head import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "api-contract-token-0123456789"
 WAITING = 40
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(300)
 def test_read_api_of_falcon_ray_run(ray_session, tmp_path):
     # one host in the reservation: the first task runs, the next holds the slot, the rest wait
     fleet = make_fleet(a={"reservation": {"name": "res-a", "count": 1}, "chips": 16}, with_b=False, seed=31)
-    sim = SimFleet(fleet)
-    ep = sim.start()
-    db_url = f"sqlite:///{tmp_path / 'falcon.db'}"
-    upgrade(db_url, with_jobs_table=True)
-    store = Store(db_url)
-    c = fleet.clusters[0]
-    store.add_cluster(c.name, c.project, c.location, c.tpu_type, gcs_bucket=c.gcs_bucket, default_reservation="res-a")
     token_file = tmp_path / "api-token"
     token_file.write_text(TOKEN + "\n")
-    port = _free_port()
-    settings = yaml.safe_load((ROOT / "falcon_ray" / "devtools" / "demo" / "settings.yaml").read_text())
-    settings.update(
-        namespace=f"falcon-api-{os.getpid()}",
-        gke_endpoint=ep["gke"],
-        compute_endpoint=ep["compute"],
-        metadata_host=ep["metadata"],
-        kubernetes_scheme="http",
-        health_port=port,
-        api_token_file=str(token_file),
-    )
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(settings))
+    port = free_port()
+    namespace = f"falcon-api-{os.getpid()}"
+    sim, store, _db_url, cmd = run_command_setup(fleet, tmp_path, namespace, health_port=port, api_token_file=str(token_file))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [
-        sys.executable, "-c", "from falcon_ray.cli import main; main()", "run",
-        "--ray-address", ray.get_runtime_context().gcs_address, "--db", db_url, "--config", str(config),
-    ]  # fmt: skip
     log_path = tmp_path / "run.log"
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log_file:

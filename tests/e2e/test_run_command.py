@@ -9,19 +9,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import ray
-import yaml
 
 from actors import names
-from falcon_ray.sim.server import SimFleet
-from falcon_ray.store import Store
-from falcon_ray.store.migrate import upgrade
-from tests.harness.e2e import make_fleet, spec
+from tests.harness.e2e import make_fleet, run_command_setup, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,30 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(180)
 def test_run_command_leads_runs_a_task_and_stops_cleanly_on_sigterm(ray_session, tmp_path):
     fleet = make_fleet(with_b=False, seed=21)
-    sim = SimFleet(fleet)
-    ep = sim.start()
-    db_url = f"sqlite:///{tmp_path / 'falcon.db'}"
-    upgrade(db_url, with_jobs_table=True)
-    store = Store(db_url)
-    c = fleet.clusters[0]
-    store.add_cluster(c.name, c.project, c.location, c.tpu_type, gcs_bucket=c.gcs_bucket, default_reservation="res-a")
     namespace = f"falcon-run-{os.getpid()}"
-    config = tmp_path / "config.yaml"
-    settings = yaml.safe_load((ROOT / "falcon_ray" / "devtools" / "demo" / "settings.yaml").read_text())
-    settings.update(
-        namespace=namespace,
-        gke_endpoint=ep["gke"],
-        compute_endpoint=ep["compute"],
-        metadata_host=ep["metadata"],
-        kubernetes_scheme="http",
-        health_port=0,
-    )
-    config.write_text(yaml.safe_dump(settings))
+    sim, store, _db_url, cmd = run_command_setup(fleet, tmp_path, namespace, health_port=0)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [
-        sys.executable, "-c", "from falcon_ray.cli import main; main()", "run",
-        "--ray-address", ray.get_runtime_context().gcs_address, "--db", db_url, "--config", str(config),
-    ]  # fmt: skip
     log_path = tmp_path / "run.log"
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -125,3 +125,39 @@ def assert_clean(run: DemoRun, timeout: float = 60.0, serial_pool_ops: bool = Tr
         for a, b in zip(phases, phases[1:], strict=False):
             assert a == b or lc.allowed(a, b), f"task {t.id}: {a} -> {b} is not in the lifecycle table"
     return stats
+
+
+def run_command_setup(fleet: FleetConfig, tmp_path, namespace: str, **settings) -> tuple:
+    """What a test of ``falcon-ray run`` starts from: the fleet served on loopback, a migrated
+    SQLite database with the fleet's first cluster registered (reservation ``res-a``), and the
+    demo's settings pointed at both (plus ``settings``) in ``tmp_path/config.yaml``. Returns
+    (sim, store, db_url, the argv of ``falcon-ray run`` on the current Ray); the caller stops
+    the sim."""
+    import sys
+    from pathlib import Path
+
+    import ray
+    import yaml
+
+    from falcon_ray.sim.server import SimFleet
+    from falcon_ray.store import Store
+    from falcon_ray.store.migrate import upgrade
+
+    root = Path(__file__).resolve().parents[2]
+    sim = SimFleet(fleet)
+    ep = sim.start()
+    db_url = f"sqlite:///{tmp_path / 'falcon.db'}"
+    upgrade(db_url, with_jobs_table=True)
+    store = Store(db_url)
+    c = fleet.clusters[0]
+    store.add_cluster(c.name, c.project, c.location, c.tpu_type, gcs_bucket=c.gcs_bucket, default_reservation="res-a")
+    config = yaml.safe_load((root / "falcon_ray" / "devtools" / "demo" / "settings.yaml").read_text())
+    config.update(namespace=namespace, gke_endpoint=ep["gke"], compute_endpoint=ep["compute"],
+                  metadata_host=ep["metadata"], kubernetes_scheme="http", **settings)  # fmt: skip
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [
+        sys.executable, "-c", "from falcon_ray.cli import main; main()", "run",
+        "--ray-address", ray.get_runtime_context().gcs_address, "--db", db_url, "--config", str(path),
+    ]  # fmt: skip
+    return sim, store, db_url, cmd

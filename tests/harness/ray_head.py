@@ -88,8 +88,8 @@ class RayHead:
         can be taken by another process (another test worker's Ray) before Ray binds it.
         ``timeout`` bounds a start-up that takes seconds alone (docs/bench) and a minute or
         more on a 2-core machine running two suites at once; it proves nothing about timing."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + timeout  # wall-clock: a real Ray head starting
+        while time.monotonic() < deadline:  # wall-clock: a real Ray head starting
             if self.proc.poll() is not None:
                 text = self.log.read_text()[-3000:]
                 if restarts <= 0:
@@ -104,7 +104,7 @@ class RayHead:
             if m:
                 self.address = m.group(1)
                 return self.address
-            time.sleep(0.2)
+            time.sleep(0.2)  # wall-clock: polls a real process's log
         raise RuntimeError(f"ray {self.label} not up after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self, keep_logs: bool = False) -> None:
@@ -114,9 +114,9 @@ class RayHead:
             return
         procs = kill_tree(self.proc.pid)
         self.proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(alive(p) for p in procs):
-            time.sleep(0.1)
+        deadline = time.monotonic() + 10  # wall-clock: real processes exiting
+        while time.monotonic() < deadline and any(alive(p) for p in procs):  # wall-clock: real processes exiting
+            time.sleep(0.1)  # wall-clock: real processes exiting
         if not keep_logs:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
@@ -164,7 +164,7 @@ def _watch(parent: int, head: int) -> None:
         if not alive(parent):
             kill_tree(head)
             return
-        time.sleep(1.0)
+        time.sleep(1.0)  # wall-clock: watches real processes
 
 
 if __name__ == "__main__":  # the watchdog: ray_head.py PARENT_PID HEAD_PID

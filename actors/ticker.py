@@ -4,7 +4,12 @@ Contract
 --------
 A daemon thread calls ``step()`` (at once, or after ``start_after`` seconds), then
 again whenever ``wake()`` is called or ``interval()`` seconds have passed. A step that raises is logged and recorded in
-``last_error``; the loop never dies of it. ``stop()`` ends the loop after the step in
+``last_error``; the loop never dies of it. After a failed step the next one waits at least
+``StepFailures.delay_s`` (0.2 s doubling to 10 s over consecutive failures; a wake in that
+time is kept for its end), so a loop whose interval is 0 (a watch) does not spin while its
+database or API is down; the first failure of a kind is logged with its traceback, repeats
+of it as one line at the 2nd, 4th, 8th ... failure, and the first good step after failures
+says how many there were and since when. ``stop()`` ends the loop after the step in
 progress; ``drain(timeout)`` stops and waits for that step to finish. With ``halted``
 (a callable returning a reason, empty while all is well) the loop also ends after a
 step once it returns a reason, kept in ``halted_reason`` (a fenced actor's loops). Its
@@ -25,6 +30,44 @@ from collections.abc import Callable
 from typing import Protocol
 
 from falcon_ray.clock import SYSTEM, Clock
+
+FAILED_STEP_DELAY_INITIAL_S = 0.2
+FAILED_STEP_DELAY_MAX_S = 10.0
+
+
+class StepFailures:
+    """How a loop paces and reports consecutive failed steps (the module's contract); the
+    thread ``Ticker`` and the simulate driver's loops share it. Pure: the caller gives the time."""
+
+    def __init__(self, name: str, log: logging.Logger) -> None:
+        self.name = name
+        self._log = log
+        self.count = 0  # consecutive failed steps
+        self.since: float | None = None  # when the first of them ended (the caller's wall clock)
+        self._kind = ""
+
+    def failed(self, e: Exception, now: float) -> None:
+        """Record a failed step (called inside its ``except``) and log it as the contract says."""
+        kind = f"{type(e).__name__}: {e}"[:200]
+        self.count += 1
+        if self.count == 1:
+            self.since = now
+        if kind != self._kind:
+            self._kind = kind
+            self._log.exception("%s: step failed", self.name)
+        elif self.count & (self.count - 1) == 0:
+            self._log.warning("%s: step failed again (%d in a row): %s", self.name, self.count, kind)
+
+    def succeeded(self, now: float) -> None:
+        if self.count:
+            self._log.warning("%s: step succeeded after %d failed in a row over %.1fs", self.name, self.count, now - (self.since or now))
+        self.count, self.since, self._kind = 0, None, ""
+
+    def delay_s(self) -> float:
+        """The least wait before the next step: 0 after a good step."""
+        if not self.count:
+            return 0.0
+        return min(FAILED_STEP_DELAY_INITIAL_S * 2.0 ** (self.count - 1), FAILED_STEP_DELAY_MAX_S)
 
 
 class Loop(Protocol):
@@ -77,6 +120,7 @@ class Ticker:
         self.last_step_at: float | None = None  # wall clock
         self.last_step_s = 0.0
         self.last_error = ""
+        self.failures = StepFailures(name, log)
         self._halted = halted
         self.halted_reason = ""
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
@@ -90,9 +134,10 @@ class Ticker:
             try:
                 self._step()
                 self.last_error = ""
+                self.failures.succeeded(self.clock.time())
             except Exception as e:
                 self.last_error = f"{type(e).__name__}: {e}"[:500]
-                self._log.exception("%s: step failed", self.name)
+                self.failures.failed(e, self.clock.time())
             self.last_step_s = self.clock.monotonic() - t0
             self.last_step_at = self.clock.time()
             self.steps += 1
@@ -100,7 +145,12 @@ class Ticker:
                 self.halted_reason = reason
                 self._log.error("%s: loop stopped: %s", self.name, reason)
                 break
-            self.clock.wait(self._wake, self._interval())
+            interval = self._interval()
+            if backoff := self.failures.delay_s():
+                self.clock.wait(self._stop, backoff)  # a wake now is kept for the end of it
+                interval -= backoff
+            if interval > 0 and not self._stop.is_set():
+                self.clock.wait(self._wake, interval)
             self._wake.clear()
 
     def wake(self) -> None:
@@ -124,4 +174,11 @@ class Ticker:
         return not self._thread.is_alive()
 
     def status(self) -> dict[str, object]:
-        return {"steps": self.steps, "last_step_at": self.last_step_at, "last_step_s": self.last_step_s, "last_error": self.last_error, "halted": self.halted_reason}
+        return {
+            "steps": self.steps,
+            "last_step_at": self.last_step_at,
+            "last_step_s": self.last_step_s,
+            "last_error": self.last_error,
+            "failed_in_a_row": self.failures.count,
+            "halted": self.halted_reason,
+        }

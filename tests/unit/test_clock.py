@@ -155,3 +155,78 @@ def test_a_woken_thread_that_neither_waits_again_nor_ends_fails_the_move():
         c.advance(1)
     release.set()
     t.join(10)
+
+
+# ---- a failing step is paced and logged once, not spun ------------------------------------
+
+
+def test_a_loop_whose_step_keeps_failing_backs_off_and_logs_one_traceback(caplog):
+    """A watch loop (interval 0) whose database is down: before, it retried at once and
+    logged a traceback each time (1,468 in a 6 s outage of the soak's database test)."""
+    c = ManualClock()
+    m0 = c.monotonic()
+    at: list[float] = []
+    done = threading.Event()
+
+    def step():
+        at.append(round(c.monotonic() - m0, 6))
+        if len(at) == 12:
+            done.set()
+        if len(at) <= 10:
+            raise ConnectionRefusedError("database down")
+
+    with caplog.at_level(logging.WARNING, logger="test.failing"):
+        t = Ticker("watch", step, lambda: 0.0, logging.getLogger("test.failing"), clock=c)
+        try:
+            assert done.wait(10), at  # wall-clock: the Ticker's thread is real; its waits run on the ManualClock
+        finally:
+            t.drain(10)
+    gaps = [round(b - a, 6) for a, b in zip(at, at[1:], strict=False)]
+    # 0.2 s doubling up to 10 s after each of the 10 failures, then the interval (0) after a good step
+    assert gaps[:10] == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0, 10.0, 10.0], gaps
+    assert gaps[10] == 0.0, gaps
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    repeats = [r.getMessage() for r in caplog.records if "failed again" in r.getMessage()]
+    assert len(tracebacks) == 1, "the same error is logged with its traceback once"
+    assert [m.split("(")[1].split(" ")[0] for m in repeats] == ["2", "4", "8"], repeats
+    assert any("succeeded after 10 failed in a row" in r.getMessage() for r in caplog.records)
+    assert t.status()["failed_in_a_row"] == 0
+
+
+def test_a_new_error_is_logged_with_its_traceback_and_a_wake_waits_for_the_backoff():
+    c = ParkingClock()
+    m0 = c.monotonic()
+    at: list[float] = []
+    errors = [ValueError("a"), ValueError("a"), KeyError("b")]
+    log = logging.getLogger("test.kinds")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log.addHandler(handler)
+
+    def step():
+        at.append(round(c.monotonic() - m0, 6))
+        if errors:
+            raise errors.pop(0)
+
+    t = Ticker("ops", step, lambda: 30.0, log, clock=c)
+    try:
+        c.until_parked(1)  # after the first failure: 0.2 s of backoff, then the interval's rest
+        t.wake()
+        c.advance_to(m0 + 0.199)
+        assert at == [0.0], "a wake inside the backoff waits for its end"
+        c.advance_to(m0 + 0.2)
+        assert at == [0.0, 0.2]
+        assert t.status()["failed_in_a_row"] == 2
+        t.wake()
+        c.advance_to(m0 + 0.6)  # the third fails with another error; the fourth comes after the interval's rest
+        assert at == [0.0, 0.2, 0.6]
+        c.advance_to(m0 + 30.6 - 0.001)
+        assert at == [0.0, 0.2, 0.6]
+        c.advance_to(m0 + 30.6)
+        assert at == [0.0, 0.2, 0.6, 30.6]
+    finally:
+        t.stop()
+        c.advance(0)
+        log.removeHandler(handler)
+    assert [r.exc_info is not None for r in records if "step failed" in r.getMessage()] == [True, False, True]

@@ -23,7 +23,7 @@ so sharing the thread's connections with the driver is safe.
 
 ``ScheduledLoop`` keeps ``actors.ticker.Ticker``'s contract (``step`` at once or after
 ``start_after``, again after ``interval()`` or at once on ``wake()``; a raising step is
-logged and kept in ``last_error``; ``halted``; ``stop``; ``status``) on the scheduler
+logged and kept in ``last_error``, and paced by ``StepFailures``; ``halted``; ``stop``; ``status``) on the scheduler
 instead of a thread. ``next_after``, when set, replaces ``now + interval()`` after a step
 with the time the loop can next change anything (None: only a ``wake()``); it is where
 the driver leaves out steps that cannot do anything. ``on_step`` is called after each step,
@@ -40,6 +40,7 @@ from typing import Any
 
 import greenlet
 
+from actors.ticker import StepFailures
 from falcon_ray.clock import ManualClock
 from falcon_ray.sim.timers import TimerQueue
 
@@ -171,6 +172,7 @@ class ScheduledLoop:
         self.last_step_mono: float | None = None  # when the last step ended, on the monotonic clock
         self.last_step_s = 0.0
         self.last_error = ""
+        self.failures = StepFailures(name, log)
         self.next_after: Callable[[ScheduledLoop], float | None] | None = None
         self.worker: Worker | None = None
         self.on_step: Callable[[ScheduledLoop, object], None] | None = None  # the driver's hook
@@ -191,7 +193,10 @@ class ScheduledLoop:
         if self._running:
             self._woken = True
             return
-        self._schedule(self.clock.monotonic())
+        now = self.clock.monotonic()
+        if self.failures.count and self.last_step_mono is not None:  # kept for the end of the wait after a failure
+            now = max(now, self.last_step_mono + self.failures.delay_s())
+        self._schedule(now)
 
     @property
     def stopped(self) -> bool:
@@ -210,7 +215,14 @@ class ScheduledLoop:
         return True
 
     def status(self) -> dict[str, object]:
-        return {"steps": self.steps, "last_step_at": self.last_step_at, "last_step_s": self.last_step_s, "last_error": self.last_error, "halted": self.halted_reason}
+        return {
+            "steps": self.steps,
+            "last_step_at": self.last_step_at,
+            "last_step_s": self.last_step_s,
+            "last_error": self.last_error,
+            "failed_in_a_row": self.failures.count,
+            "halted": self.halted_reason,
+        }
 
     # ---- scheduling ---------------------------------------------------------------------------
 
@@ -278,9 +290,10 @@ class ScheduledLoop:
         try:
             self._result = self._step()
             self.last_error = ""
+            self.failures.succeeded(self.clock.time())
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"[:500]
-            self._log.exception("%s: step failed", self.name)
+            self.failures.failed(e, self.clock.time())
         self.last_step_s = self.clock.monotonic() - t0
         self.last_step_at = self.clock.time()
         self.last_step_mono = self.clock.monotonic()
@@ -296,9 +309,10 @@ class ScheduledLoop:
             self._stopped = True
             return
         now = self.clock.monotonic()
+        earliest = now + self.failures.delay_s()  # after a failed step, as a Ticker waits
         if self._woken:
-            self._schedule(now)
+            self._schedule(earliest)
             return
         t = self.next_after(self) if self.next_after is not None else now + self._interval()
         if t is not None:
-            self._schedule(max(t, now))
+            self._schedule(max(t, earliest))

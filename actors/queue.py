@@ -83,7 +83,7 @@ from falcon_ray.model import (
     ReservationWaiter,
     StartSample,
 )
-from falcon_ray.reconcile import eta, hold
+from falcon_ray.reconcile import eta, hold, pools
 from falcon_ray.spec import SpecError, SupplyMode, TaskSpec, parse_spec
 from falcon_ray.store import Fenced, Store
 
@@ -301,8 +301,9 @@ class QueueReconciler:
 
     def _other_topology_waiting(self, cluster_id: str) -> bool:
         """Read only while a task of this queue has waited for its nodes past the contested
-        limit (``Wait.NODES_CONTESTED``) or a reservation pool is kept idle (the two rules
-        that ask), at most once a second."""
+        limit (``Wait.NODES_CONTESTED``) or a pool is kept idle by a window that another
+        topology's wait ends (``pools.keep_window``; the two rules that ask), at most once
+        a second."""
         now_dt = self.clock.now()
 
         def contested(v: QueueTask | None) -> bool:
@@ -310,9 +311,13 @@ class QueueReconciler:
                 return False
             return limits.passed(limits.Wait.NODES_CONTESTED, self.s, (now_dt - v.phase_since).total_seconds())
 
-        kept = self.s.keep_idle_s(SupplyMode.RESERVATION) > 0 and any(
-            l.state == LeaseState.IDLE and l.supply_mode == SupplyMode.RESERVATION for l in self.mirror.leases or ()
-        )  # a reservation pool kept idle is given up when another topology waits (pools.kept_alive)
+        def yields(lease) -> bool:
+            window, gives_up = pools.keep_window(self.s, lease)
+            return window > 0 and gives_up
+
+        kept = any(
+            l.state == LeaseState.IDLE and yields(l) for l in self.mirror.leases or ()
+        )  # a pool kept idle by a window that another topology's wait ends (pools.kept_alive)
         if not kept and not any(contested(self.mirror.values.get(tid)) for tid in self.mirror.not_waiting):
             return False
         now = self.clock.monotonic()

@@ -154,6 +154,19 @@ class Settings(BaseModel):
     keep_idle_flex_start_s: float = Field(
         0.0, ge=0, le=86400, description="the same window for flex-start pools (0: deleted at once)"
     )
+    keep_idle_reacquire_factor: float = Field(
+        0.0,
+        ge=0,
+        le=4,
+        description="a pool nobody waits for is also kept Idle for this many times what it took to get it (its "
+        "lease's create request to its nodes Ready: the cluster's queue of node-pool operations, the create, "
+        "flex-start capacity, registration), at most keep_idle_max_s: the break-even of keeping against getting "
+        "it again; such a pool is given up at once when a task of another topology of the cluster waits "
+        "(0: only the keep_idle_* windows)",
+    )
+    keep_idle_max_s: float = Field(
+        4 * 3600.0, ge=0, le=86400, description="the longest window keep_idle_reacquire_factor gives a pool"
+    )
 
     # --- disruptions (the fleet ended a run: maintenance, repair, reclaim)
     max_recoveries: int = Field(

@@ -14,11 +14,14 @@ for flex-start pools, which may read as 404 for a while after their create), and
 delete that keeps failing is counted on the lease and, past
 ``pool_delete_report_after`` attempts, reported in its last holder's Message.
 ``kept_alive(settings, lease, now, ...)``: the keep-alive rule, a function of its arguments
-alone: a pool that was Ready once and that nobody waits for stays Idle until its supply
-mode's window (``Settings.keep_idle_s``), counted from the lease's ``idle_since`` (``now``
-for a pool going Idle in this call), has passed; never on a cluster out of service, and a
-reservation pool never while a task of another topology of the cluster waits (its hosts
-count against the reservation that task may need).
+alone: a pool that was Ready once and that nobody waits for stays Idle until its window
+(``keep_window``: its supply mode's ``Settings.keep_idle_s``, or, with
+``keep_idle_reacquire_factor``, that many times what the pool took to get, capped),
+counted from the lease's ``idle_since`` (``now`` for a pool going Idle in this call), has
+passed; never on a cluster out of service, and never while a task of another topology of
+the cluster waits for a reservation pool (its hosts count against the reservation that
+task may need) or for a pool kept by the factor (its chips count against the capacity
+that task needs).
 ``nodes_last_for(lease, pool, now, run_s)``: a flex-start pool is handed only to a task
 whose whole run fits in what is left of its oldest node's ``maxRunDuration`` (seven
 days), as GKE deletes the VMs then; a task it does not fit creates its own pool.
@@ -110,12 +113,27 @@ def idle_unwanted(d: Decision, lease: Lease) -> None:
     )
 
 
+def keep_window(settings: Settings, lease: Lease) -> tuple[float, bool]:
+    """How long an idle pool nobody waits for may be kept (seconds), and whether a task of
+    another topology of the cluster waiting gives it up at once: its supply mode's fixed
+    window, or ``keep_idle_reacquire_factor`` times what the pool took to get (its lease's
+    row to its nodes Ready), capped at ``keep_idle_max_s``, whichever is longer."""
+    fixed = settings.keep_idle_s(lease.supply_mode)
+    factor = settings.keep_idle_reacquire_factor
+    if factor > 0 and settings.idle_pool_handover and lease.ready_at is not None:
+        took = max(0.0, (lease.ready_at - lease.created_at).total_seconds())
+        earned = min(factor * took, settings.keep_idle_max_s)
+        if earned > fixed:
+            return earned, True
+    return fixed, lease.supply_mode == SupplyMode.RESERVATION
+
+
 def kept_alive(settings: Settings, lease: Lease, now: dt.datetime, *, active: bool, other_topology_waiting: bool) -> bool:
     """Whether an idle pool nobody waits for is kept for now (the module's keep-alive rule)."""
-    window = settings.keep_idle_s(lease.supply_mode)
+    window, yields = keep_window(settings, lease)
     if window <= 0 or not active or lease.ready_at is None:
         return False
-    if lease.supply_mode == SupplyMode.RESERVATION and other_topology_waiting:
+    if yields and other_topology_waiting:
         return False
     since = lease.idle_since if lease.state == LeaseState.IDLE and lease.idle_since is not None else now
     return (now - since).total_seconds() < window

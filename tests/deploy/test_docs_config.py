@@ -68,6 +68,8 @@ UNITS: dict[str, str] = {
     "keep_idle_reservation_s": "seconds",
     "keep_idle_on_demand_s": "seconds",
     "keep_idle_flex_start_s": "seconds",
+    "keep_idle_reacquire_factor": "factor",
+    "keep_idle_max_s": "seconds",
     "max_recoveries": "count",
     "disruption_grace_s": "seconds",
     "recovery_pool_wait_s": "seconds",

@@ -136,3 +136,49 @@ def test_pools_kept_alive_beyond_the_demand_stay_within_their_window():
 def test_the_window_is_bounded():
     with pytest.raises(ValueError):
         Settings(keep_idle_flex_start_s=86401)
+
+
+# ---- the window a pool earns by what it took to get (keep_idle_reacquire_factor) -------------------
+
+EARNED = Settings(keep_idle_reacquire_factor=1.0, keep_idle_max_s=7200)
+
+
+def slow(mode="flex-start", took_s: float = 3000, idle_s: float = 0, **kw) -> Lease:
+    """An Idle pool whose row was written ``took_s`` before its nodes were Ready."""
+    base = lease(mode=mode, idle_s=idle_s, **kw)
+    ready = NOW - dt.timedelta(seconds=idle_s + 60)
+    return dataclasses.replace(base, created_at=ready - dt.timedelta(seconds=took_s), ready_at=ready)
+
+
+@pytest.mark.parametrize(
+    "settings, pool, other_waiting, kept",
+    [
+        # kept as long as it took to get: 3,000 s
+        (EARNED, slow(took_s=3000, idle_s=2999), False, True),
+        (EARNED, slow(took_s=3000, idle_s=3000), False, False),
+        # twice that with a factor of 2
+        (EARNED.model_copy(update={"keep_idle_reacquire_factor": 2.0}), slow(took_s=3000, idle_s=5999), False, True),
+        # capped: a pool that took 3 h is kept 2 h
+        (EARNED, slow(took_s=3 * 3600, idle_s=7199), False, True),
+        (EARNED, slow(took_s=3 * 3600, idle_s=7200), False, False),
+        # a pool that came fast earns little: 300 s
+        (EARNED, slow(mode="reservation", took_s=300, idle_s=301), False, False),
+        # another topology of the cluster waits: whatever the supply mode, its chips go back
+        (EARNED, slow(mode="flex-start", idle_s=10), True, False),
+        (EARNED, slow(mode="on-demand", idle_s=10), True, False),
+        # a fixed window longer than the earned one keeps its own rule (a flex-start pool stays)
+        (WINDOWS.model_copy(update={"keep_idle_reacquire_factor": 1.0}), slow(took_s=100, idle_s=500), True, True),
+        # off with the hand-over off, and nothing earned by a pool never Ready
+        (EARNED.model_copy(update={"idle_pool_handover": False}), slow(idle_s=10), False, False),
+        (EARNED, lease(state=LeaseState.CREATING, idle_s=None, ready=False, task_id=7), False, False),
+    ],
+)
+def test_a_pool_is_kept_as_long_as_it_took_to_get(settings, pool, other_waiting, kept):
+    assert kept_alive(settings, pool, NOW, active=True, other_topology_waiting=other_waiting) is kept
+
+
+def test_an_earned_window_ends_with_a_delete_at_its_end():
+    pool = slow(took_s=1800, idle_s=1799)
+    assert deletes(decide(state([], [pool]), ClusterView(), NOW, EARNED)) == []
+    later = NOW + dt.timedelta(seconds=1)
+    assert deletes(decide(state([], [pool]), ClusterView(), later, EARNED)) == [POOL]

@@ -116,11 +116,14 @@ def idle_unwanted(d: Decision, lease: Lease) -> None:
 def keep_window(settings: Settings, lease: Lease) -> tuple[float, bool]:
     """How long an idle pool nobody waits for may be kept (seconds), and whether a task of
     another topology of the cluster waiting gives it up at once: its supply mode's fixed
-    window, or ``keep_idle_reacquire_factor`` times what the pool took to get (its lease's
-    row to its nodes Ready), capped at ``keep_idle_max_s``, whichever is longer."""
+    window, or, for a pool on capacity GKE finds (flex-start, on-demand),
+    ``keep_idle_reacquire_factor`` times what the pool took to get (its lease's row to its
+    nodes Ready), capped at ``keep_idle_max_s``, whichever is longer. A reservation's hosts
+    are there for the next create, so such a pool earns nothing: kept, it only keeps other
+    topologies out of the reservation."""
     fixed = settings.keep_idle_s(lease.supply_mode)
     factor = settings.keep_idle_reacquire_factor
-    if factor > 0 and settings.idle_pool_handover and lease.ready_at is not None:
+    if factor > 0 and settings.idle_pool_handover and lease.ready_at is not None and lease.supply_mode != SupplyMode.RESERVATION:
         took = max(0.0, (lease.ready_at - lease.created_at).total_seconds())
         earned = min(factor * took, settings.keep_idle_max_s)
         if earned > fixed:

@@ -162,7 +162,10 @@ def slow(mode="flex-start", took_s: float = 3000, idle_s: float = 0, **kw) -> Le
         (EARNED, slow(took_s=3 * 3600, idle_s=7199), False, True),
         (EARNED, slow(took_s=3 * 3600, idle_s=7200), False, False),
         # a pool that came fast earns little: 300 s
-        (EARNED, slow(mode="reservation", took_s=300, idle_s=301), False, False),
+        (EARNED, slow(mode="on-demand", took_s=300, idle_s=301), False, False),
+        (EARNED, slow(mode="on-demand", took_s=300, idle_s=299), False, True),
+        # a reservation pool earns nothing: the reservation's hosts are there for the next create
+        (EARNED, slow(mode="reservation", took_s=3000, idle_s=1), False, False),
         # another topology of the cluster waits: whatever the supply mode, its chips go back
         (EARNED, slow(mode="flex-start", idle_s=10), True, False),
         (EARNED, slow(mode="on-demand", idle_s=10), True, False),

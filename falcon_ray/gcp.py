@@ -56,6 +56,7 @@ import importlib
 import importlib.util
 import json
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -69,33 +70,50 @@ from google.cloud import container_v1
 from falcon_ray import render
 from falcon_ray.errors import CloudError, ErrorKind, classify, from_rpc_status, request_not_sent
 
+_LEAN_LOCK = threading.RLock()  # the lean package's loads, one thread at a time
+
 
 def _lean_compute_v1() -> None:
     """Register ``google.cloud.compute_v1`` unexecuted; its ``__init__`` runs on the first
-    access of a name that is not a submodule (see "Import cost")."""
+    access of a name that is not a submodule (see "Import cost"). Thread-safe: a ClusterActor's
+    threads (an actor call, its watch loop) may build their first ``ComputeApi`` at once, and a
+    name read while another thread runs the ``__init__`` waits for it instead of finding the
+    package half-built."""
     name = "google.cloud.compute_v1"
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        return  # not installed: the import below fails with the usual error
-    pkg = importlib.util.module_from_spec(spec)
+    with _LEAN_LOCK:
+        if name in sys.modules:
+            return
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return  # not installed: the import below fails with the usual error
+        pkg = importlib.util.module_from_spec(spec)
+        loader = spec.loader
+        state = {"running": False}
 
-    def load_on_access(attr: str) -> Any:
-        if importlib.util.find_spec(f"{name}.{attr}") is not None:
-            return importlib.import_module(f"{name}.{attr}")  # a submodule: no need for the rest
-        del pkg.__getattr__  # type: ignore[attr-defined]
-        spec.loader.exec_module(pkg)  # the whole package, as a plain import would have
-        return getattr(pkg, attr)
+        def load_on_access(attr: str) -> Any:
+            with _LEAN_LOCK:
+                if attr in pkg.__dict__:  # bound while this thread waited
+                    return pkg.__dict__[attr]
+                if importlib.util.find_spec(f"{name}.{attr}") is not None:
+                    return importlib.import_module(f"{name}.{attr}")  # a submodule: no need for the rest
+                if state["running"] or "__getattr__" not in pkg.__dict__:
+                    raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+                state["running"] = True
+                try:
+                    loader.exec_module(pkg)  # the whole package, as a plain import would have
+                finally:
+                    state["running"] = False
+                pkg.__dict__.pop("__getattr__", None)
+                return getattr(pkg, attr)
 
-    pkg.__getattr__ = load_on_access  # type: ignore[attr-defined]
-    sys.modules[name] = pkg
-    import google.cloud
+        pkg.__getattr__ = load_on_access  # type: ignore[attr-defined]
+        sys.modules[name] = pkg
+        import google.cloud
 
-    google.cloud.compute_v1 = pkg  # type: ignore[attr-defined]
-    from google.cloud.compute_v1.services.reservations import ReservationsClient
+        google.cloud.compute_v1 = pkg  # type: ignore[attr-defined]
+        from google.cloud.compute_v1.services.reservations import ReservationsClient
 
-    pkg.ReservationsClient = ReservationsClient  # what the full __init__ would bind it to
+        pkg.ReservationsClient = ReservationsClient  # what the full __init__ would bind it to
 
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -391,10 +409,11 @@ class ComputeApi(_RestApi):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if ComputeApi.CLIENT is None:  # the package, lean, on first use
-            _lean_compute_v1()
-            from google.cloud import compute_v1
+            with _LEAN_LOCK:
+                _lean_compute_v1()
+                from google.cloud import compute_v1
 
-            ComputeApi.CLIENT = compute_v1.ReservationsClient
+                ComputeApi.CLIENT = compute_v1.ReservationsClient
         super().__init__(*args, **kwargs)
 
     def reservation(self, project: str, zone: str, name: str) -> ReservationInfo:

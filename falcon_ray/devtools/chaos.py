@@ -7,7 +7,7 @@ aborts at random moments of every phase, failing and timing-out tasks) with thei
 and abort times. ``ChaosRun`` plays such a plan through ``DemoRun`` (the same controller,
 fleet and database as ``falcon-ray demo``) while it injects, on a schedule scaled by
 ``scale``: GKE/Compute 503 and 429, incompatible-operation refusals, dropped watches and
-410 Expired (history compaction), tokens refused after ``60 * scale`` seconds, a random
+410 Expired (history compaction), tokens refused after ``20 * scale`` seconds, a random
 QueueActor or ClusterActor killed every ``10 * scale`` seconds (``ray.kill(no_restart=False)``:
 Ray restarts it), the poller killed, short bursts of node-pool creates that fail with an
 INTERNAL error (code 13: not about capacity, so the tasks they hit end NodePoolFailed and
@@ -632,7 +632,7 @@ class ChaosRun:
                 too_many_requests_rate=0.05,
                 incompatible_op_rate=0.05,
                 watch_drop_every=max(1.0, 7.0 * s),
-                token_ttl=max(5.0, 60.0 * s),
+                token_ttl=max(3.0, 20.0 * s),  # shorter than a ClusterActor lives between kills, so refusals happen every run
             )
 
     # ---- injections --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from falcon_ray.clock import SYSTEM, Clock
 
@@ -68,6 +68,19 @@ class StepFailures:
         if not self.count:
             return 0.0
         return min(FAILED_STEP_DELAY_INITIAL_S * 2.0 ** (self.count - 1), FAILED_STEP_DELAY_MAX_S)
+
+
+def loop_status(loop: Any) -> dict[str, object]:
+    """A loop's ``status()``: what its owner's snapshot shows (a ``Ticker`` or a loop that keeps
+    its contract on another scheduler)."""
+    return {
+        "steps": loop.steps,
+        "last_step_at": loop.last_step_at,
+        "last_step_s": loop.last_step_s,
+        "last_error": loop.last_error,
+        "failed_in_a_row": loop.failures.count,
+        "halted": loop.halted_reason,
+    }
 
 
 class Loop(Protocol):
@@ -174,11 +187,4 @@ class Ticker:
         return not self._thread.is_alive()
 
     def status(self) -> dict[str, object]:
-        return {
-            "steps": self.steps,
-            "last_step_at": self.last_step_at,
-            "last_step_s": self.last_step_s,
-            "last_error": self.last_error,
-            "failed_in_a_row": self.failures.count,
-            "halted": self.halted_reason,
-        }
+        return loop_status(self)

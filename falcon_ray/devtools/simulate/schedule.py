@@ -40,7 +40,7 @@ from typing import Any
 
 import greenlet
 
-from actors.ticker import StepFailures
+from actors.ticker import StepFailures, loop_status
 from falcon_ray.clock import ManualClock
 from falcon_ray.sim.timers import TimerQueue
 
@@ -215,14 +215,7 @@ class ScheduledLoop:
         return True
 
     def status(self) -> dict[str, object]:
-        return {
-            "steps": self.steps,
-            "last_step_at": self.last_step_at,
-            "last_step_s": self.last_step_s,
-            "last_error": self.last_error,
-            "failed_in_a_row": self.failures.count,
-            "halted": self.halted_reason,
-        }
+        return loop_status(self)
 
     # ---- scheduling ---------------------------------------------------------------------------
 

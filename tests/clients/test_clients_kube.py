@@ -44,18 +44,28 @@ class Pools:
     multi: str  # a 2-host 2x4 pool
 
 
-@pytest.fixture(scope="module")
-def pools(sim_fleet) -> Iterator[Pools]:
-    sim_fleet.reset_faults()
-    api = gke_api(sim_fleet)
-    c = registry_cluster(sim_fleet, CLUSTER)
+def _cluster_and_pools(sim) -> tuple[Cluster, dict[str, tuple[str, object]]]:
+    """sim-k as the registry has it (this file's bucket and namespace), and per topology (a
+    1-host 2x2, a 2-host 2x4) the name and the create request of an on-demand pool."""
+    c = registry_cluster(sim, CLUSTER)
     c = Cluster(**{**c.to_dict(), "gcs_bucket": "logs-sim-k", "namespace": NAMESPACE})
-    names = {}
+    requests = {}
     for topology in ("2x2", "2x4"):
         task_id = next(_TASK_IDS)
         spec = TaskSpec(tpu_type="v6e", topology=topology, image="busybox", command=["true"])
         name = render.node_pool_name(task_id, topology)
-        wait_done(api, c, create(api, c, render.node_pool_request(spec, c, "on-demand", name, task_id, idle_seconds=600)))
+        requests[topology] = (name, render.node_pool_request(spec, c, "on-demand", name, task_id, idle_seconds=600))
+    return c, requests
+
+
+@pytest.fixture(scope="module")
+def pools(sim_fleet) -> Iterator[Pools]:
+    sim_fleet.reset_faults()
+    api = gke_api(sim_fleet)
+    c, requests = _cluster_and_pools(sim_fleet)
+    names = {}
+    for topology, (name, request) in requests.items():
+        wait_done(api, c, create(api, c, request))
         names[topology] = name
     kube = make_kube(sim_fleet)
     for name in names.values():
@@ -83,19 +93,11 @@ def vkube(virtual_sim) -> tuple[KubeApi, Pools]:
     moves unless the test moves it), with a 1-host 2x2 and a 2-host 2x4 pool whose nodes are ready."""
     sim = virtual_sim
     api = gke_api(sim)
-    c = registry_cluster(sim, CLUSTER)
-    c = Cluster(**{**c.to_dict(), "gcs_bucket": "logs-sim-k", "namespace": NAMESPACE})
+    c, requests = _cluster_and_pools(sim)
     names = {}
-    for topology in ("2x2", "2x4"):
-        task_id = next(_TASK_IDS)
-        spec = TaskSpec(tpu_type="v6e", topology=topology, image="busybox", command=["true"])
-        name = names[topology] = render.node_pool_name(task_id, topology)
-        op = api.create_node_pool(
-            c.project,
-            c.location,
-            c.name,
-            render.node_pool_request(spec, c, "on-demand", name, task_id, idle_seconds=600),
-        )
+    for topology, (name, request) in requests.items():
+        names[topology] = name
+        op = api.create_node_pool(c.project, c.location, c.name, request)
         advance_until(sim, lambda op=op: api.get_operation(c.project, c.location, op).done, 60, what=f"pool {name}")
     kube = make_kube(sim)
     for name in names.values():

@@ -194,7 +194,7 @@ class ScheduledLoop:
             self._woken = True
             return
         now = self.clock.monotonic()
-        if self.failures.count and self.last_step_mono is not None:  # kept for the end of the wait after a failure
+        if self.last_step_mono is not None:  # after a failed step, kept for the end of its wait (delay 0 otherwise)
             now = max(now, self.last_step_mono + self.failures.delay_s())
         self._schedule(now)
 

@@ -2,7 +2,10 @@
 
 Contract
 --------
-``run_bench(db, quick)`` returns one JSON-able document with every figure of the issue;
+``run_bench(db, size)`` returns one JSON-able document with every figure of the issue
+(``size``: ``full``, ``quick`` with 100/1,000 tasks, or ``smoke``, the smallest runs that
+still produce every figure, for the test that checks the document's shape: its figures are
+too noisy to compare);
 ``render(doc)`` prints it as a table. Each figure says how it was measured (``how``):
 
 - ``lifecycle`` (part ``e2e``): statements per task, end to end (``DemoRun``: the real actors on a
@@ -78,8 +81,10 @@ from falcon_ray.store.migrate import upgrade
 ONE_HOST = "2x2"
 TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 SIZES = {
-    True: dict(lifecycle=(3, 8), mixed=(4, 12), idle_s=6, handover=(100, 1000), reps=3, intake=1000, scale=1000, scale_steps=3),
-    False: dict(lifecycle=(10, 40), mixed=(10, 40), idle_s=15, handover=(100, 1000, 10000), reps=3, intake=10000, scale=10000, scale_steps=5),
+    "full": dict(lifecycle=(10, 40), mixed=(10, 40), mixed_warmup=4, idle_s=15, handover=(100, 1000, 10000), reps=3, intake=10000, scale=10000, scale_steps=5),
+    "quick": dict(lifecycle=(3, 8), mixed=(4, 12), mixed_warmup=4, idle_s=6, handover=(100, 1000), reps=3, intake=1000, scale=1000, scale_steps=3),
+    # every part once, at its smallest: the mixed run of 6 holds an abort (every fifth task)
+    "smoke": dict(lifecycle=(1, 3), mixed=(2, 6), mixed_warmup=2, idle_s=2, handover=(100, 1000), reps=1, intake=200, scale=208, scale_steps=2),
 }
 
 
@@ -762,7 +767,7 @@ def _run_mixed(run, tally: _Tally, n: int, timeout: float) -> dict[str, Any]:
     return out
 
 
-def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, Any]:
+def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int], warmup: int = 4) -> dict[str, Any]:
     """Statements per task on the mixed workload (``_mixed_fleet``, ``_mixed_spec``): the
     marginal between a run of n1 and a run of n2 tasks, with where they go."""
     from falcon_ray.devtools.demo import DemoRun
@@ -772,7 +777,7 @@ def bench_lifecycle_mixed(db: str | None, sizes: tuple[int, int]) -> dict[str, A
         here.skip.add(id(run.store))  # the upper layer's inserts and aborts, the bench's reads
         try:
             tally = _Tally(run)
-            warm = [run.submit("warmup", _mixed_spec(i), f"warmup-{i}") for i in range(4)]
+            warm = [run.submit("warmup", _mixed_spec(i), f"warmup-{i}") for i in range(warmup)]
             if not run.wait(lambda: all(x.terminal for x in run.store.get_tasks(warm)) and not run.falcon_pools_alive(), 120):
                 raise RuntimeError(f"warm-up tasks did not finish: {run.store.get_tasks(warm)}")
             time.sleep(1)
@@ -863,10 +868,10 @@ def _idle_rates(run, seconds: float) -> dict[str, Any]:
 PARTS = ("intake", "handover", "idle", "scale", "e2e", "lifecycle-mixed")
 
 
-def run_bench(db: str | None = None, quick: bool = False, parts: tuple[str, ...] = ()) -> dict[str, Any]:
-    size = SIZES[quick]
+def run_bench(db: str | None = None, size_name: str = "full", parts: tuple[str, ...] = ()) -> dict[str, Any]:
+    size = SIZES[size_name]
     doc: dict[str, Any] = {
-        "quick": quick,
+        "size": size_name,
         "db": "sqlite" if not db or db.startswith("sqlite") else sa.engine.make_url(db).get_backend_name(),
         "machine": {"cpus": os.cpu_count()},
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -900,13 +905,13 @@ def run_bench(db: str | None = None, quick: bool = False, parts: tuple[str, ...]
     if "e2e" in want:
         doc.update(bench_end_to_end(db, size["lifecycle"], size["idle_s"]))
     if "lifecycle-mixed" in want:
-        doc["lifecycle_mixed"] = bench_lifecycle_mixed(db, size["mixed"])
+        doc["lifecycle_mixed"] = bench_lifecycle_mixed(db, size["mixed"], size["mixed_warmup"])
     doc["bench_seconds"] = round(time.monotonic() - t0, 1)
     return doc
 
 
 def render(doc: dict[str, Any]) -> str:
-    lines = [f"falcon-ray bench ({'quick' if doc['quick'] else 'full'}, {doc['db']}, {doc['machine']['cpus']} cpus)"]
+    lines = [f"falcon-ray bench ({doc['size']}, {doc['db']}, {doc['machine']['cpus']} cpus)"]
 
     def row(k: str, v: Any) -> None:
         lines.append(f"  {k:<48} {v}")

@@ -126,17 +126,23 @@ def chaos_cmd(n_tasks, minutes, seed, db_url, scale, drain_s, no_kills, no_fault
     "(FALCON_BENCH_DB, never FALCON_DB_URL: the bench drops what it creates).",
 )
 @click.option("--quick", is_flag=True, help="100/1,000 tasks instead of up to 10,000 (under two minutes).")
+@click.option(
+    "--smoke", is_flag=True,
+    help="Every part once at its smallest, to check that each figure is produced (its figures are too noisy to compare).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document.")
 @click.option("--part", "parts", multiple=True, type=click.Choice(["intake", "handover", "idle", "scale", "e2e", "lifecycle-mixed"]), help="Run only these parts (repeatable).")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON document to this file.")
-def bench_cmd(db_url, quick, as_json, parts, out):
+def bench_cmd(db_url, quick, smoke, as_json, parts, out):
     """Measure the controller's costs (issue 11): statements per task, idle, hand-over, intake, scale."""
     import logging
 
     from falcon_ray.devtools import bench
 
     logging.getLogger("falcon").setLevel(logging.WARNING)
-    doc = bench.run_bench(db_url, quick=quick, parts=tuple(parts))
+    if quick and smoke:
+        raise click.UsageError("--quick and --smoke are two sizes: give one")
+    doc = bench.run_bench(db_url, "smoke" if smoke else "quick" if quick else "full", parts=tuple(parts))
     text = json.dumps(doc, indent=2, sort_keys=True, default=str)
     if out:
         with open(out, "w") as f:

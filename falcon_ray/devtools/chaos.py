@@ -32,6 +32,10 @@ their event logs), the Message changes the run observed and the fleet's own acco
 - ``stuck``: a task that stayed in one phase with no event and no Message change for longer
   than that phase's limit (``Limits``); Running's is the task's own timeout, the product's
   default (``spec.DEFAULT_TIMEOUT_SECONDS``) when its spec gives none, as the product runs it;
+  a reservation wait whose Message promises its hosts free by an instant ("free by ... UTC
+  at the latest": the reservation hold, ``messages`` ``reservation_holding``) is stuck only
+  once that instant has passed by the margin, when the judge knows the run's calendar
+  (``Limits.origin``: a wait behind runs of two days is long, not stuck, while its promise holds);
 - ``second_job_creates``: Jobs the fleet saw created again after one of their creates ran a
   pod (every attempt of a task has its own name, ``falcon-task-ID-aN``: two attempts are two
   Jobs, not a second create; a Job whose pods never ran, deleted with a pool whose nodes
@@ -86,6 +90,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from falcon_ray import lifecycle as lc
+from falcon_ray import messages as texts
 from falcon_ray.model import ABANDONED, CONTROLLER_MOVES, RELEASED, SWITCHED, TaskEvent
 from falcon_ray.render import job_name, service_of_job
 from falcon_ray.sim.fleet import FAST_TIMINGS
@@ -114,6 +119,24 @@ CAPACITY_REFUSAL = re.compile(
 # operations (messages "create_queued" / "create_requeued", both languages): a wait under
 # create_queue_limit_s, not the create's node_pool_timeout_s.
 CREATE_QUEUED = re.compile(r"^Waiting to send the create of node pool|^等待(?:再次)?发送 node pool")
+
+
+def _free_by_pattern(lang: str) -> re.Pattern[str]:
+    head, _, tail = texts.text("reservation_holding", lang, hosts="\x01", by="\x00").partition("\x00")
+    return re.compile(re.escape(head).replace("\x01", r"\d+") + r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})" + re.escape(tail))
+
+
+# a reservation wait's promise: its hosts are free by this instant (UTC, to the minute)
+FREE_BY = tuple(_free_by_pattern(lang) for lang in ("en", "zh"))
+
+
+def promised_free_by(message: str) -> dt.datetime | None:
+    """The instant (naive UTC) a reservation wait's Message promises its hosts free by, if any."""
+    for pattern in FREE_BY:
+        m = pattern.search(message or "")
+        if m:
+            return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M")
+    return None
 # The soak's burst of failed creates: GKE's INTERNAL (google.rpc code 13), a failure that is
 # not about capacity, so Falcon ends the task NodePoolFailed and the report counts it apart.
 CREATE_ERROR = "Internal error: the node pool could not be created (simulated burst of failed creates)."
@@ -232,12 +255,20 @@ class Limits:
     recovery_wait: float = 0.0  # recovery_pool_wait_s: Recovering waits this long for its nodes
     capacity_budget: float = 0.0  # capacity_budget_s: nodes that do not come are waited for this long
     create_queue: float = 0.0  # create_queue_limit_s: a create waits its turn among the cluster's operations this long
+    origin: dt.datetime | None = None  # the instant (naive UTC) of the run's second 0: a Message's promised instants are judged
 
-    def of(self, phase: lc.Phase, timeout_seconds: float | None, message: str = "") -> float | None:
+    def of(self, phase: lc.Phase, timeout_seconds: float | None, message: str = "", since_s: float | None = None) -> float | None:
+        """The limit of a stretch in ``phase`` with ``message`` that began at ``since_s``
+        (the run's seconds)."""
         if phase.status in lc.TERMINAL:
             return None
         if phase == lc.PROVISIONING and CREATE_QUEUED.search(message):  # its own limit, not the create's
             return max(self.node_pool_timeout, self.create_queue) + self.margin
+        if phase == lc.CLUSTER_BUSY and self.origin is not None and since_s is not None:
+            by = promised_free_by(message)  # to the minute, rounded down: the promise is that minute's end
+            if by is not None:
+                kept = (by - self.origin).total_seconds() + 60.0 - since_s + self.margin
+                return max(self.waiting, kept)
         if phase in (lc.NEW, lc.WAITING, lc.CLUSTER_BUSY):
             return self.waiting
         if phase == lc.RUNNING:
@@ -536,7 +567,7 @@ def _longest_quiet(
     ch = obs.changes
     for i, (at, status, reason, message) in enumerate(ch):
         phase = _phase(status, reason)
-        limit = limits.of(phase, timeout, message)
+        limit = limits.of(phase, timeout, message, at)
         if limit is None:
             continue
         until = ch[i + 1][0] if i + 1 < len(ch) else end_at

@@ -137,6 +137,36 @@ def test_a_create_waiting_its_turn_is_stuck_only_past_the_create_queue_limit():
     assert check(tasks, {}, {1: plain}, 150, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 1  # a create: its own timeout
 
 
+def test_a_reservation_wait_is_stuck_only_past_the_instant_its_message_promised():
+    """A slice held for behind runs of two days waits longer than ``waiting`` and says by
+    when its hosts free up (the reservation hold): stuck only once that instant has passed
+    by the margin (the judge knows the run's calendar), in either language; a wait that
+    promises nothing keeps the waiting limit, and so does a judge without the calendar."""
+    from falcon_ray import messages
+
+    busy = "reservation_remaining_slices=0 reservation_needed_slices=1, waiting for reservation res-a capacity to free up..."
+
+    def wait(by: dt.datetime, lang: str = "en") -> str:
+        return busy + messages.text("reservation_holding", lang, hosts=16, by=by.strftime("%Y-%m-%d %H:%M"))
+
+    since = 1000.0
+    by = T0 + dt.timedelta(seconds=since + 5000)  # promised free 5,000 s into the wait, at the minute
+    calendar = dataclasses.replace(LIMITS, origin=T0)
+    tasks = [task(1, "Running")]
+
+    def stuck(message: str, started_after_s: float, limits: Limits = calendar) -> int:
+        o = obs((since, "Pending", "ClusterBusy", message), (since + started_after_s, "Running", "", ""))
+        return check(tasks, {}, {1: o}, since + started_after_s + 1, FLEET_CLEAN, limits)["invariants"]["stuck"]
+
+    for lang in ("en", "zh"):
+        assert stuck(wait(by, lang), 5000 + 60 + 10) == 0, "started within the promised minute and the margin"
+        assert stuck(wait(by, lang), 5000 + 60 + 11) == 1, "past the promise and the margin"
+    assert stuck(wait(by), 101) == 0 and stuck(busy, 111) == 1, "no promise: the waiting limit (100 + 10 of Running's margin)"
+    assert stuck(wait(by), 5000, LIMITS) == 1, "no calendar: the waiting limit"
+    early = T0 + dt.timedelta(seconds=since + 30)  # a promise sooner than the waiting limit does not shorten it
+    assert stuck(wait(early), 99) == 0
+
+
 def test_waiting_for_nodes_is_stuck_only_past_the_capacity_budget():
     """Nodes that do not come are a capacity wait the queue ends at capacity_budget_s: a
     WaitingForNode whose Message only counts the minutes is stuck past that, not before."""

@@ -37,7 +37,8 @@ aside), rounded, so the same run gives the same bytes:
 - ``invariants``: the chaos soak's (``falcon_ray.devtools.chaos.check``), each a count:
   ``lost``, ``stuck``, ``second_job_creates``, ``pools_alive``, ``aborts_overwritten``,
   ``failed_for_capacity``, ``illegal_transitions`` (and the soak's others), with
-  production limits: a phase is stuck past ``node_pool_timeout_s``, ``waiting_limit_s``,
+  production limits: a phase is stuck past ``node_pool_timeout_s``, ``waiting_limit_s`` (a
+  reservation wait whose Message promises its hosts free by an instant: that instant, when later),
   ``capacity_budget_s`` (WaitingForNode: nodes that do not come), ``create_queue_limit_s``
   (a create still waiting its turn among the cluster's node-pool operations) or the task's own timeout,
   plus ``STUCK_MARGIN_S`` (the run looks at the live tasks'
@@ -252,6 +253,7 @@ def _invariants(sim: Simulation, tasks, events, fleet, end: float) -> dict[str, 
         recovery_wait=s.recovery_pool_wait_s,
         capacity_budget=s.capacity_budget_s or 0.0,
         create_queue=s.create_queue_limit_s,
+        origin=START,
     )
     result = chaos.check(tasks, events, observed, end, fleet, limits, disruptions=sim.store.disruptions([t.id for t in tasks]))
     out: dict[str, Any] = {"invariants": dict(result["invariants"])}

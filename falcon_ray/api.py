@@ -343,7 +343,10 @@ def waiting_entries(snap: Mapping[str, Any]) -> list[WaitingTask]:
     holders = len(snap.get("acquiring") or [])
     out = []
     for i, t in enumerate(snap.get("waiting") or []):
-        ahead = holders + (int(t["position"]) - 1 if isinstance(t.get("position"), int) else i)
+        if isinstance(t.get("ahead"), int):  # counted by the queue as its Message counts
+            ahead = int(t["ahead"])
+        else:  # an entry whose position is its place among the waiting tasks alone
+            ahead = holders + (int(t["position"]) - 1 if isinstance(t.get("position"), int) else i)
         out.append(WaitingTask(**_brief_fields(t), position=ahead + 1, ahead=ahead, eta=eta_of(t)))
     return out
 

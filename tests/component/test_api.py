@@ -73,6 +73,11 @@ def test_a_waiting_task_has_its_position_ahead_and_since_as_its_message_says(ben
     assert body["cluster"] == "edge-a" and body["topology"] == "2x2" and body["supply_mode"] == "reservation"
     assert (body["position"], body["ahead"]) == (4, 3), body
     assert "Queue position #4, 3 task(s) ahead" in t.message  # the Message counts the same way
+    # and so do the queue's snapshot (the queues CLI, the notebooks) and its one-task entry
+    entries = {w["id"]: (w["position"], w["ahead"]) for w in bench.queue.snapshot()["waiting"]}
+    assert entries == {w: (i + 2, i + 1) for i, w in enumerate(waiting)}, entries
+    assert [(w["id"], w["position"]) for w in bench.queue.snapshot(task_id=waiting[2])["waiting"]] == [(waiting[2], 4)]
+    assert bench.queue.snapshot(task_id=holder)["waiting"] == [], "the slot holder does not wait"
     assert body["eta"] is None  # no history yet: no estimate
     assert body["since"] == api.epoch(bench.store.phase_entered([t.id])[(t.id, lc.WAITING)])
     assert body["attempt"] == 0 and body["disruptions"] == []

@@ -490,21 +490,37 @@ class QueueReconciler:
 
     # ---- operator surface -----------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """The queue as an operator reads it: waiting in pick order (each with its start range
-        as the last step decided it, ``eta``: epoch seconds or None), slot holder, running, pools."""
+    def snapshot(self, waiting_offset: int = 0, waiting_limit: int | None = None, task_id: int | None = None) -> dict[str, Any]:
+        """The queue as an operator reads it: waiting in pick order (each with its position and
+        the tasks ahead of it as its Message counts them, the slot holders first, and its start
+        range as the last step decided it, ``eta``: epoch seconds or None), slot holder,
+        running, pools. The waiting list can be asked for in part, so a
+        reader of a long queue is sent only what it shows: ``waiting_offset`` and
+        ``waiting_limit`` (a page of the pick order), or ``task_id`` (that task's entry alone,
+        none when it does not wait); ``waiting_total`` counts them all, ``waiting_offset`` says
+        where a page begins."""
         with self.lock:
             state, view, ranges = self.last_state, self.last_view, self.ranges
         out: dict[str, Any] = {
-            "cluster": self.cluster_name, "topology": self.topology, "waiting": [], "acquiring": [], "recovering": [],
-            "running": [], "aborting": [], "leases": [], "last_granted": "", "db_statements": self.store.statements,
+            "cluster": self.cluster_name, "topology": self.topology, "waiting": [], "waiting_total": 0, "acquiring": [],
+            "recovering": [], "running": [], "aborting": [], "leases": [], "last_granted": "", "db_statements": self.store.statements,
         }
         if state is None:
             return out
         now = self.clock.now()
+        order = scheduling.queue_order(state.waiting, state.last_granted)
+        out["waiting_total"] = len(order)
+        if task_id is not None:
+            page = [(pos, t) for pos, t in enumerate(order, start=1) if t.id == task_id]
+        else:
+            first = max(0, waiting_offset)
+            last = len(order) if waiting_limit is None else first + max(0, waiting_limit)
+            page = list(enumerate(order[first:last], start=first + 1))
+            out["waiting_offset"] = first
+        holders = sum(1 for t in state.held if t.phase in lc.ACQUIRING_PHASES)  # ahead of every waiting task
         out["waiting"] = [
-            dict(_task_view(t, now), position=pos, eta=_eta_view(ranges.get(t.id)))
-            for pos, t in enumerate(scheduling.queue_order(state.waiting, state.last_granted), start=1)
+            dict(_task_view(t, now), position=holders + pos, ahead=holders + pos - 1, eta=_eta_view(ranges.get(t.id)))
+            for pos, t in page
         ]
         out["acquiring"] = [_task_view(t, now) for t in state.held if t.phase in lc.ACQUIRING_PHASES]
         out["recovering"] = [dict(_task_view(t, now), attempt=t.attempt) for t in state.held if t.phase == lc.RECOVERING]

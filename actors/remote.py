@@ -327,7 +327,8 @@ class QueueActor(_Shell):
             self.core.rows_changed()
         self.ticker.wake()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, waiting_offset: int = 0, waiting_limit: int | None = None, task_id: int | None = None) -> dict[str, Any]:
+        """``QueueReconciler.snapshot`` (a page of the waiting tasks, or one task's entry) with the loop's state."""
         c = self.core
         return {
             "queue": names.queue_name(c.cluster_name, c.topology),
@@ -337,7 +338,7 @@ class QueueActor(_Shell):
             "epoch": self.store.epoch,
             "fenced": self.store.fenced,
             "process": self._process(),
-            **c.snapshot(),
+            **c.snapshot(waiting_offset, waiting_limit, task_id),
         }
 
 

@@ -249,9 +249,14 @@ class Source(Protocol):
 
     def leases(self) -> list[Lease]: ...
 
-    def queue(self, cluster: str, topology: str) -> dict[str, Any] | None: ...
+    def queue(self, cluster: str, topology: str, task_id: int | None = None) -> dict[str, Any] | None:
+        """The queue's snapshot; with ``task_id``, its waiting list may hold that task's entry alone."""
+        ...
 
-    def queues(self) -> list[dict[str, Any]]: ...
+    def queues(self, offset: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every queue's snapshot; its waiting list may be the page asked for (``waiting_total``
+        then counts them all)."""
+        ...
 
     def cluster_snapshots(self) -> dict[str, dict[str, Any]]: ...
 
@@ -338,7 +343,10 @@ def waiting_entries(snap: Mapping[str, Any]) -> list[WaitingTask]:
     holders = len(snap.get("acquiring") or [])
     out = []
     for i, t in enumerate(snap.get("waiting") or []):
-        ahead = holders + (int(t["position"]) - 1 if isinstance(t.get("position"), int) else i)
+        if isinstance(t.get("ahead"), int):  # counted by the queue as its Message counts
+            ahead = int(t["ahead"])
+        else:  # an entry whose position is its place among the waiting tasks alone
+            ahead = holders + (int(t["position"]) - 1 if isinstance(t.get("position"), int) else i)
         out.append(WaitingTask(**_brief_fields(t), position=ahead + 1, ahead=ahead, eta=eta_of(t)))
     return out
 
@@ -378,6 +386,11 @@ def queue_out(snap: Mapping[str, Any], limit: int = DEFAULT_LIMIT, offset: int =
             waiting_page=_page(0, offset, limit), running=[], running_total=0, pools=[], pools_total=0,
         )  # fmt: skip
     waiting = waiting_entries(snap)
+    total = snap.get("waiting_total")
+    if isinstance(total, int) and snap.get("waiting_offset") == offset:  # the actor sent the page asked for
+        page = waiting[:limit]
+    else:
+        total, page = len(waiting), waiting[offset : offset + limit]
     running = list(snap.get("running") or [])
     leases = list(snap.get("leases") or [])
     acquiring = snap.get("acquiring") or []
@@ -386,8 +399,8 @@ def queue_out(snap: Mapping[str, Any], limit: int = DEFAULT_LIMIT, offset: int =
         topology=topology,
         error=None,
         holder=_brief(acquiring[0]) if acquiring else None,
-        waiting=waiting[offset : offset + limit],
-        waiting_page=_page(len(waiting), offset, limit),
+        waiting=page,
+        waiting_page=_page(total, offset, limit),
         running=[_brief(t) for t in running[:limit]],
         running_total=len(running),
         pools=[_pool(l) for l in leases[:limit]],
@@ -567,7 +580,7 @@ def _router(source: Source, token_file: str | None) -> APIRouter:
             raise HTTPException(404, f"no task {task_id}")
         cluster = next((c for c in source.clusters() if c.id == t.cluster_id), None) if t.cluster_id else None
         topology = _topology_of(t, _spec_of(t))
-        queue = source.queue(cluster.name, topology) if cluster and topology and not t.terminal else None
+        queue = source.queue(cluster.name, topology, task_id=t.id) if cluster and topology and not t.terminal else None
         return task_out(t, cluster, queue, source.since(t), source.disruptions(t.id))
 
     @r.get("/queues", response_model=QueuesOut)
@@ -578,7 +591,7 @@ def _router(source: Source, token_file: str | None) -> APIRouter:
         topology: Annotated[str | None, Query(max_length=50, description="Only this topology's queues")] = None,
     ) -> QueuesOut:
         """Every queue: the slot holder, a page of the waiting tasks in pick order, running tasks, pools."""
-        snaps = sorted(source.queues(), key=queue_names)
+        snaps = sorted(source.queues(offset, limit), key=queue_names)
         snaps = [s for s in snaps if (cluster is None or queue_names(s)[0] == cluster) and (topology is None or queue_names(s)[1] == topology)]
         return QueuesOut(
             queues=[queue_out(s, limit, offset) for s in snaps[:MAX_QUEUES]], total=len(snaps), truncated=len(snaps) > MAX_QUEUES

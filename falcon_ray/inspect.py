@@ -35,17 +35,23 @@ def connect(address: str | None = None, namespace: str | None = None) -> str:
     return where["namespace"]
 
 
-def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, Any]]:
+def _asked(ask: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a snapshot call that ask for something (a plain call passes none)."""
+    return {k: v for k, v in ask.items() if v is not None and v != 0}
+
+
+def _snapshots(prefix: str, namespace: str, timeout: float, **ask: Any) -> list[dict[str, Any]]:
     import ray  # Ray and the actors only where live actors are read
 
     from actors import names
 
+    ask = _asked(ask)
     refs = {}
     for name in names.list_falcon_actors(namespace):
         if name.startswith(prefix):
             h = names.lookup(name, namespace)
             if h is not None:
-                refs[name] = h.snapshot.remote()
+                refs[name] = h.snapshot.remote(**ask)
     out = []
     for name, ref in sorted(refs.items()):
         try:
@@ -55,8 +61,10 @@ def _snapshots(prefix: str, namespace: str, timeout: float) -> list[dict[str, An
     return out
 
 
-def queue(namespace: str, cluster: str, topology: str, timeout: float = 10.0) -> dict[str, Any] | None:
-    """One QueueActor's snapshot; None when it does not exist, an error row when it did not answer."""
+def queue(namespace: str, cluster: str, topology: str, timeout: float = 10.0, **ask: Any) -> dict[str, Any] | None:
+    """One QueueActor's snapshot; None when it does not exist, an error row when it did not
+    answer. ``ask``: the part of the waiting list wanted (``QueueReconciler.snapshot``:
+    ``waiting_offset`` and ``waiting_limit``, or ``task_id``)."""
     import ray
 
     from actors import names
@@ -66,15 +74,16 @@ def queue(namespace: str, cluster: str, topology: str, timeout: float = 10.0) ->
     if h is None:
         return None
     try:
-        return ray.get(h.snapshot.remote(), timeout=timeout)
+        return ray.get(h.snapshot.remote(**_asked(ask)), timeout=timeout)
     except Exception as e:
         return {"actor": name, "error": f"{type(e).__name__}: {e}"[:300]}
 
 
-def queues(namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
+def queues(namespace: str = "falcon", timeout: float = 10.0, **ask: Any) -> list[dict[str, Any]]:
     """Every QueueActor's snapshot: waiting (pick order, with position and start range: ``eta``
-    {"expected_at", "latest_at"} in epoch seconds, or None), acquiring, running, leases."""
-    return _snapshots("queue/", namespace, timeout)
+    {"expected_at", "latest_at"} in epoch seconds, or None; ``ask``: a page of it, as
+    ``queue``), acquiring, running, leases."""
+    return _snapshots("queue/", namespace, timeout, **ask)
 
 
 def clusters(namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -328,11 +337,11 @@ class ApiSource:
     def leases(self):
         return self._read("database", self.store.leases)
 
-    def queue(self, cluster: str, topology: str):
-        return self._read("Ray", lambda: queue(self.namespace, cluster, topology, self.timeout))
+    def queue(self, cluster: str, topology: str, task_id: int | None = None):
+        return self._read("Ray", lambda: queue(self.namespace, cluster, topology, self.timeout, task_id=task_id))
 
-    def queues(self):
-        return self._read("Ray", lambda: queues(self.namespace, self.timeout))
+    def queues(self, offset: int = 0, limit: int | None = None):
+        return self._read("Ray", lambda: queues(self.namespace, self.timeout, waiting_offset=offset, waiting_limit=limit))
 
     def cluster_snapshots(self):
         def read():

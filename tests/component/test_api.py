@@ -24,14 +24,20 @@ class BenchSource(ApiSource):
         super().__init__(bench.store, "unused")
         self.bench = bench
         self.cluster_snap = cluster_snap or {}
+        self.sent: list[int] = []  # waiting entries each snapshot carried (what a QueueActor sends over Ray)
 
-    def queue(self, cluster, topology):
+    def _snapshot(self, **ask) -> dict:
+        snap = self.bench.queue.snapshot(**ask)
+        self.sent.append(len(snap["waiting"]))
+        return snap
+
+    def queue(self, cluster, topology, task_id=None):
         if (cluster, topology) != ("edge-a", self.bench.topology):
             return None
-        return self.bench.queue.snapshot()
+        return self._snapshot(task_id=task_id)
 
-    def queues(self):
-        return [dict(self.bench.queue.snapshot(), queue=f"queue/edge-a/{self.bench.topology}")]
+    def queues(self, offset=0, limit=None):
+        return [dict(self._snapshot(waiting_offset=offset, waiting_limit=limit), queue=f"queue/edge-a/{self.bench.topology}")]
 
     def cluster_snapshots(self):
         return {"edge-a": self.cluster_snap}
@@ -46,21 +52,32 @@ def _client(bench: QueueBench, **kw) -> TestClient:
     return TestClient(api.create_app(BenchSource(bench, **kw)))
 
 
+def _client_and_source(bench: QueueBench) -> tuple[TestClient, BenchSource]:
+    source = BenchSource(bench)
+    return TestClient(api.create_app(source)), source
+
+
 def test_a_waiting_task_has_its_position_ahead_and_since_as_its_message_says(bench):
     holder = bench.submit("alice")
     waiting = [bench.submit(f"u{i}") for i in range(3)]
     bench.step(ClusterView(reservation=RES))
     assert bench.phase(holder) != str(lc.WAITING)
-    c = _client(bench)
+    c, source = _client_and_source(bench)
 
     r = c.get(f"/v1/tasks/{waiting[2]}")
     assert r.status_code == 200, r.text
+    assert source.sent == [1], "the queue sends the asked task's entry alone, not its whole waiting list"
     body = r.json()
     t = bench.task(waiting[2])
     assert body["status"] == "Pending" and body["reason"] == "Waiting" and body["message"] == t.message
     assert body["cluster"] == "edge-a" and body["topology"] == "2x2" and body["supply_mode"] == "reservation"
     assert (body["position"], body["ahead"]) == (4, 3), body
     assert "Queue position #4, 3 task(s) ahead" in t.message  # the Message counts the same way
+    # and so do the queue's snapshot (the queues CLI, the notebooks) and its one-task entry
+    entries = {w["id"]: (w["position"], w["ahead"]) for w in bench.queue.snapshot()["waiting"]}
+    assert entries == {w: (i + 2, i + 1) for i, w in enumerate(waiting)}, entries
+    assert [(w["id"], w["position"]) for w in bench.queue.snapshot(task_id=waiting[2])["waiting"]] == [(waiting[2], 4)]
+    assert bench.queue.snapshot(task_id=holder)["waiting"] == [], "the slot holder does not wait"
     assert body["eta"] is None  # no history yet: no estimate
     assert body["since"] == api.epoch(bench.store.phase_entered([t.id])[(t.id, lc.WAITING)])
     assert body["attempt"] == 0 and body["disruptions"] == []
@@ -73,10 +90,11 @@ def test_queues_pages_a_large_queue_and_says_there_is_more(bench):
     bench.submit("alice")
     waiting = [bench.submit(f"u{i}") for i in range(30)]
     bench.step(ClusterView(reservation=RES))
-    c = _client(bench)
+    c, source = _client_and_source(bench)
 
     r = c.get("/v1/queues", params={"limit": 10})
     assert r.status_code == 200, r.text
+    assert source.sent == [10], "the queue sends the page, not its whole waiting list"
     (q,) = r.json()["queues"]
     assert (q["cluster"], q["topology"]) == ("edge-a", "2x2") and q["error"] is None
     assert q["holder"] is not None and q["holder"]["status"] == "Pending"
@@ -92,6 +110,10 @@ def test_queues_pages_a_large_queue_and_says_there_is_more(bench):
         seen += [w["id"] for w in q["waiting"]]
         offset = q["waiting_page"]["next_offset"]
     assert sorted(seen) == sorted(waiting) and len(seen) == 30
+    assert max(source.sent) <= 10 and source.sent[-5:] == [7, 7, 7, 7, 2]
+    # a page from a source that sends every entry (an actor not asked for a page) is cut the same way
+    full = dict(bench.queue.snapshot(), queue="queue/edge-a/2x2")
+    assert [w.id for w in api.queue_out(full, 7, 14).waiting] == seen[14:21]
 
     assert c.get("/v1/queues", params={"cluster": "elsewhere"}).json() == {"queues": [], "total": 0, "truncated": False}
     assert c.get("/v1/queues", params={"limit": api.MAX_LIMIT + 1}).status_code == 422

@@ -123,7 +123,8 @@ def test_queues_cli_shows_the_slot_holder_and_the_waiting_task(live):
     assert queue["queue"] == "queue/edge-a/2x2"
     assert [t["id"] for t in queue["running"]] == [ids["running"]]
     assert [t["id"] for t in queue["acquiring"]] == [ids["busy"]] and queue["acquiring"][0]["reason"] == "ClusterBusy"
-    assert [(t["id"], t["position"]) for t in queue["waiting"]] == [(ids["waiting"], 1)]
+    # counted as its Message counts: the slot holder ahead of it
+    assert [(t["id"], t["position"], t["ahead"]) for t in queue["waiting"]] == [(ids["waiting"], 2, 1)]
     assert any(l["state"] == "InUse" for l in queue["leases"])
 
 

@@ -69,11 +69,11 @@ class FakeSource:
     def leases(self):
         return self._leases
 
-    def queue(self, cluster, topology):
+    def queue(self, cluster, topology, task_id=None):
         self.asked.append((cluster, topology))
         return self.snap
 
-    def queues(self):
+    def queues(self, offset=0, limit=None):
         return [self.snap] if self.snap else []
 
     def cluster_snapshots(self):

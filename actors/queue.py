@@ -517,12 +517,12 @@ class QueueReconciler:
             last = len(order) if waiting_limit is None else first + max(0, waiting_limit)
             page = list(enumerate(order[first:last], start=first + 1))
             out["waiting_offset"] = first
-        holders = sum(1 for t in state.held if t.phase in lc.ACQUIRING_PHASES)  # ahead of every waiting task
+        out["acquiring"] = [_task_view(t, now) for t in state.held if t.phase in lc.ACQUIRING_PHASES]
+        holders = len(out["acquiring"])  # the slot holders, ahead of every waiting task
         out["waiting"] = [
             dict(_task_view(t, now), position=holders + pos, ahead=holders + pos - 1, eta=_eta_view(ranges.get(t.id)))
             for pos, t in page
         ]
-        out["acquiring"] = [_task_view(t, now) for t in state.held if t.phase in lc.ACQUIRING_PHASES]
         out["recovering"] = [dict(_task_view(t, now), attempt=t.attempt) for t in state.held if t.phase == lc.RECOVERING]
         out["running"] = [dict(_task_view(t, now), attempt=t.attempt) for t in state.held if t.phase == lc.RUNNING]
         out["aborting"] = [_task_view(t, now) for t in state.held if t.phase == lc.ABORTING]

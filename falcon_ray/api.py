@@ -43,7 +43,6 @@ import datetime as dt
 import hmac
 import json
 import os
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol
@@ -281,15 +280,10 @@ def epoch(t: dt.datetime | str | float | None) -> float | None:
     return round(t.timestamp(), 3)
 
 
-def _expected_pattern(lang: str) -> re.Pattern[str]:
-    head, _, rest = messages.text("expected_start", lang, at="\x00", latest="\x01").partition("\x00")
-    mid, _, tail = rest.partition("\x01")
-    return re.compile(
-        re.escape(head) + r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})" + re.escape(mid) + r"((?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2})" + re.escape(tail)
-    )
-
-
-_EXPECTED = tuple(_expected_pattern(lang) for lang in ("en", "zh"))
+_EXPECTED = tuple(
+    messages.pattern("expected_start", lang, at=r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})", latest=r"((?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2})")
+    for lang in ("en", "zh")
+)
 
 
 def eta_from_message(message: str) -> Eta | None:

@@ -37,7 +37,7 @@ def connect(address: str | None = None, namespace: str | None = None) -> str:
 
 def _asked(ask: dict[str, Any]) -> dict[str, Any]:
     """The arguments of a snapshot call that ask for something (a plain call passes none)."""
-    return {k: v for k, v in ask.items() if v is not None and v != 0}
+    return {k: v for k, v in ask.items() if v is not None}
 
 
 def _snapshots(prefix: str, namespace: str, timeout: float, **ask: Any) -> list[dict[str, Any]]:
@@ -341,7 +341,7 @@ class ApiSource:
         return self._read("Ray", lambda: queue(self.namespace, cluster, topology, self.timeout, task_id=task_id))
 
     def queues(self, offset: int = 0, limit: int | None = None):
-        return self._read("Ray", lambda: queues(self.namespace, self.timeout, waiting_offset=offset, waiting_limit=limit))
+        return self._read("Ray", lambda: queues(self.namespace, self.timeout, waiting_offset=offset or None, waiting_limit=limit))
 
     def cluster_snapshots(self):
         def read():

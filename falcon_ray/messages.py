@@ -4,7 +4,9 @@ Contract
 --------
 ``text(key, **fields)`` renders the message for ``key`` in the language chosen by
 ``FALCON_LANG`` (``en`` by default, ``zh`` for the original design's own wording) or
-by the ``lang`` argument. Code never builds a Message string elsewhere, so the
+by the ``lang`` argument. ``pattern(key, lang, **fields)`` is the regular expression that
+finds a rendered message, each named field matched by the expression given for it, so a
+reader of Messages (the API, the simulate judge) follows the catalogue's wording. Code never builds a Message string elsewhere, so the
 upper layer sees one consistent vocabulary. Messages are cut to ``MAX_MESSAGE``
 characters, the width of ``jobs.message``.
 """
@@ -12,6 +14,7 @@ characters, the width of ``jobs.message``.
 from __future__ import annotations
 
 import os
+import re
 
 MAX_MESSAGE = 4000
 
@@ -315,6 +318,16 @@ def text(key: str, lang_: str | None = None, **fields: object) -> str:
     template = zh if (lang_ or lang()) == "zh" else en
     out = template.format(**fields)
     return out if len(out) <= MAX_MESSAGE else out[: MAX_MESSAGE - 3] + "..."
+
+
+def pattern(key: str, lang_: str, **fields: str) -> re.Pattern[str]:
+    """The expression that finds ``key``'s message in ``lang_``: its text literally, each of
+    ``fields`` matched by the expression given for it (groups number in the text's order)."""
+    marks = {name: f"\x00{i}\x00" for i, name in enumerate(fields)}
+    expr = re.escape(text(key, lang_, **marks))
+    for name, mark in marks.items():
+        expr = expr.replace(re.escape(mark), fields[name])
+    return re.compile(expr)
 
 
 def keys() -> list[str]:

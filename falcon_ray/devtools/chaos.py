@@ -120,14 +120,9 @@ CAPACITY_REFUSAL = re.compile(
 # create_queue_limit_s, not the create's node_pool_timeout_s.
 CREATE_QUEUED = re.compile(r"^Waiting to send the create of node pool|^等待(?:再次)?发送 node pool")
 
-
-def _free_by_pattern(lang: str) -> re.Pattern[str]:
-    head, _, tail = texts.text("reservation_holding", lang, hosts="\x01", by="\x00").partition("\x00")
-    return re.compile(re.escape(head).replace("\x01", r"\d+") + r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})" + re.escape(tail))
-
-
-# a reservation wait's promise: its hosts are free by this instant (UTC, to the minute)
-FREE_BY = tuple(_free_by_pattern(lang) for lang in ("en", "zh"))
+# a reservation wait's promise (message "reservation_holding", both languages): its hosts
+# are free by this instant (UTC, to the minute)
+FREE_BY = tuple(texts.pattern("reservation_holding", lang, hosts=r"\d+", by=r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})") for lang in ("en", "zh"))
 
 
 def promised_free_by(message: str) -> dt.datetime | None:
@@ -137,6 +132,8 @@ def promised_free_by(message: str) -> dt.datetime | None:
         if m:
             return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M")
     return None
+
+
 # The soak's burst of failed creates: GKE's INTERNAL (google.rpc code 13), a failure that is
 # not about capacity, so Falcon ends the task NodePoolFailed and the report counts it apart.
 CREATE_ERROR = "Internal error: the node pool could not be created (simulated burst of failed creates)."

@@ -146,7 +146,7 @@ def test_a_reservation_wait_is_stuck_only_past_the_instant_its_message_promised(
 
     busy = "reservation_remaining_slices=0 reservation_needed_slices=1, waiting for reservation res-a capacity to free up..."
 
-    def wait(by: dt.datetime, lang: str = "en") -> str:
+    def holding(by: dt.datetime, lang: str = "en") -> str:
         return busy + messages.text("reservation_holding", lang, hosts=16, by=by.strftime("%Y-%m-%d %H:%M"))
 
     since = 1000.0
@@ -159,12 +159,12 @@ def test_a_reservation_wait_is_stuck_only_past_the_instant_its_message_promised(
         return check(tasks, {}, {1: o}, since + started_after_s + 1, FLEET_CLEAN, limits)["invariants"]["stuck"]
 
     for lang in ("en", "zh"):
-        assert stuck(wait(by, lang), 5000 + 60 + 10) == 0, "started within the promised minute and the margin"
-        assert stuck(wait(by, lang), 5000 + 60 + 11) == 1, "past the promise and the margin"
-    assert stuck(wait(by), 101) == 0 and stuck(busy, 111) == 1, "no promise: the waiting limit (100 + 10 of Running's margin)"
-    assert stuck(wait(by), 5000, LIMITS) == 1, "no calendar: the waiting limit"
+        assert stuck(holding(by, lang), 5000 + 60 + 10) == 0, "started within the promised minute and the margin"
+        assert stuck(holding(by, lang), 5000 + 60 + 11) == 1, "past the promise and the margin"
+    assert stuck(holding(by), 101) == 0 and stuck(busy, 111) == 1, "no promise: the waiting limit (100 + 10 of Running's margin)"
+    assert stuck(holding(by), 5000, LIMITS) == 1, "no calendar: the waiting limit"
     early = T0 + dt.timedelta(seconds=since + 30)  # a promise sooner than the waiting limit does not shorten it
-    assert stuck(wait(early), 99) == 0
+    assert stuck(holding(early), 99) == 0
 
 
 def test_waiting_for_nodes_is_stuck_only_past_the_capacity_budget():

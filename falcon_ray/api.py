@@ -252,9 +252,12 @@ class Source(Protocol):
         """The queue's snapshot; with ``task_id``, its waiting list may hold that task's entry alone."""
         ...
 
-    def queues(self, offset: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """Every queue's snapshot; its waiting list may be the page asked for (``waiting_total``
-        then counts them all)."""
+    def queues(
+        self, offset: int = 0, limit: int | None = None, cluster: str | None = None, topology: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every queue's snapshot (of ``cluster`` and ``topology`` when given: the others need
+        not be asked); its waiting list may be the page asked for (``waiting_total`` then
+        counts them all)."""
         ...
 
     def cluster_snapshots(self) -> dict[str, dict[str, Any]]: ...
@@ -585,7 +588,7 @@ def _router(source: Source, token_file: str | None) -> APIRouter:
         topology: Annotated[str | None, Query(max_length=50, description="Only this topology's queues")] = None,
     ) -> QueuesOut:
         """Every queue: the slot holder, a page of the waiting tasks in pick order, running tasks, pools."""
-        snaps = sorted(source.queues(offset, limit), key=queue_names)
+        snaps = sorted(source.queues(offset, limit, cluster, topology), key=queue_names)
         snaps = [s for s in snaps if (cluster is None or queue_names(s)[0] == cluster) and (topology is None or queue_names(s)[1] == topology)]
         return QueuesOut(
             queues=[queue_out(s, limit, offset) for s in snaps[:MAX_QUEUES]], total=len(snaps), truncated=len(snaps) > MAX_QUEUES

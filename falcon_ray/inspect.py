@@ -4,8 +4,9 @@ Contract
 --------
 Read-only. ``connect`` attaches to a running controller's Ray cluster; ``queues``
 and ``clusters`` ask every live QueueActor / ClusterActor for its ``snapshot()``
-(bounded by a timeout, so a hung actor shows as an error row instead of hanging
-the caller); ``timeline`` and ``outcomes`` read the task event log from the
+(``queues`` only those of the cluster and topology asked for, chosen by actor name
+before any is asked; bounded by a timeout, so a hung actor shows as an error row
+instead of hanging the caller); ``timeline`` and ``outcomes`` read the task event log from the
 database. ``falcon-ray queues`` and the notebooks call these functions and hold no
 logic of their own. ``ApiSource`` is what the read API (``falcon_ray.api``) reads: the
 Store's rows and these snapshots; a read that fails raises ``api.Unavailable``.
@@ -14,6 +15,7 @@ Store's rows and these snapshots; a read that fails raises ``api.Unavailable``.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from falcon_ray.clock import SYSTEM, Clock
@@ -40,7 +42,18 @@ def _asked(ask: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ask.items() if v is not None}
 
 
-def _snapshots(prefix: str, namespace: str, timeout: float, **ask: Any) -> list[dict[str, Any]]:
+def queue_named(name: str, cluster: str | None = None, topology: str | None = None) -> bool:
+    """Whether the actor ``name`` is a QueueActor (``queue/<cluster>/<topology>``) of
+    ``cluster`` and ``topology`` (None: any)."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "queue":
+        return False
+    return (cluster is None or parts[1] == cluster) and (topology is None or parts[2] == topology)
+
+
+def _snapshots(
+    prefix: str, namespace: str, timeout: float, keep: Callable[[str], bool] | None = None, **ask: Any
+) -> list[dict[str, Any]]:
     import ray  # Ray and the actors only where live actors are read
 
     from actors import names
@@ -48,7 +61,7 @@ def _snapshots(prefix: str, namespace: str, timeout: float, **ask: Any) -> list[
     ask = _asked(ask)
     refs = {}
     for name in names.list_falcon_actors(namespace):
-        if name.startswith(prefix):
+        if name.startswith(prefix) and (keep is None or keep(name)):
             h = names.lookup(name, namespace)
             if h is not None:
                 refs[name] = h.snapshot.remote(**ask)
@@ -79,11 +92,15 @@ def queue(namespace: str, cluster: str, topology: str, timeout: float = 10.0, **
         return {"actor": name, "error": f"{type(e).__name__}: {e}"[:300]}
 
 
-def queues(namespace: str = "falcon", timeout: float = 10.0, **ask: Any) -> list[dict[str, Any]]:
-    """Every QueueActor's snapshot: waiting (pick order, with position and start range: ``eta``
+def queues(
+    namespace: str = "falcon", timeout: float = 10.0, cluster: str | None = None, topology: str | None = None, **ask: Any
+) -> list[dict[str, Any]]:
+    """Every QueueActor's snapshot (of ``cluster`` and ``topology`` when given; the others are
+    not asked): waiting (pick order, with position and start range: ``eta``
     {"expected_at", "latest_at"} in epoch seconds, or None; ``ask``: a page of it, as
     ``queue``), acquiring, running, leases."""
-    return _snapshots("queue/", namespace, timeout, **ask)
+    keep = None if cluster is None and topology is None else (lambda name: queue_named(name, cluster, topology))
+    return _snapshots("queue/", namespace, timeout, keep, **ask)
 
 
 def clusters(namespace: str = "falcon", timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -340,8 +357,10 @@ class ApiSource:
     def queue(self, cluster: str, topology: str, task_id: int | None = None):
         return self._read("Ray", lambda: queue(self.namespace, cluster, topology, self.timeout, task_id=task_id))
 
-    def queues(self, offset: int = 0, limit: int | None = None):
-        return self._read("Ray", lambda: queues(self.namespace, self.timeout, waiting_offset=offset or None, waiting_limit=limit))
+    def queues(self, offset: int = 0, limit: int | None = None, cluster: str | None = None, topology: str | None = None):
+        return self._read(
+            "Ray", lambda: queues(self.namespace, self.timeout, cluster, topology, waiting_offset=offset or None, waiting_limit=limit)
+        )
 
     def cluster_snapshots(self):
         def read():

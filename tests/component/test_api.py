@@ -36,7 +36,7 @@ class BenchSource(ApiSource):
             return None
         return self._snapshot(task_id=task_id)
 
-    def queues(self, offset=0, limit=None):
+    def queues(self, offset=0, limit=None, cluster=None, topology=None):
         return [dict(self._snapshot(waiting_offset=offset, waiting_limit=limit), queue=f"queue/edge-a/{self.bench.topology}")]
 
     def cluster_snapshots(self):

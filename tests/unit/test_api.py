@@ -73,7 +73,8 @@ class FakeSource:
         self.asked.append((cluster, topology))
         return self.snap
 
-    def queues(self, offset=0, limit=None):
+    def queues(self, offset=0, limit=None, cluster=None, topology=None):
+        self.asked.append(("queues", cluster, topology))
         return [self.snap] if self.snap else []
 
     def cluster_snapshots(self):
@@ -168,6 +169,26 @@ def test_endpoints_answer_from_the_source():
     (cl,) = c.get("/v1/clusters").json()["clusters"]
     assert cl["reservation"] == {"count": 4, "in_use": 1, "free_hosts": 3} and cl["pools"][0]["task_id"] == 2
     assert c.get("/v1/tasks/3").status_code == 404
+
+
+def test_queues_asks_the_source_only_for_the_cluster_and_topology_wanted():
+    """A filtered /v1/queues names its cluster and topology to the source, which asks only
+    those QueueActors (``inspect.queue_named``), not every queue of the controller."""
+    source = FakeSource([], snapshot())
+    c = TestClient(api.create_app(source))
+    c.get("/v1/queues", params={"cluster": "edge-a", "topology": "2x2"})
+    c.get("/v1/queues", params={"cluster": "edge-b"})
+    c.get("/v1/queues")
+    assert source.asked == [("queues", "edge-a", "2x2"), ("queues", "edge-b", None), ("queues", None, None)]
+
+
+def test_queue_actor_names_are_matched_by_cluster_and_topology():
+    from falcon_ray.inspect import queue_named
+
+    assert queue_named("queue/edge-a/2x2") and queue_named("queue/edge-a/2x2", "edge-a", "2x2")
+    assert queue_named("queue/edge-a/2x2x1", "edge-a") and queue_named("queue/edge-a/4x4", topology="4x4")
+    assert not queue_named("queue/edge-a/2x2", "edge-b") and not queue_named("queue/edge-a/2x2", topology="2x2x1")
+    assert not queue_named("cluster/edge-a") and not queue_named("queue/edge-a") and not queue_named("poller", "edge-a")
 
 
 def test_a_terminal_task_does_not_ask_its_queue():

@@ -127,7 +127,8 @@ class QueueReconciler:
         self.ranges: dict[int, tuple[dt.datetime, float, float]] = {}  # the last step's: (decided at, expected s, latest s)
         self.clusters: list[Cluster] | None = None  # the registry as last read; None: read it
         self.clusters_at = -float("inf")  # when the registry was last read
-        self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
+        # (when read, for which ClusterBusy task, the destinations)
+        self.destinations_at: tuple[float, int, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, 0, ())
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
         self.waiters_at: tuple[float, tuple[ReservationWaiter, ...]] = (-DESTINATIONS_TTL_S, ())
         self.occupants_at: tuple[float, tuple[ReservationOccupant, ...]] = (-DESTINATIONS_TTL_S, ())
@@ -386,21 +387,23 @@ class QueueReconciler:
     def _destinations(self, cluster: Cluster, clusters: list[Cluster], tasks: QueueTasks) -> tuple[Destination, ...]:
         """Where a ClusterBusy task of this queue could move: the other active clusters of
         the TPU type, each with its ready idle pools of this topology, its queue's waiting
-        and slot-holding tasks, and its reservation as its ClusterActor's ledger says. Read
-        only while a task is ClusterBusy, at most once a second."""
+        and slot-holding tasks, its reservation as its ClusterActor's ledger says, and
+        whether GKE refused the ClusterBusy task there before. Read only while a task is
+        ClusterBusy, at most once a second for the same task."""
         if not any(t.phase == lc.CLUSTER_BUSY for t in tasks.held):
             return ()
         others = [c for c in clusters if c.name != cluster.name and c.active and c.tpu_type == cluster.tpu_type]
         if not others:
             return ()
+        busy = next(t for t in tasks.held if t.phase == lc.CLUSTER_BUSY)  # the slot's holder: one at most
         now = self.clock.monotonic()
-        if now - self.destinations_at[0] < DESTINATIONS_TTL_S:
-            return self.destinations_at[1]
+        if now - self.destinations_at[0] < DESTINATIONS_TTL_S and self.destinations_at[1] == busy.id:
+            return self.destinations_at[2]
         slot = (lc.Reason.WAITING, *(p.reason for p in lc.ACQUIRING_PHASES))
         claimants = self.store.queue_claimants([c.id for c in others], slot)
-        busy = next(t for t in tasks.held if t.phase == lc.CLUSTER_BUSY)  # the slot's holder: one at most
         on = self.s.reservation_hold_after_s is not None
         waiters = self.store.reservation_waiters_of(c.id for c in others if c.default_reservation) if on else {}
+        refused_on = self._refused_on(cluster, busy)
         out = []
         for c in others:
             idle = tuple(
@@ -418,9 +421,20 @@ class QueueReconciler:
                 if r is not None:
                     free, machine = r.free, r.machine_type
                     held = self._held_there(c, r, busy, tuple(waiters.get(c.id, ())))
-            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine, held))
-        self.destinations_at = (now, tuple(out))
-        return self.destinations_at[1]
+            refused = frozenset({busy.id}) if c.id in refused_on else frozenset()
+            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine, held, refused))
+        self.destinations_at = (now, busy.id, tuple(out))
+        return self.destinations_at[2]
+
+    def _refused_on(self, cluster: Cluster, busy: QueueTask) -> set[str]:
+        """The other clusters where GKE refused ``busy``'s pool for capacity before (the
+        failover tries each once: ``scheduling.move_target``). Read only for a task of
+        on-demand or flex-start supply that this cluster refused (its lease rows here)."""
+        if scheduling.supply_mode_for(busy.spec, cluster.default_reservation) == SupplyMode.RESERVATION:
+            return set()
+        if not any(l.task_id == busy.id and l.refused_at is not None for l in self.mirror.leases or ()):
+            return set()
+        return self.store.refused_on(busy.id) - {cluster.id}
 
     def _held_there(self, c: Cluster, r: ReservationView, t: QueueTask, waiters: tuple[ReservationWaiter, ...]) -> int:
         """The room of cluster ``c``'s reservation held for a task submitted before ``t``

@@ -36,6 +36,15 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Moved from {origin} (reservation {reservation} busy) to {cluster}, which has an idle {topology} node pool; next to acquire resources there",
         "已从 {origin} (reservation {reservation} 容量不足) 转到有空闲 {topology} node pool 的 {cluster},下一个在该集群获取资源",
     ),
+    "moved_after_refusal": (
+        "Moved from {origin} to {cluster}: GKE had no {supply} capacity for its node pool on {origin} ({refusals} refusal(s) since {since}), and {why}; next to acquire resources there",
+        "已从 {origin} 转到 {cluster}:{origin} 上 GKE 没有 {supply} 容量 (自 {since} 起被拒 {refusals} 次),而{why};下一个在该集群获取资源",
+    ),
+    "moved_why_idle": ("it has an idle node pool of the same supply", "该集群有相同供给模式的空闲 node pool"),
+    "moved_why_empty": (
+        "its queue for the topology is empty in another zone ({zone}), where GKE has not refused it",
+        "该集群位于另一可用区 ({zone}),拓扑队列为空,GKE 尚未拒绝过该任务",
+    ),
     "moved_to_reservation": (
         "Moved from {origin} (reservation {reservation} busy) to {cluster}, whose reservation {target_reservation} has room now; next to acquire resources there",
         "已从 {origin} (reservation {reservation} 容量不足) 转到 reservation {target_reservation} 有空余容量的 {cluster},下一个在该集群获取资源",

@@ -428,6 +428,7 @@ class Destination:
     free_hosts: int | None = None  # reservation hosts free by its ledger (None: not read)
     machine_type: str = ""  # what its reservation holds, as just read ("" unknown)
     held_hosts: int = 0  # of ``free_hosts``, the room held there for an older task of another topology
+    refused: frozenset[int] = frozenset()  # ids of the origin queue's tasks GKE refused for capacity there before
 
 
 @dataclass(frozen=True)

@@ -304,6 +304,8 @@ class RankableCluster(Protocol):
     default_reservation: str
     reservation_machine_type: str  # what its reservation holds, as last read ("" not read yet)
     reservation_count: int | None  # how many VMs its reservation holds, as last read (None: not read)
+    location: str  # a zone (zonal cluster) or a region (regional cluster)
+    zone: str  # a regional cluster's zone for pools without a reservation ("" otherwise)
 
 
 class Unfit(StrEnum):
@@ -456,13 +458,28 @@ def place(
 # --- moving a task that waits for reservation headroom ------------------------------------
 
 
-def move_target(spec: TaskSpec, origin: RankableCluster, destinations: Sequence[Destination]) -> Destination | None:
+def pool_zone(c: RankableCluster) -> str:
+    """The zone a pool without a reservation gets on ``c``: the operator's ``zone`` of a
+    regional cluster, else its location (a zonal cluster's zone)."""
+    return c.zone or c.location
+
+
+def move_target(
+    spec: TaskSpec, origin: RankableCluster, destinations: Sequence[Destination], task_id: int | None = None, refused: bool = False
+) -> Destination | None:
     """Where a task waiting on ``origin`` could start now with the same supply mode: an
     active cluster of its TPU type whose queue for the topology is empty, and that has a
     ready idle pool of that mode, or (reservation supply) a reservation of the task's
     machine type with room for one slice by its ledger, beyond the room held there for an
     older task of another topology (``reconcile.hold``). Never a switch from reservation to
-    another mode (original, section 5). Idle pool first, then the name; None: stay."""
+    another mode (original, section 5).
+
+    ``refused``: GKE refused the task's on-demand or flex-start pool on ``origin`` for
+    capacity (a stockout is its zone's). It may then also go to a cluster in another zone
+    whose queue for the topology is empty and that has not refused task ``task_id`` before
+    (``Destination.refused``), to ask GKE there: the failover. Each cluster is tried at most
+    once that way, so the task never goes back and forth. Idle pool first, then reservation
+    room, then the failover; then the name; None: stay."""
     mode = supply_mode_for(spec, origin.default_reservation)
     shape = spec.shape
     fits: list[tuple[int, str, Destination]] = []
@@ -477,4 +494,6 @@ def move_target(spec: TaskSpec, origin: RankableCluster, destinations: Sequence[
             fits.append((0, c.name, d))
         elif mode == SupplyMode.RESERVATION and d.machine_type == shape.machine_type and (d.free_hosts or 0) - d.held_hosts >= shape.hosts:
             fits.append((1, c.name, d))
+        elif refused and mode != SupplyMode.RESERVATION and task_id not in d.refused and pool_zone(c) != pool_zone(origin):
+            fits.append((2, c.name, d))
     return min(fits, key=lambda f: f[:2])[2] if fits else None

@@ -15,7 +15,9 @@ for a task in a capacity wait (GKE refused its pool for capacity, of any supply 
 - ``move(d, t)``: the task is ClusterBusy and ``scheduling.move_target`` finds another
   active cluster of its TPU type whose queue for the topology is empty and that can
   start it now with the same supply mode (a ready idle pool, or reservation headroom by
-  that cluster's ledger). One ``MoveTask``: a compare-and-set on the phase and the
+  that cluster's ledger), or, after GKE refused its on-demand or flex-start pool here for
+  capacity, one in another zone that has not refused it before (the failover; its
+  Message says what GKE refused here, how often and since when). One ``MoveTask``: a compare-and-set on the phase and the
   cluster, its event row, wake-ups for both queues. The task is Waiting there and that
   queue's pick takes it; nothing is left behind here (no lease, no pool name).
 """
@@ -26,8 +28,10 @@ from falcon_ray import lifecycle as lc
 from falcon_ray import scheduling
 from falcon_ray.lifecycle import Reason
 from falcon_ray.model import QueueTask
-from falcon_ray.reconcile.context import Decision
+from falcon_ray.reconcile import capacity
+from falcon_ray.reconcile.context import Decision, stamp
 from falcon_ray.reconcile.effects import MoveTask, Transition, Unassign
+from falcon_ray.spec import SupplyMode
 
 
 def unfit(d: Decision, t: QueueTask) -> bool:
@@ -62,13 +66,17 @@ def cannot_serve(d: Decision, t: QueueTask, requeued: str, detail: str) -> None:
 def move(d: Decision, t: QueueTask) -> bool:
     if t.phase != lc.CLUSTER_BUSY or t.id in d.lease_by_task or not d.queue.destinations:
         return False
-    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations)
+    wait = capacity.wait_of(d, t)
+    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations, t.id, refused=wait is not None)
     if target is None:
         return False
     c, origin = target.cluster, d.queue.cluster
     mode = scheduling.supply_mode_for(t.spec, origin.default_reservation)
     common = dict(origin=origin.name, reservation=origin.default_reservation, cluster=c.name, topology=d.queue.topology)
-    if mode in target.idle_pools:
+    if wait is not None and mode != SupplyMode.RESERVATION:  # GKE had no capacity for it here
+        reason = d.msg("moved_why_idle") if mode in target.idle_pools else d.msg("moved_why_empty", zone=scheduling.pool_zone(c))
+        text = d.msg("moved_after_refusal", supply=mode.value, refusals=wait.refusals, since=stamp(wait.first_at), why=reason, **common)
+    elif mode in target.idle_pools:
         text = d.msg("moved_to_idle", **common)
     else:
         text = d.msg("moved_to_reservation", target_reservation=c.default_reservation, **common)

@@ -128,6 +128,16 @@ class LeaseStore(StoreCore):
             res = self._write(c, L.update().where(L.c.id == lease_id).values(**values))
         return WriteResult(True, values, now) if res.rowcount == 1 else LOST
 
+    def refused_on(self, task_id: int) -> set[str]:
+        """The clusters (ids) where GKE refused the task's node pool for capacity (its lease
+        rows' ``refused_at``, Deleted ones included): where a failover must not send it back."""
+        L = t.node_pool_leases
+        with self.engine.connect() as c:
+            rows = c.execute(
+                sa.select(L.c.cluster_id).where(L.c.task_id == task_id, L.c.refused_at.is_not(None)).distinct()
+            ).all()
+        return {str(cluster_id) for (cluster_id,) in rows}
+
     def capacity_refused_since(self, task_ids: Iterable[int]) -> dict[int, dt.datetime]:
         """When GKE first refused each task's node pool for capacity (its lease rows'
         ``refused_at``, Deleted ones included); tasks never refused are absent."""

@@ -303,3 +303,64 @@ def test_nodes_not_delivered_with_another_cluster_goes_cluster_busy_then_moves_o
                     destinations=())
     ended = [e for g in decide(later, ClusterView(synced=True), NOW, S) for e in g.effects]
     assert moves(ended) == [FAILED] and "capacity_budget_s" in texts(ended)[0]
+
+
+# ---- the failover: a stockout is its zone's; another zone may have the capacity --------------------
+
+
+def other(name: str = "edge-b", location: str = "us-central1-b", **kw) -> Destination:
+    return Destination(replace(cluster(), id=f"id-{name}", name=name, location=location), **kw)
+
+
+def busy_after(*seconds_ago: float, mode: str = "on-demand", destinations=()) -> QueueState:
+    rows = refused_rows(*seconds_ago)
+    waiting = replace(task(lc.CLUSTER_BUSY, mode=mode, pool=None), phase_since=ago(min(seconds_ago)))
+    return QueueState(cluster(), "2x2", (waiting,), (), "", refused=rows, alternatives_exist=True, destinations=tuple(destinations))
+
+
+def effects_of(state: QueueState) -> list:
+    return [e for g in decide(state, ClusterView(synced=True), NOW, S) for e in g.effects]
+
+
+@pytest.mark.parametrize("mode", ["on-demand", "flex-start"])
+def test_a_refused_task_fails_over_to_an_empty_queue_in_another_zone_and_says_why(mode):
+    out = effects_of(busy_after(90, 30, mode=mode, destinations=[other()]))
+    [m] = [e for e in out if isinstance(e, MoveTask)]
+    assert (m.task_id, m.to_cluster, m.topology) == (1, "edge-b", "2x2")
+    assert m.message == (
+        f"Moved from edge-a to edge-b: GKE had no {mode} capacity for its node pool on edge-a (2 refusal(s) since "
+        f"{stamp(ago(90))}), and its queue for the topology is empty in another zone (us-central1-b), where GKE has "
+        "not refused it; next to acquire resources there"
+    )
+    assert not [e for e in out if isinstance(e, CreateLease)]
+
+
+@pytest.mark.parametrize(
+    ("destination", "why"),
+    [
+        (other(location="us-east5-b"), "the same zone: the stockout is there too"),
+        (other(claimants=1), "its queue has a task ahead"),
+        (other(refused=frozenset({1})), "it refused this task before: never back and forth"),
+        (Destination(replace(cluster(), id="id-edge-b", name="edge-b", location="us-central1", zone="us-east5-b")), "a regional cluster whose pools go to the same zone"),
+        (other(), "not active"),
+    ],
+)
+def test_no_failover_where_the_capacity_would_not_be_there_or_the_task_was_before(destination, why):
+    if why == "not active":
+        destination = replace(destination, cluster=replace(destination.cluster, status="maintenance"))
+    out = effects_of(busy_after(90, 30, destinations=[destination]))
+    assert not [e for e in out if isinstance(e, MoveTask)], why
+
+
+def test_a_reservation_task_never_fails_over_to_another_supply():
+    rows = tuple(replace(r, supply_mode="reservation") for r in refused_rows(90))
+    waiting = replace(task(lc.CLUSTER_BUSY, mode="reservation", pool=None), phase_since=ago(90))
+    state = QueueState(cluster("res-a"), "2x2", (waiting,), (), "", refused=rows, alternatives_exist=True, destinations=(other(),))
+    assert not [e for e in effects_of(state) if isinstance(e, MoveTask)]
+
+
+def test_a_task_never_refused_does_not_fail_over():
+    """ClusterBusy without a refusal (a reservation's headroom, say) moves only where it can start now."""
+    waiting = replace(task(lc.CLUSTER_BUSY, pool=None), phase_since=ago(90))
+    state = QueueState(cluster(), "2x2", (waiting,), (), "", alternatives_exist=True, destinations=(other(),))
+    assert not [e for e in effects_of(state) if isinstance(e, MoveTask)]

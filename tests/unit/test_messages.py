@@ -37,6 +37,7 @@ PLAUSIBLE = {
     "needed": 2,
     "offered": "v6e, v7x",
     "origin": "edge-a",
+    "zone": "us-central1-b",
     "pool": "falcon-2x4-abcd",
     "position": 3,
     "ready": 0,

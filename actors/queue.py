@@ -59,6 +59,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 from actors.port import Port
@@ -127,8 +128,9 @@ class QueueReconciler:
         self.ranges: dict[int, tuple[dt.datetime, float, float]] = {}  # the last step's: (decided at, expected s, latest s)
         self.clusters: list[Cluster] | None = None  # the registry as last read; None: read it
         self.clusters_at = -float("inf")  # when the registry was last read
-        # (when read, for which ClusterBusy task, the destinations)
-        self.destinations_at: tuple[float, int, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, 0, ())
+        self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
+        # (when read, for which ClusterBusy task, the other clusters that refused it for capacity)
+        self.refused_at: tuple[float, int, frozenset[str]] = (-DESTINATIONS_TTL_S, 0, frozenset())
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
         self.waiters_at: tuple[float, tuple[ReservationWaiter, ...]] = (-DESTINATIONS_TTL_S, ())
         self.occupants_at: tuple[float, tuple[ReservationOccupant, ...]] = (-DESTINATIONS_TTL_S, ())
@@ -388,8 +390,8 @@ class QueueReconciler:
         """Where a ClusterBusy task of this queue could move: the other active clusters of
         the TPU type, each with its ready idle pools of this topology, its queue's waiting
         and slot-holding tasks, its reservation as its ClusterActor's ledger says, and
-        whether GKE refused the ClusterBusy task there before. Read only while a task is
-        ClusterBusy, at most once a second for the same task."""
+        whether GKE refused the ClusterBusy task there before (read for that task). Read only
+        while a task is ClusterBusy, at most once a second."""
         if not any(t.phase == lc.CLUSTER_BUSY for t in tasks.held):
             return ()
         others = [c for c in clusters if c.name != cluster.name and c.active and c.tpu_type == cluster.tpu_type]
@@ -397,13 +399,18 @@ class QueueReconciler:
             return ()
         busy = next(t for t in tasks.held if t.phase == lc.CLUSTER_BUSY)  # the slot's holder: one at most
         now = self.clock.monotonic()
-        if now - self.destinations_at[0] < DESTINATIONS_TTL_S and self.destinations_at[1] == busy.id:
-            return self.destinations_at[2]
+        refused_on = self._refused_on(cluster, busy, now)
+        if now - self.destinations_at[0] >= DESTINATIONS_TTL_S:
+            self.destinations_at = (now, self._read_destinations(others, busy))
+        if not refused_on:
+            return self.destinations_at[1]
+        return tuple(replace(d, refused=frozenset({busy.id})) if d.cluster.id in refused_on else d for d in self.destinations_at[1])
+
+    def _read_destinations(self, others: list[Cluster], busy: QueueTask) -> tuple[Destination, ...]:
         slot = (lc.Reason.WAITING, *(p.reason for p in lc.ACQUIRING_PHASES))
         claimants = self.store.queue_claimants([c.id for c in others], slot)
         on = self.s.reservation_hold_after_s is not None
         waiters = self.store.reservation_waiters_of(c.id for c in others if c.default_reservation) if on else {}
-        refused_on = self._refused_on(cluster, busy)
         out = []
         for c in others:
             idle = tuple(
@@ -421,20 +428,21 @@ class QueueReconciler:
                 if r is not None:
                     free, machine = r.free, r.machine_type
                     held = self._held_there(c, r, busy, tuple(waiters.get(c.id, ())))
-            refused = frozenset({busy.id}) if c.id in refused_on else frozenset()
-            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine, held, refused))
-        self.destinations_at = (now, busy.id, tuple(out))
-        return self.destinations_at[2]
+            out.append(Destination(c, idle, claimants.get((c.id, self.topology), 0), free, machine, held))
+        return tuple(out)
 
-    def _refused_on(self, cluster: Cluster, busy: QueueTask) -> set[str]:
+    def _refused_on(self, cluster: Cluster, busy: QueueTask, now: float) -> frozenset[str]:
         """The other clusters where GKE refused ``busy``'s pool for capacity before (the
-        failover tries each once: ``scheduling.move_target``). Read only for a task of
-        on-demand or flex-start supply that this cluster refused (its lease rows here)."""
+        failover tries each once: ``scheduling.move_target``), read at most once a second
+        for the same task. Read only for a task of on-demand or flex-start supply that this
+        cluster refused (its lease rows here)."""
         if scheduling.supply_mode_for(busy.spec, cluster.default_reservation) == SupplyMode.RESERVATION:
-            return set()
+            return frozenset()
         if not any(l.task_id == busy.id and l.refused_at is not None for l in self.mirror.leases or ()):
-            return set()
-        return self.store.refused_on(busy.id) - {cluster.id}
+            return frozenset()
+        if now - self.refused_at[0] >= DESTINATIONS_TTL_S or self.refused_at[1] != busy.id:
+            self.refused_at = (now, busy.id, frozenset(self.store.refused_on(busy.id) - {cluster.id}))
+        return self.refused_at[2]
 
     def _held_there(self, c: Cluster, r: ReservationView, t: QueueTask, waiters: tuple[ReservationWaiter, ...]) -> int:
         """The room of cluster ``c``'s reservation held for a task submitted before ``t``

@@ -89,6 +89,13 @@ class Settings(BaseModel):
         description="a capacity wait (stockout) ends Failed/NodePoolFailed this long after the first refusal; "
         "waits for reservation headroom have no limit",
     )
+    failover_after_s: float | None = Field(
+        3600.0,
+        ge=0,
+        description="an on-demand or flex-start task in a capacity wait this long (since GKE first refused it on its "
+        "cluster) moves to a cluster of its TPU type in another zone whose queue for the topology is empty and that has "
+        "not refused it (each such cluster once); null: never",
+    )
     reservation_hold_after_s: float | None = Field(
         1800.0,
         gt=0,

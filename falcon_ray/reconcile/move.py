@@ -16,8 +16,9 @@ for a task in a capacity wait (GKE refused its pool for capacity, of any supply 
   active cluster of its TPU type whose queue for the topology is empty and that can
   start it now with the same supply mode (a ready idle pool, or reservation headroom by
   that cluster's ledger), or, after GKE refused its on-demand or flex-start pool here for
-  capacity, one in another zone that has not refused it before (the failover; its
-  Message says what GKE refused here, how often and since when). One ``MoveTask``: a compare-and-set on the phase and the
+  capacity for ``failover_after_s`` (a stockout that lasts) and its ``capacity_budget_s``
+  here is not spent, one in another zone that has not refused it before (the failover; its Message says what GKE refused here, how often
+  and since when). One ``MoveTask``: a compare-and-set on the phase and the
   cluster, its event row, wake-ups for both queues. The task is Waiting there and that
   queue's pick takes it; nothing is left behind here (no lease, no pool name).
 """
@@ -67,7 +68,11 @@ def move(d: Decision, t: QueueTask) -> bool:
     if t.phase != lc.CLUSTER_BUSY or t.id in d.lease_by_task or not d.queue.destinations:
         return False
     wait = capacity.wait_of(d, t)
-    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations, t.id, refused=wait is not None)
+    after = d.settings.failover_after_s
+    waited = (d.now - wait.first_at).total_seconds() if wait is not None else 0.0
+    # a stockout that lasts, within the budget here (past it the task ends where it is)
+    refused = wait is not None and after is not None and waited >= after and not capacity.budget_spent(d, waited)
+    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations, t.id, refused=refused)
     if target is None:
         return False
     c, origin = target.cluster, d.queue.cluster

@@ -58,6 +58,7 @@ UNITS: dict[str, str] = {
     "capacity_retry_max_s": "seconds",
     "capacity_budget_s": "seconds",
     "reservation_hold_after_s": "seconds (null: never)",
+    "failover_after_s": "seconds (null: never)",
     "submit_budget_s": "seconds",
     "strict_slot": "true or false",
     "capacity_waits_per_queue": "count",

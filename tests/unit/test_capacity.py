@@ -324,12 +324,14 @@ def effects_of(state: QueueState) -> list:
 
 @pytest.mark.parametrize("mode", ["on-demand", "flex-start"])
 def test_a_refused_task_fails_over_to_an_empty_queue_in_another_zone_and_says_why(mode):
-    out = effects_of(busy_after(90, 30, mode=mode, destinations=[other()]))
+    """Refused for capacity for longer than failover_after_s (1 h): the stockout lasts."""
+    assert not [e for e in effects_of(busy_after(S.failover_after_s - 1, 30, mode=mode, destinations=[other()])) if isinstance(e, MoveTask)]
+    out = effects_of(busy_after(S.failover_after_s + 90, 30, mode=mode, destinations=[other()]))
     [m] = [e for e in out if isinstance(e, MoveTask)]
     assert (m.task_id, m.to_cluster, m.topology) == (1, "edge-b", "2x2")
     assert m.message == (
         f"Moved from edge-a to edge-b: GKE had no {mode} capacity for its node pool on edge-a (2 refusal(s) since "
-        f"{stamp(ago(90))}), and its queue for the topology is empty in another zone (us-central1-b), where GKE has "
+        f"{stamp(ago(S.failover_after_s + 90))}), and its queue for the topology is empty in another zone (us-central1-b), where GKE has "
         "not refused it; next to acquire resources there"
     )
     assert not [e for e in out if isinstance(e, CreateLease)]
@@ -348,15 +350,23 @@ def test_a_refused_task_fails_over_to_an_empty_queue_in_another_zone_and_says_wh
 def test_no_failover_where_the_capacity_would_not_be_there_or_the_task_was_before(destination, why):
     if why == "not active":
         destination = replace(destination, cluster=replace(destination.cluster, status="maintenance"))
-    out = effects_of(busy_after(90, 30, destinations=[destination]))
+    out = effects_of(busy_after(S.failover_after_s + 90, 30, destinations=[destination]))
     assert not [e for e in out if isinstance(e, MoveTask)], why
 
 
 def test_a_reservation_task_never_fails_over_to_another_supply():
-    rows = tuple(replace(r, supply_mode="reservation") for r in refused_rows(90))
+    rows = tuple(replace(r, supply_mode="reservation") for r in refused_rows(S.failover_after_s + 90))
     waiting = replace(task(lc.CLUSTER_BUSY, mode="reservation", pool=None), phase_since=ago(90))
     state = QueueState(cluster("res-a"), "2x2", (waiting,), (), "", refused=rows, alternatives_exist=True, destinations=(other(),))
     assert not [e for e in effects_of(state) if isinstance(e, MoveTask)]
+
+
+def test_no_failover_when_it_is_off():
+    state = busy_after(S.failover_after_s + 90, 30, destinations=[other()])
+    off = Settings(failover_after_s=None)
+    assert not [e for g in decide(state, ClusterView(synced=True), NOW, off) for e in g.effects if isinstance(e, MoveTask)]
+    at_once = Settings(failover_after_s=0)
+    assert [e for g in decide(busy_after(5, destinations=[other()]), ClusterView(synced=True), NOW, at_once) for e in g.effects if isinstance(e, MoveTask)]
 
 
 def test_a_task_never_refused_does_not_fail_over():
@@ -364,3 +374,10 @@ def test_a_task_never_refused_does_not_fail_over():
     waiting = replace(task(lc.CLUSTER_BUSY, pool=None), phase_since=ago(90))
     state = QueueState(cluster(), "2x2", (waiting,), (), "", alternatives_exist=True, destinations=(other(),))
     assert not [e for e in effects_of(state) if isinstance(e, MoveTask)]
+
+
+def test_no_failover_once_the_budget_here_is_spent():
+    """Past capacity_budget_s on its cluster the task ends NodePoolFailed where it is."""
+    out = effects_of(busy_after(S.capacity_budget_s + 10, 30, destinations=[other()]))
+    assert not [e for e in out if isinstance(e, MoveTask)]
+    assert [e.to for e in out if isinstance(e, Transition)] == [lc.failed(Reason.NODE_POOL_FAILED)]

@@ -93,8 +93,9 @@ class Settings(BaseModel):
         3600.0,
         ge=0,
         description="an on-demand or flex-start task in a capacity wait this long (since GKE first refused it on its "
-        "cluster) moves to a cluster of its TPU type in another zone whose queue for the topology is empty and that has "
-        "not refused it (each such cluster once); null: never",
+        "cluster; at once after flex-start nodes not delivered within capacity_budget_s) moves to a cluster of its TPU "
+        "type in another zone whose queue for the topology is empty and that has not refused it (each such cluster "
+        "once); null: never",
     )
     reservation_hold_after_s: float | None = Field(
         1800.0,

@@ -114,7 +114,7 @@ LIMITS: tuple[WaitLimit, ...] = (
     WaitLimit(Wait.NODES_CONTESTED, lc.WAITING_FOR_NODE, "its pool holds part of its nodes (some registered, not all) and a task of another topology waits on the cluster; the pool and Job are deleted and the task goes back to the head of its queue, at most pool_release_limit times, then fails (capacity not delivered in time)",
               "contested_wait_s", "the pool's first registered node (its oldest node's creation)", Action.REACQUIRE,
               "capacity.contested"),
-    WaitLimit(Wait.NODES, lc.WAITING_FOR_NODE, "its nodes are not all there (GKE has not delivered the capacity), nobody else waits on the cluster; the pool and Job are deleted and the task moves to another cluster that can start it now, or fails",
+    WaitLimit(Wait.NODES, lc.WAITING_FOR_NODE, "its nodes are not all there (GKE has not delivered the capacity), nobody else waits on the cluster; the pool and Job are deleted and the task moves to another cluster that can start it now or fails over to another zone's, or fails",
               "capacity_budget_s", "the first capacity refusal, else entering the phase (event log)", Action.FAIL,
               "capacity.nodes_not_delivered", Reason.NODE_POOL_FAILED),
     WaitLimit(Wait.SUBMIT, lc.DISPATCHING, "the Kubernetes API refuses its Job for now (5xx, timeouts)",

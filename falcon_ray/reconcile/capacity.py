@@ -57,7 +57,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import limits, render, scheduling
+from falcon_ray import limits, messages, render, scheduling
 from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.limits import Wait
 from falcon_ray.model import RELEASED, Lease, PoolView, QueueTask
@@ -83,6 +83,14 @@ def wait_of(d: Decision, t: QueueTask) -> CapacityWait | None:
     if not rows:
         return None
     return CapacityWait(len(rows), rows[0].refused_at, rows[-1].refused_at, rows[-1].refusal)  # type: ignore[arg-type]
+
+
+def not_delivered(d: Decision, w: CapacityWait) -> bool:
+    """The wait's last refusal is a pool whose nodes GKE did not deliver within the budget
+    (``nodes_not_delivered``'s row): the task has waited a whole budget for this zone."""
+    any_ = ".*?"
+    found = messages.pattern("nodes_not_delivered", d.settings.lang, pool=any_, registered=any_, expected=any_, supply=any_, limit=any_, waited=any_)
+    return found.match(w.last_message) is not None
 
 
 def attempt(d: Decision, t: QueueTask) -> int:

@@ -16,8 +16,9 @@ for a task in a capacity wait (GKE refused its pool for capacity, of any supply 
   active cluster of its TPU type whose queue for the topology is empty and that can
   start it now with the same supply mode (a ready idle pool, or reservation headroom by
   that cluster's ledger), or, after GKE refused its on-demand or flex-start pool here for
-  capacity for ``failover_after_s`` (a stockout that lasts) and its ``capacity_budget_s``
-  here is not spent, one in another zone that has not refused it before (the failover; its Message says what GKE refused here, how often
+  capacity for ``failover_after_s`` (a stockout that lasts), or did not deliver its
+  flex-start nodes within ``capacity_budget_s``, and its budget here is not spent (a
+  non-delivery starts it afresh), one in another zone that has not refused it before (the failover; its Message says what GKE refused here, how often
   and since when). One ``MoveTask``: a compare-and-set on the phase and the
   cluster, its event row, wake-ups for both queues. The task is Waiting there and that
   queue's pick takes it; nothing is left behind here (no lease, no pool name).
@@ -70,8 +71,10 @@ def move(d: Decision, t: QueueTask) -> bool:
     wait = capacity.wait_of(d, t)
     after = d.settings.failover_after_s
     waited = (d.now - wait.first_at).total_seconds() if wait is not None else 0.0
-    # a stockout that lasts, within the budget here (past it the task ends where it is)
-    refused = wait is not None and after is not None and waited >= after and not capacity.budget_spent(d, waited)
+    # a stockout that lasts, or nodes not delivered within a whole budget; within the budget
+    # here (past it the task ends where it is)
+    lasts = wait is not None and (waited >= (after or 0.0) or capacity.not_delivered(d, wait))
+    refused = after is not None and lasts and not capacity.budget_spent(d, waited)
     target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations, t.id, refused=refused)
     if target is None:
         return False

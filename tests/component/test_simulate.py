@@ -253,12 +253,14 @@ def test_a_flex_start_pool_is_not_handed_to_a_task_its_nodes_would_not_outlive()
 
 def test_a_job_made_again_after_nodes_that_never_came_is_no_second_create():
     """Flex-start nodes that never come: at capacity_budget_s the Job and pool are deleted and,
-    with another cluster of the type, the task asks once more, on a new pool with the same
-    Job. No pod of the first Job ever ran, so the second create is no second run."""
+    with another cluster of the type in another zone, the task fails over there (once), where
+    the nodes do not come either: it asks once more there, on a new pool with the same Job,
+    then ends NodePoolFailed. No pod of any of its Jobs ever ran, so a Job made again is no
+    second run."""
     fleet = {"clusters": [_cluster("flex-b", chips=0), _cluster("flex-c", location="us-central1-b", chips=0)]}
     report, sim = _run(fleet, [_task(0, 0.0, 600.0, supply_mode="flex-start")])
-    jobs = [r for c in sim.fleet.clusters.values() for r in c.job_records.values()]
-    assert [(r["creates"], r["ran"]) for r in jobs] == [(2, [])], jobs
+    jobs = {name: [(r["creates"], r["ran"]) for r in c.job_records.values()] for name, c in sim.fleet.clusters.items()}
+    assert jobs == {"flex-b": [(1, [])], "flex-c": [(2, [])]}, jobs
     assert report["outcomes"] == {"Failed/NodePoolFailed": 1}
     assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report.get("broken")
 

@@ -381,3 +381,24 @@ def test_no_failover_once_the_budget_here_is_spent():
     out = effects_of(busy_after(S.capacity_budget_s + 10, 30, destinations=[other()]))
     assert not [e for e in out if isinstance(e, MoveTask)]
     assert [e.to for e in out if isinstance(e, Transition)] == [lc.failed(Reason.NODE_POOL_FAILED)]
+
+
+def test_nodes_not_delivered_fail_over_at_once_to_another_zone():
+    """A whole budget without the nodes is a lasting shortage of the zone: the next round
+    moves the task to an empty queue in another zone, without waiting failover_after_s."""
+    undelivered = replace(lease(POOL, LeaseState.DELETING, mode="flex-start", refused_s=1),
+                          refusal=_not_delivered_text())
+    busy = replace(task(lc.CLUSTER_BUSY, mode="flex-start", pool=None), phase_since=ago(1))
+    state = QueueState(cluster(), "2x2", (busy,), (undelivered,), "", refused=(undelivered,), alternatives_exist=True,
+                       destinations=(other(),))
+    [m] = [e for e in effects_of(state) if isinstance(e, MoveTask)]
+    assert m.to_cluster == "edge-b" and "GKE had no flex-start capacity" in m.message
+    # a create refused a second ago is no lasting shortage: it waits out its backoff here
+    refused_now = replace(state, refused=(replace(undelivered, refusal=STOCKOUT),))
+    assert not [e for e in effects_of(refused_now) if isinstance(e, MoveTask)]
+
+
+def _not_delivered_text() -> str:
+    from falcon_ray import messages
+
+    return messages.text("nodes_not_delivered", "en", pool=POOL, registered=0, expected=1, supply="flex-start", limit="6h00m", waited="6h00m")

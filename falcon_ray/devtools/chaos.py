@@ -116,9 +116,22 @@ CAPACITY_REFUSAL = re.compile(
     re.IGNORECASE,
 )
 # A Provisioning Message of a create still waiting its turn among the cluster's node-pool
-# operations (messages "create_queued" / "create_requeued", both languages): a wait under
+# operations (messages "create_queued" / "create_refused_busy", both languages, alone or after
+# "capacity_retrying" for a create asked again after capacity refusals): a wait under
 # create_queue_limit_s, not the create's node_pool_timeout_s.
-CREATE_QUEUED = re.compile(r"^Waiting to send the create of node pool|^等待(?:再次)?发送 node pool")
+_ANY = ".*?"
+CREATE_QUEUED = tuple(
+    texts.pattern(key, lang, pool=_ANY, cluster=_ANY, ahead=_ANY, since=_ANY)
+    if key == "create_queued"
+    else texts.pattern(key, lang, pool=_ANY, cluster=_ANY, detail=_ANY, since=_ANY)
+    for key in ("create_queued", "create_refused_busy")
+    for lang in ("en", "zh")
+)
+
+
+def create_queued(message: str) -> bool:
+    """The Message says the create waits its turn among the cluster's operations."""
+    return any(p.search(message) for p in CREATE_QUEUED)
 
 # a reservation wait's promise (message "reservation_holding", both languages): its hosts
 # are free by this instant (UTC, to the minute)
@@ -259,7 +272,7 @@ class Limits:
         (the run's seconds)."""
         if phase.status in lc.TERMINAL:
             return None
-        if phase == lc.PROVISIONING and CREATE_QUEUED.search(message):  # its own limit, not the create's
+        if phase == lc.PROVISIONING and create_queued(message):  # its own limit, not the create's
             return max(self.node_pool_timeout, self.create_queue) + self.margin
         if phase == lc.CLUSTER_BUSY and self.origin is not None and since_s is not None:
             by = promised_free_by(message)  # to the minute, rounded down: the promise is that minute's end

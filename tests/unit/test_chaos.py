@@ -6,6 +6,8 @@ import dataclasses
 import datetime as dt
 import json
 
+import pytest
+
 from falcon_ray.devtools import chaos
 from falcon_ray.devtools.chaos import Limits, Observed, check, make_plan
 from falcon_ray.model import Disruption, Task, TaskEvent
@@ -135,6 +137,26 @@ def test_a_create_waiting_its_turn_is_stuck_only_past_the_create_queue_limit():
     assert check(tasks, {}, {1: o}, 160, FLEET_CLEAN, LIMITS)["invariants"]["stuck"] == 1  # 150 s quiet > 20 + 10
     plain = obs((0, "Pending", "Provisioning", "Creating node pool falcon-t1-2x2 (supply: flex-start)..."))
     assert check(tasks, {}, {1: plain}, 150, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 1  # a create: its own timeout
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_create_asked_again_after_refusals_and_waiting_its_turn_has_the_create_queue_limit(lang):
+    """A create asked again after capacity refusals says so first ("capacity_retrying"), then
+    that it waits its turn among the cluster's operations (or was refused because one runs):
+    the create queue's limit holds for it too, found anywhere in the Message."""
+    from falcon_ray import messages
+
+    retry = messages.text("capacity_retrying", lang, pool="falcon-t1-2x2-r1", supply="flex-start", refusals=1, detail="GKE did not deliver the nodes")
+    queued = messages.text("create_queued", lang, pool="falcon-t1-2x2-r1", cluster="edge-a", ahead="", since="13:18:59")
+    busy = messages.text("create_refused_busy", lang, pool="falcon-t1-2x2-r1", cluster="edge-a", detail="upgrade", since="13:18:59")
+    with_limit = dataclasses.replace(LIMITS, create_queue=200)
+    for text in (f"{retry}; {queued}", f"{retry}; {busy}", busy):
+        o = obs((0, "Pending", "Provisioning", text))
+        tasks = [task(1, "Pending", "Provisioning")]
+        assert check(tasks, {}, {1: o}, 160, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 0, text
+        assert check(tasks, {}, {1: o}, 250, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 1, text
+    plain = obs((0, "Pending", "Provisioning", retry))  # a create asked again, sent: its own timeout
+    assert check([task(1, "Pending", "Provisioning")], {}, {1: plain}, 160, FLEET_CLEAN, with_limit)["invariants"]["stuck"] == 1
 
 
 def test_a_reservation_wait_is_stuck_only_past_the_instant_its_message_promised():

@@ -130,7 +130,7 @@ class QueueReconciler:
         self.clusters_at = -float("inf")  # when the registry was last read
         self.destinations_at: tuple[float, tuple[Destination, ...]] = (-DESTINATIONS_TTL_S, ())
         # (when read, for which ClusterBusy task, the other clusters that refused it for capacity)
-        self.refused_at: tuple[float, int, frozenset[str]] = (-DESTINATIONS_TTL_S, 0, frozenset())
+        self.refusals_read: tuple[float, int, frozenset[str]] = (-DESTINATIONS_TTL_S, 0, frozenset())
         self.other_waiting_at: tuple[float, bool] = (-DESTINATIONS_TTL_S, False)
         self.waiters_at: tuple[float, tuple[ReservationWaiter, ...]] = (-DESTINATIONS_TTL_S, ())
         self.occupants_at: tuple[float, tuple[ReservationOccupant, ...]] = (-DESTINATIONS_TTL_S, ())
@@ -440,9 +440,9 @@ class QueueReconciler:
             return frozenset()
         if not any(l.task_id == busy.id and l.refused_at is not None for l in self.mirror.leases or ()):
             return frozenset()
-        if now - self.refused_at[0] >= DESTINATIONS_TTL_S or self.refused_at[1] != busy.id:
-            self.refused_at = (now, busy.id, frozenset(self.store.refused_on(busy.id) - {cluster.id}))
-        return self.refused_at[2]
+        if now - self.refusals_read[0] >= DESTINATIONS_TTL_S or self.refusals_read[1] != busy.id:
+            self.refusals_read = (now, busy.id, frozenset(self.store.refused_on(busy.id) - {cluster.id}))
+        return self.refusals_read[2]
 
     def _held_there(self, c: Cluster, r: ReservationView, t: QueueTask, waiters: tuple[ReservationWaiter, ...]) -> int:
         """The room of cluster ``c``'s reservation held for a task submitted before ``t``

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 
 MAX_MESSAGE = 4000
 
@@ -331,11 +332,15 @@ def text(key: str, lang_: str | None = None, **fields: object) -> str:
 
 def pattern(key: str, lang_: str, **fields: str) -> re.Pattern[str]:
     """The expression that finds ``key``'s message in ``lang_``: its text literally, each of
-    ``fields`` matched by the expression given for it (groups number in the text's order)."""
-    marks = {name: f"\x00{i}\x00" for i, name in enumerate(fields)}
+    ``fields`` matched by the expression given for it (groups number in the text's order),
+    any other field by anything (as little as it can)."""
+    en, zh = _CATALOGUE[key]
+    names = {name for _, name, _, _ in string.Formatter().parse(zh if lang_ == "zh" else en) if name}
+    given = {name: fields.get(name, ".*?") for name in names | set(fields)}
+    marks = {name: f"\x00{i}\x00" for i, name in enumerate(given)}
     expr = re.escape(text(key, lang_, **marks))
     for name, mark in marks.items():
-        expr = expr.replace(re.escape(mark), fields[name])
+        expr = expr.replace(re.escape(mark), given[name])
     return re.compile(expr)
 
 

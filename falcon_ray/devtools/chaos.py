@@ -119,14 +119,7 @@ CAPACITY_REFUSAL = re.compile(
 # operations (messages "create_queued" / "create_refused_busy", both languages, alone or after
 # "capacity_retrying" for a create asked again after capacity refusals): a wait under
 # create_queue_limit_s, not the create's node_pool_timeout_s.
-_ANY = ".*?"
-CREATE_QUEUED = tuple(
-    texts.pattern(key, lang, pool=_ANY, cluster=_ANY, ahead=_ANY, since=_ANY)
-    if key == "create_queued"
-    else texts.pattern(key, lang, pool=_ANY, cluster=_ANY, detail=_ANY, since=_ANY)
-    for key in ("create_queued", "create_refused_busy")
-    for lang in ("en", "zh")
-)
+CREATE_QUEUED = tuple(texts.pattern(key, lang) for key in ("create_queued", "create_refused_busy") for lang in ("en", "zh"))
 
 
 def create_queued(message: str) -> bool:

@@ -54,6 +54,8 @@ pool's nodes do not come.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import re
 from dataclasses import dataclass
 
 from falcon_ray import lifecycle as lc
@@ -85,12 +87,15 @@ def wait_of(d: Decision, t: QueueTask) -> CapacityWait | None:
     return CapacityWait(len(rows), rows[0].refused_at, rows[-1].refused_at, rows[-1].refusal)  # type: ignore[arg-type]
 
 
+@functools.cache
+def _not_delivered_pattern(lang: str) -> re.Pattern[str]:
+    return messages.pattern("nodes_not_delivered", lang)
+
+
 def not_delivered(d: Decision, w: CapacityWait) -> bool:
     """The wait's last refusal is a pool whose nodes GKE did not deliver within the budget
     (``nodes_not_delivered``'s row): the task has waited a whole budget for this zone."""
-    any_ = ".*?"
-    found = messages.pattern("nodes_not_delivered", d.settings.lang, pool=any_, registered=any_, expected=any_, supply=any_, limit=any_, waited=any_)
-    return found.match(w.last_message) is not None
+    return _not_delivered_pattern(d.settings.lang).match(w.last_message) is not None
 
 
 def attempt(d: Decision, t: QueueTask) -> int:

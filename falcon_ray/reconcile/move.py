@@ -69,13 +69,7 @@ def move(d: Decision, t: QueueTask) -> bool:
     if t.phase != lc.CLUSTER_BUSY or t.id in d.lease_by_task or not d.queue.destinations:
         return False
     wait = capacity.wait_of(d, t)
-    after = d.settings.failover_after_s
-    waited = (d.now - wait.first_at).total_seconds() if wait is not None else 0.0
-    # a stockout that lasts, or nodes not delivered within a whole budget; within the budget
-    # here (past it the task ends where it is)
-    lasts = wait is not None and (waited >= (after or 0.0) or capacity.not_delivered(d, wait))
-    refused = after is not None and lasts and not capacity.budget_spent(d, waited)
-    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations, t.id, refused=refused)
+    target = scheduling.move_target(t.spec, d.queue.cluster, d.queue.destinations, t.id, refused=_fails_over(d, wait))
     if target is None:
         return False
     c, origin = target.cluster, d.queue.cluster
@@ -90,6 +84,17 @@ def move(d: Decision, t: QueueTask) -> bool:
         text = d.msg("moved_to_reservation", target_reservation=c.default_reservation, **common)
     d.add(f"task {t.id}: move to {c.name}", MoveTask(t.id, origin.id, c.id, c.name, d.queue.topology, text))
     return True
+
+
+def _fails_over(d: Decision, wait: capacity.CapacityWait | None) -> bool:
+    """The capacity wait is a shortage of the zone that lasts (refused for
+    ``failover_after_s``, or nodes not delivered within a whole budget), and its budget
+    here is not spent (past it the task ends where it is)."""
+    after = d.settings.failover_after_s
+    if wait is None or after is None:
+        return False
+    waited = (d.now - wait.first_at).total_seconds()
+    return (waited >= after or capacity.not_delivered(d, wait)) and not capacity.budget_spent(d, waited)
 
 
 __all__ = ["move", "unfit"]

@@ -113,7 +113,7 @@ class RayHead:
         if self.proc is None:
             return
         procs = kill_tree(self.proc.pid)
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=10)  # wall-clock: a real Ray process exiting
         deadline = time.monotonic() + 10  # wall-clock: real processes exiting
         while time.monotonic() < deadline and any(alive(p) for p in procs):  # wall-clock: real processes exiting
             time.sleep(0.1)  # wall-clock: real processes exiting

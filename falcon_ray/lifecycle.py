@@ -142,7 +142,8 @@ _TASK_EDGES: tuple[tuple[Phase | tuple[Phase, ...], Phase, str], ...] = (
     (
         CLUSTER_BUSY,
         WAITING,
-        f"{QUEUE}: another active cluster of its TPU type can start it now with the same supply, or (on-demand, "
+        f"{QUEUE}: another active cluster of its TPU type can start it with the same supply on what it has now (an idle pool, "
+        "or reservation room for it and the tasks queued there), or (on-demand, "
         "flex-start after a capacity refusal) one in another zone with an empty queue that has not refused it; moved to that queue",
     ),
     ((PROVISIONING, CLUSTER_BUSY), WAITING_FOR_NODE, f"{QUEUE}: pool control plane RUNNING, nodes registering"),

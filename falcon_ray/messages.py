@@ -50,6 +50,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "Moved from {origin} (reservation {reservation} busy) to {cluster}, whose reservation {target_reservation} has room now; next to acquire resources there",
         "已从 {origin} (reservation {reservation} 容量不足) 转到 reservation {target_reservation} 有空余容量的 {cluster},下一个在该集群获取资源",
     ),
+    "moved_to_reservation_queued": (
+        "Moved from {origin} (reservation {reservation} busy) to {cluster}, whose reservation {target_reservation} has room now for it and the {ahead} task(s) of its queue there; queued behind them",
+        "已从 {origin} (reservation {reservation} 容量不足) 转到 {cluster}:其 reservation {target_reservation} 现有空余容量,足够该任务及其队列中已有的 {ahead} 个任务;排在它们之后",
+    ),
     "requeued": (
         "Cluster {cluster} left service ({status}); choosing another cluster...",
         "集群 {cluster} 已停止服务 ({status}),正在重新选择集群...",

@@ -468,10 +468,11 @@ def move_target(
     spec: TaskSpec, origin: RankableCluster, destinations: Sequence[Destination], task_id: int | None = None, refused: bool = False
 ) -> Destination | None:
     """Where a task waiting on ``origin`` could start now with the same supply mode: an
-    active cluster of its TPU type whose queue for the topology is empty, and that has a
+    active cluster of its TPU type whose queue for the topology is empty and that has a
     ready idle pool of that mode, or (reservation supply) a reservation of the task's
-    machine type with room for one slice by its ledger, beyond the room held there for an
-    older task of another topology (``reconcile.hold``). Never a switch from reservation to
+    machine type with room by its ledger, beyond the room held there for an older task of
+    another topology (``reconcile.hold``), for one slice more than the tasks its queue for
+    the topology already has (``room_for_queue``). Never a switch from reservation to
     another mode (original, section 5).
 
     ``refused``: GKE refused the task's on-demand or flex-start pool on ``origin`` for
@@ -485,15 +486,23 @@ def move_target(
     fits: list[tuple[int, str, Destination]] = []
     for d in destinations:
         c = d.cluster
-        if c.name == origin.name or c.status != "active" or c.tpu_type != spec.tpu_type or d.claimants:
+        if c.name == origin.name or c.status != "active" or c.tpu_type != spec.tpu_type:
             continue
         o = offer(spec, c, d.machine_type or None)
         if not o.serves or o.mode != mode:
             continue
-        if mode in d.idle_pools:
+        if mode in d.idle_pools and not d.claimants:
             fits.append((0, c.name, d))
-        elif mode == SupplyMode.RESERVATION and d.machine_type == shape.machine_type and (d.free_hosts or 0) - d.held_hosts >= shape.hosts:
+        elif mode == SupplyMode.RESERVATION and d.machine_type == shape.machine_type and room_for_queue(d, shape.hosts):
             fits.append((1, c.name, d))
-        elif refused and mode != SupplyMode.RESERVATION and task_id not in d.refused and pool_zone(c) != pool_zone(origin):
+        elif not d.claimants and refused and mode != SupplyMode.RESERVATION and task_id not in d.refused and pool_zone(c) != pool_zone(origin):
             fits.append((2, c.name, d))
     return min(fits, key=lambda f: f[:2])[2] if fits else None
+
+
+def room_for_queue(d: Destination, hosts: int) -> bool:
+    """``d``'s reservation, by its ledger and beyond the room held there for an older task
+    of another topology, has room for one slice of ``hosts`` hosts for each task its queue
+    for the topology already has (waiting or acquiring) and one more: a task moved there
+    starts behind those, on room that is there now, not on room that must free up."""
+    return (d.free_hosts or 0) - d.held_hosts >= hosts * (d.claimants + 1)

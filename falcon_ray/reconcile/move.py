@@ -13,9 +13,10 @@ for a task in a capacity wait (GKE refused its pool for capacity, of any supply 
   poller (Pending, no cluster), which places it where its shape can be served;
   without one it fails NodePoolFailed with the reason instead of a create GKE refuses.
 - ``move(d, t)``: the task is ClusterBusy and ``scheduling.move_target`` finds another
-  active cluster of its TPU type whose queue for the topology is empty and that can
-  start it now with the same supply mode (a ready idle pool, or reservation headroom by
-  that cluster's ledger), or, after GKE refused its on-demand or flex-start pool here for
+  active cluster of its TPU type that can start it with the same supply mode on what is
+  there now: a ready idle pool (its queue for the topology empty), or reservation headroom
+  by that cluster's ledger for it and every task that queue already has (it queues behind
+  them, and its Message says how many), or, after GKE refused its on-demand or flex-start pool here for
   capacity for ``failover_after_s`` (a stockout that lasts), or did not deliver its
   flex-start nodes within ``capacity_budget_s``, and its budget here is not spent (a
   non-delivery starts it afresh), one in another zone that has not refused it before (the failover; its Message says what GKE refused here, how often
@@ -78,8 +79,10 @@ def move(d: Decision, t: QueueTask) -> bool:
     if wait is not None and mode != SupplyMode.RESERVATION:  # GKE had no capacity for it here
         reason = d.msg("moved_why_idle") if mode in target.idle_pools else d.msg("moved_why_empty", zone=scheduling.pool_zone(c))
         text = d.msg("moved_after_refusal", supply=mode.value, refusals=wait.refusals, since=stamp(wait.first_at), why=reason, **common)
-    elif mode in target.idle_pools:
+    elif mode in target.idle_pools and not target.claimants:
         text = d.msg("moved_to_idle", **common)
+    elif target.claimants:
+        text = d.msg("moved_to_reservation_queued", target_reservation=c.default_reservation, ahead=target.claimants, **common)
     else:
         text = d.msg("moved_to_reservation", target_reservation=c.default_reservation, **common)
     d.add(f"task {t.id}: move to {c.name}", MoveTask(t.id, origin.id, c.id, c.name, d.queue.topology, text))

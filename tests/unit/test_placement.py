@@ -121,7 +121,11 @@ def dest(c: Cluster, idle=(), claimants=0, free=None, holds=None) -> Destination
     [
         (spec("2x2"), [dest(EDGE_C, free=4)], "edge-c"),  # reservation headroom there
         (spec("2x4"), [dest(EDGE_C, free=1)], None),  # 2x4 needs 2 hosts
-        (spec("2x2"), [dest(EDGE_C, free=4, claimants=1)], None),  # its queue has a task ahead: not "now"
+        (spec("2x2"), [dest(EDGE_C, free=1, claimants=1)], None),  # the room is the queued task's
+        (spec("2x2"), [dest(EDGE_C, free=2, claimants=1)], "edge-c"),  # room for the queued task and this one
+        (spec("2x4"), [dest(EDGE_C, free=3, claimants=1)], None),  # 2 hosts each: 4 needed
+        (spec("2x4"), [dest(EDGE_C, free=4, claimants=1)], "edge-c"),
+        (spec("2x2"), [dest(EDGE_C, idle=[RES], free=0, claimants=1)], None),  # the idle pool goes to the task ahead
         (spec("2x2"), [dest(EDGE_B, idle=[FLEX])], None),  # never reservation -> flex-start
         (spec("2x2"), [dest(EDGE_B, free=None)], None),
         (spec("2x2"), [dest(EDGE_C, idle=[RES], free=0)], "edge-c"),  # an idle pool of the same supply
@@ -166,6 +170,21 @@ def test_a_cluster_busy_task_moves_to_a_reservation_with_headroom():
     [m] = all_effects(decide(q, ClusterView(reservation=FULL), NOW, S), MoveTask)
     assert (m.task_id, m.from_cluster_id, m.to_cluster_id, m.to_cluster, m.topology) == (7, "id-edge-a", "id-edge-c", "edge-c", "2x2")
     assert "edge-a" in m.message and "edge-c" in m.message and "res-c" in m.message
+
+
+def test_a_task_moved_behind_a_queue_whose_room_fits_them_all_says_it_queues_behind_them():
+    q = qstate([qtask(7, lc.CLUSTER_BUSY)], destinations=(dest(EDGE_C, free=3, claimants=2),), alternatives_exist=True)
+    [m] = all_effects(decide(q, ClusterView(reservation=FULL), NOW, S), MoveTask)
+    assert m.to_cluster == "edge-c"
+    assert m.message == (
+        "Moved from edge-a (reservation res-a busy) to edge-c, whose reservation res-c has room now for it and the 2 task(s) "
+        "of its queue there; queued behind them"
+    )
+
+
+def test_a_task_stays_where_the_other_reservation_has_room_only_for_the_tasks_queued_there():
+    q = qstate([qtask(7, lc.CLUSTER_BUSY)], destinations=(dest(EDGE_C, free=2, claimants=2),), alternatives_exist=True)
+    assert not all_effects(decide(q, ClusterView(reservation=FULL), NOW, S), MoveTask)
 
 
 def test_a_task_that_only_now_meets_a_full_reservation_waits_first_then_moves():

@@ -98,15 +98,38 @@ def test_a_cluster_busy_task_moves_once_to_a_cluster_with_headroom_and_starts_th
     assert [l.cluster_id for l in b.store.leases()] == [edge_c.id]
 
 
-def test_a_cluster_busy_task_stays_while_the_other_queue_has_a_task_ahead(tmp_path, migrated):
+def test_a_cluster_busy_task_stays_while_the_other_reservation_has_room_only_for_the_task_queued_there(tmp_path, migrated):
     b = make_bench(tmp_path, migrated)
     edge_c = b.store.add_cluster("edge-c", "proj-c", "us-east5-b", "v6e", "logs-c", "res-c")
     first = b.submit()
     other = b.submit("bob")  # the poller puts it on edge-c (shorter queue)
     assert b.task(other).cluster_id == edge_c.id
-    b.port.cluster_views = {"edge-c": ClusterView(reservation=ROOM)}
+    b.port.cluster_views = {"edge-c": ClusterView(reservation=ReservationView(count=4, in_use=3, machine_type=HOLDS_4T))}
     b.step(ClusterView(reservation=FULL))
     assert (str(b.task(first).phase), b.task(first).cluster_id) == ("Pending/ClusterBusy", b.cluster.id)
+
+
+def test_a_cluster_busy_task_moves_behind_the_other_queue_when_its_reservation_has_room_for_both(tmp_path, migrated):
+    b = make_bench(tmp_path, migrated)
+    edge_c = b.store.add_cluster("edge-c", "proj-c", "us-east5-b", "v6e", "logs-c", "res-c")
+    first = b.submit()
+    other = b.submit("bob")  # the poller puts it on edge-c (shorter queue)
+    assert b.task(other).cluster_id == edge_c.id
+    b.port.cluster_views = {"edge-c": ClusterView(reservation=ReservationView(count=4, in_use=2, machine_type=HOLDS_4T))}
+    b.step(ClusterView(reservation=FULL))
+    t = b.task(first)
+    assert (str(t.phase), t.cluster_id, t.node_pool_name) == ("Pending/Waiting", edge_c.id, None)
+    assert t.message == (
+        "Moved from edge-a (reservation res-a busy) to edge-c, whose reservation res-c has room now for it and the 1 task(s) "
+        "of its queue there; queued behind them"
+    )
+    assert not b.port.took("claim_reservation") and not b.store.leases(b.cluster.id)
+    # edge-c's queue takes the task that was there first, then the moved one
+    b.port.cluster_views = {}
+    q = QueueReconciler("edge-c", "2x2", b.settings, b.store, b.port, clock=b.clock)
+    b.port.set_view(ClusterView(reservation=ReservationView(count=4, in_use=2, machine_type=HOLDS_4T)))
+    q.step()
+    assert str(b.task(other).phase) == "Pending/Provisioning" and str(b.task(first).phase) == "Pending/Waiting"
 
 
 def test_a_move_is_a_compare_and_set_on_phase_and_cluster(tmp_path, migrated):

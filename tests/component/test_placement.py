@@ -98,25 +98,26 @@ def test_a_cluster_busy_task_moves_once_to_a_cluster_with_headroom_and_starts_th
     assert [l.cluster_id for l in b.store.leases()] == [edge_c.id]
 
 
-def test_a_cluster_busy_task_stays_while_the_other_reservation_has_room_only_for_the_task_queued_there(tmp_path, migrated):
+def busy_beside_a_queued_task(tmp_path, migrated, in_use_there: int):
+    """edge-a's task ClusterBusy on a full reservation, bob's task queued on edge-c, whose
+    reservation of 4 hosts has ``in_use_there`` in use: one step of edge-a's queue."""
     b = make_bench(tmp_path, migrated)
     edge_c = b.store.add_cluster("edge-c", "proj-c", "us-east5-b", "v6e", "logs-c", "res-c")
     first = b.submit()
     other = b.submit("bob")  # the poller puts it on edge-c (shorter queue)
     assert b.task(other).cluster_id == edge_c.id
-    b.port.cluster_views = {"edge-c": ClusterView(reservation=ReservationView(count=4, in_use=3, machine_type=HOLDS_4T))}
+    b.port.cluster_views = {"edge-c": ClusterView(reservation=ReservationView(count=4, in_use=in_use_there, machine_type=HOLDS_4T))}
     b.step(ClusterView(reservation=FULL))
+    return b, edge_c, first, other
+
+
+def test_a_cluster_busy_task_stays_while_the_other_reservation_has_room_only_for_the_task_queued_there(tmp_path, migrated):
+    b, _, first, _ = busy_beside_a_queued_task(tmp_path, migrated, in_use_there=3)
     assert (str(b.task(first).phase), b.task(first).cluster_id) == ("Pending/ClusterBusy", b.cluster.id)
 
 
 def test_a_cluster_busy_task_moves_behind_the_other_queue_when_its_reservation_has_room_for_both(tmp_path, migrated):
-    b = make_bench(tmp_path, migrated)
-    edge_c = b.store.add_cluster("edge-c", "proj-c", "us-east5-b", "v6e", "logs-c", "res-c")
-    first = b.submit()
-    other = b.submit("bob")  # the poller puts it on edge-c (shorter queue)
-    assert b.task(other).cluster_id == edge_c.id
-    b.port.cluster_views = {"edge-c": ClusterView(reservation=ReservationView(count=4, in_use=2, machine_type=HOLDS_4T))}
-    b.step(ClusterView(reservation=FULL))
+    b, edge_c, first, other = busy_beside_a_queued_task(tmp_path, migrated, in_use_there=2)
     t = b.task(first)
     assert (str(t.phase), t.cluster_id, t.node_pool_name) == ("Pending/Waiting", edge_c.id, None)
     assert t.message == (

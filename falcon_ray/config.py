@@ -114,6 +114,12 @@ class Settings(BaseModel):
         "included; false: the slot serializes acquiring new capacity only, and a waiting task takes an idle pool "
         "of its topology whose nodes are Ready while the slot holder waits for GKE",
     )
+    slot_per_supply: bool = Field(
+        True,
+        description="each supply mode of a queue has its own acquisition slot: a task waiting for reservation room, "
+        "or for GKE's flex-start or on-demand capacity, does not hold back a task of the queue that would take another "
+        "supply (other capacity); false: one slot for the queue whatever the supply; ignored with strict_slot",
+    )
     capacity_waits_per_queue: int = Field(
         1,
         ge=1,

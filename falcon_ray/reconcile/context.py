@@ -201,13 +201,20 @@ class Decision:
         pool = self.cluster.pools.get(lease.name)
         return pool is not None and pool.registered == 0 and self.phase_age_s(t) >= s.capacity_wait_park_s
 
-    def slot_free(self) -> bool:
+    def slot_free(self, mode: SupplyMode | None = None) -> bool:
         """The slot serializes acquiring new capacity: free when no task acquires, or when
         every acquiring task has parked its capacity wait and fewer than
-        ``capacity_waits_per_queue`` wait so."""
-        if not self.acquiring:
+        ``capacity_waits_per_queue`` wait so. ``mode``: the slot of that supply mode
+        (``slot_per_supply``): only the acquiring tasks of that mode count, since a task
+        waiting for one supply's capacity takes nothing another supply would give."""
+        acquiring = self.acquiring if mode is None else [t for t in self.acquiring if self.supply_of(t) == mode]
+        if not acquiring:
             return True
-        return len(self.acquiring) < self.settings.capacity_waits_per_queue and all(self.parked(t) for t in self.acquiring)
+        return len(acquiring) < self.settings.capacity_waits_per_queue and all(self.parked(t) for t in acquiring)
+
+    def supply_of(self, t: QueueTask) -> SupplyMode:
+        """The supply mode ``t`` acquires on this cluster (its spec's, else the cluster's default)."""
+        return scheduling.supply_mode_for(t.spec, self.queue.cluster.default_reservation)
 
     def free_idle(self, t: QueueTask, ready: bool = False) -> Lease | None:
         """An idle pool that can be handed to ``t`` now: its create finished (it was Ready

@@ -306,8 +306,11 @@ class _Queue:
             return None  # nothing to wait for, nothing to create: no basis
         return self.started(t, at + create_left)
 
-    def waiting(self, t: QueueTask, slot_at: float) -> float | None:
-        return self.take(t, slot_at, None if self.bound else self.create(self.mode(t)))
+    def waiting(self, t: QueueTask, slot_at: float, bound: bool | None = None) -> float | None:
+        """``bound``: whether ``t``'s supply waits for capacity with no create to count on
+        (None: the queue's ``bound``)."""
+        bound = self.bound if bound is None else bound
+        return self.take(t, slot_at, None if bound else self.create(self.mode(t)))
 
     def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
         if t.phase == lc.CLUSTER_BUSY:
@@ -329,17 +332,21 @@ def estimate(
     waiting_in_order: Sequence[QueueTask],
     default_reservation: str,
     pools: Pools | None = None,
+    per_supply: bool = False,
 ) -> dict[int, float]:
-    """Seconds from ``now`` until each Waiting task is expected to reach Running."""
+    """Seconds from ``now`` until each Waiting task is expected to reach Running.
+    ``per_supply``: each supply mode has its own slot (``Settings.slot_per_supply``), so a
+    task waits only for the holder and the tasks ahead of its own supply, and a
+    reservation wait (ClusterBusy) leaves the other supplies' creates to count on; the
+    pools that come free still go to the tasks in the pick order, whatever their supply."""
     m = model_of(history)
     if m is None or not waiting_in_order:
         return {}
     pools = pools or Pools()
     recent = history.samples[-MIN_SAMPLES:]
-    bound = any(t.phase == lc.CLUSTER_BUSY for t in holders) or (
-        sum(1 for s in recent if s.capacity_wait_s > 0) * 2 > len(recent)
-    )
-    if bound and not m.run_fractions:
+    capacity_bound = sum(1 for s in recent if s.capacity_wait_s > 0) * 2 > len(recent)  # most acquisitions waited
+    bound = any(t.phase == lc.CLUSTER_BUSY for t in holders) or capacity_bound
+    if (capacity_bound if per_supply else bound) and not m.run_fractions:
         return {}
     free: list[float] = []
     if pools.handover:
@@ -348,16 +355,41 @@ def estimate(
         if m.run_fractions:
             free += [m.run_left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
     q = _Queue(m, bound, free, default_reservation)
+    out: dict[int, float] = {}
+    if per_supply:
+        return _per_supply(q, now, holders, waiting_in_order, pools, capacity_bound)
     slot_at: float | None = 0.0
     for h in holders:  # at most one; its own acquisition has run for a while already
         slot_at = q.holder(h, pools.held.get(h.id), now)
-    out: dict[int, float] = {}
     for t in waiting_in_order:
         if slot_at is None:
             break
         slot_at = q.waiting(t, slot_at)
         if slot_at is not None:
             out[t.id] = slot_at
+    return out
+
+
+def _per_supply(
+    q: _Queue, now: dt.datetime, holders: Sequence[QueueTask], waiting_in_order: Sequence[QueueTask], pools: Pools, capacity_bound: bool
+) -> dict[int, float]:
+    """``estimate`` with a slot per supply mode: each supply's holder, then its waiting
+    tasks in the pick order; a supply whose holder waits for reservation room (ClusterBusy)
+    counts on pools that come free only, as the whole queue does when most of its recent
+    acquisitions waited for capacity."""
+    busy = {q.mode(t) for t in holders if t.phase == lc.CLUSTER_BUSY}
+    slots: dict[SupplyMode, float | None] = {}
+    for h in holders:  # one a supply, besides parked capacity waits
+        slots[q.mode(h)] = q.holder(h, pools.held.get(h.id), now)
+    out: dict[int, float] = {}
+    for t in waiting_in_order:
+        mode = q.mode(t)
+        at = slots.get(mode, 0.0)
+        if at is None:
+            continue
+        at = slots[mode] = q.waiting(t, at, bound=capacity_bound or mode in busy)
+        if at is not None:
+            out[t.id] = at
     return out
 
 
@@ -380,9 +412,10 @@ def ranges(
     waiting_in_order: Sequence[QueueTask],
     default_reservation: str,
     pools: Pools | None = None,
+    per_supply: bool = False,
 ) -> dict[int, Range]:
     """``estimate`` as each Waiting task's ``Range``."""
-    expected = estimate(now, history, holders, running, waiting_in_order, default_reservation, pools)
+    expected = estimate(now, history, holders, running, waiting_in_order, default_reservation, pools, per_supply)
     m = model_of(history)
     if not expected or m is None:
         return {}

@@ -15,6 +15,11 @@ what records its actor as the last granted (``store.queues``); an
 idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
 becomes Provisioning, with its pool's lease and create in the same group when the create
 needs no other step first (``acquire.create_at_pick``). The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
+With ``slot_per_supply`` (and not ``strict_slot``) each supply mode has its own slot: the
+pick rule chooses among the heads whose supply's slot is free, once per supply mode in a
+call, so a task waiting for reservation room never holds back one that would create a
+flex-start or on-demand pool (other capacity), nor the other way round; the heads are
+still those of the highest priority and each actor's oldest (FIFO per actor).
 Then, unless ``strict_slot`` (the original's one task between pick and Running), idle
 pools whose every node is Ready go to the next tasks by the pick rule whoever holds the
 slot (``hand_over_ready``): a hand-over acquires nothing from GKE, so it never waits
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 from falcon_ray import lifecycle as lc
 from falcon_ray import scheduling
+from falcon_ray.model import QueueTask
 from falcon_ray.reconcile.acquire import claim_idle, create_at_pick
 from falcon_ray.reconcile.context import Decision
 from falcon_ray.reconcile.effects import Transition, Unassign
+from falcon_ray.spec import SupplyMode
 
 
 def rerank(d: Decision) -> None:
@@ -43,22 +50,44 @@ def pick(d: Decision) -> None:
     if not d.queue.cluster_active or not d.waiting_count():
         return
     last = d.queue.last_granted
-    if d.slot_free():  # the slot: one task between its pick and Running starts a create
-        nxt = scheduling.pick_next(d.waiting_heads(), last)
-        assert nxt is not None
-        idle = d.free_idle(nxt)
-        if idle is not None:
-            d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
-        else:
-            mode = scheduling.supply_mode_for(nxt.spec, d.queue.cluster.default_reservation)
-            if not create_at_pick(d, nxt, mode):
-                text = d.msg("picked", supply=mode.value)
-                d.add(f"task {nxt.id}: picked", Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
-        d.holders.append(nxt)
-        d.leave(nxt)
-        last = nxt.actor
-    if not d.settings.strict_slot:
+    s = d.settings
+    if s.strict_slot or not s.slot_per_supply:
+        if d.slot_free():  # the slot: one task between its pick and Running starts a create
+            nxt = scheduling.pick_next(d.waiting_heads(), last)
+            assert nxt is not None
+            last = grant(d, nxt)
+    else:  # a slot per supply mode: the pick rule chooses among the heads whose supply's slot is free
+        taken: set[SupplyMode] = set()
+        while d.waiting_count():
+            heads = [h for h in d.waiting_heads() if d.supply_of(h) not in taken and d.slot_free(d.supply_of(h))]
+            nxt = scheduling.pick_next(heads, last)
+            if nxt is None:
+                break
+            taken.add(d.supply_of(nxt))
+            last = grant(d, nxt, own_supply=not d.slot_free())
+    if not s.strict_slot:
         hand_over_ready(d, last)
+
+
+def grant(d: Decision, nxt: QueueTask, own_supply: bool = False) -> str:
+    """``nxt`` takes the slot: an idle pool goes to it (hand-over), else it becomes
+    Provisioning (with its lease and create when nothing comes first). Returns its actor,
+    the last granted. ``own_supply``: it took its supply's slot while a task of another
+    supply acquires, so an idle pool of another supply goes to it only with every node
+    Ready (one short of nodes would acquire that supply's capacity)."""
+    idle = d.free_idle(nxt)
+    if idle is not None and own_supply and idle.supply_mode != d.supply_of(nxt):
+        idle = d.free_idle(nxt, ready=True)
+    if idle is not None:
+        d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
+    else:
+        mode = d.supply_of(nxt)
+        if not create_at_pick(d, nxt, mode):
+            text = d.msg("picked", supply=mode.value)
+            d.add(f"task {nxt.id}: picked", Transition(nxt.id, (lc.WAITING,), lc.PROVISIONING, text))
+    d.holders.append(nxt)
+    d.leave(nxt)
+    return nxt.actor
 
 
 def hand_over_ready(d: Decision, last: str) -> None:

@@ -89,7 +89,8 @@ def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, eta.Range]
         held=d.lease_by_task,
         handover=d.settings.idle_pool_handover,
     )
-    return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools)
+    per_supply = d.settings.slot_per_supply and not d.settings.strict_slot
+    return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools, per_supply)
 
 
 def positions(d: Decision) -> None:

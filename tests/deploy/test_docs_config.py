@@ -61,6 +61,7 @@ UNITS: dict[str, str] = {
     "failover_after_s": "seconds (null: never)",
     "submit_budget_s": "seconds",
     "strict_slot": "true or false",
+    "slot_per_supply": "true or false",
     "capacity_waits_per_queue": "count",
     "capacity_wait_park_s": "seconds",
     "contested_wait_s": "seconds",

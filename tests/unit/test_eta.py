@@ -255,3 +255,20 @@ def test_the_latest_start_shows_its_date_only_on_another_day():
     e = dt.datetime(2026, 12, 1, 23, 30)
     assert eta.fmt_latest(e, dt.datetime(2026, 12, 1, 23, 55)) == "23:55"
     assert eta.fmt_latest(e, dt.datetime(2026, 12, 2, 0, 30)) == "2026-12-02 00:30"
+
+
+def test_with_a_slot_per_supply_a_task_waits_only_for_its_own_supplys_holder_and_tasks():
+    """A reservation task waits for room (ClusterBusy): the flex-start tasks behind it create
+    one after another from now; the reservation task behind it counts on pools that come
+    free only (none here: no estimate). With one slot for the queue, nobody has a basis."""
+    hist = history(*creates(300))
+    holder = task(1, lc.CLUSTER_BUSY, age_s=50, mode="reservation")
+    res_waiting = task(4, lc.WAITING, mode="reservation")
+    waiting = [W2, res_waiting, W3]
+    assert eta.estimate(NOW, hist, [holder], [], waiting, "", eta.Pools(), per_supply=True) == pytest.approx({2: 300.0, 3: 600.0})
+    assert eta.estimate(NOW, hist, [holder], [], waiting, "", eta.Pools()) == {}
+    # a flex-start holder creating: the reservation task does not wait for it
+    creating = task(1, lc.PROVISIONING, age_s=100)
+    got = eta.estimate(NOW, history(*creates(300), *[sample(20 + i, 200, mode=RES) for i in range(3)]), [creating], [],
+                       [W2, res_waiting], "", eta.Pools(), per_supply=True)  # fmt: skip
+    assert got == pytest.approx({2: 500.0, 4: 200.0})

@@ -601,7 +601,7 @@ def test_a_waiting_task_takes_a_ready_idle_pool_while_the_slot_holder_waits_for_
 
 def test_a_hand_over_past_the_slot_needs_every_node_ready():
     holder, own, idle, view = _flex_holder()
-    waiting = task(2, actor="bob", age_s=50)
+    waiting = task(2, actor="bob", age_s=50, supply_mode="flex-start")  # the holder's supply: its slot
     emptied = dict(view.pools)
     emptied["falcon-t9-2x2"] = PoolView("falcon-t9-2x2", "RUNNING", 0, 0)  # the autoscaler took its node
     g = decide(state([holder, waiting], [own, idle]), ClusterView(pools=emptied, jobs=view.jobs, synced=True), NOW, S)
@@ -630,12 +630,50 @@ def test_a_task_whose_flex_nodes_came_does_not_switch():
     assert "falcon-t1-2x2" not in {e.name for e in effects(g, DeletePool)} and (1, lc.DISPATCHING) not in transitions(g)
 
 
+def test_each_supply_mode_has_its_own_slot():
+    """A task waiting for one supply's capacity does not hold back a task of the queue that
+    would take another supply: a reservation task is picked (and creates on the reservation)
+    while a flex-start holder waits for GKE's capacity, and a flex-start task while a
+    reservation task waits for room (ClusterBusy). Not with ``slot_per_supply: false`` nor
+    the strict slot; a task of the holder's own supply still waits."""
+    holder, own, _idle, view = _flex_holder()
+    res_task = task(2, actor="bob", age_s=50)  # the cluster's default: reservation
+    flex_task = task(3, actor="carol", age_s=40, supply_mode="flex-start")
+    room = ClusterView(pools=view.pools, jobs=view.jobs, synced=True, reservation=ReservationView(count=4, in_use=0, machine_type="ct6e-standard-4t"))
+
+    def moved(tasks, leases, v, settings=S):
+        return {e.task_id: e.to for e in effects(decide(state(tasks, leases), v, NOW, settings), Transition) if e.to != lc.WAITING}
+
+    got = moved([holder, res_task, flex_task], [own], room)
+    assert got.get(2) == lc.PROVISIONING and 3 not in got, got
+    assert 2 not in moved([holder, res_task], [own], room, S.model_copy(update={"slot_per_supply": False}))
+    assert 2 not in moved([holder, res_task], [own], room, S.model_copy(update={"strict_slot": True}))
+
+    busy = task(4, phase=lc.CLUSTER_BUSY, age_s=600, in_phase_s=500)  # a reservation task waiting for room
+    full = ClusterView(pools={}, jobs={}, synced=True, reservation=ReservationView(count=4, in_use=4, machine_type="ct6e-standard-4t"))
+    got = moved([busy, task(5, actor="bob", age_s=50), flex_task], [], full)
+    assert got.get(3) == lc.PROVISIONING and 5 not in got, got
+
+
+def test_a_task_on_its_own_supply_slot_takes_another_supply_s_idle_pool_only_with_every_node_ready():
+    holder, own, idle, view = _flex_holder()  # the idle pool is on-demand
+    res_task = task(2, actor="bob", age_s=50)
+    emptied = {**view.pools, "falcon-t9-2x2": PoolView("falcon-t9-2x2", "RUNNING", 0, 0)}
+    g = decide(state([holder, res_task], [own, idle]), ClusterView(pools=emptied, jobs=view.jobs, synced=True), NOW, S)
+    assert (2, lc.PROVISIONING) in transitions(g), "it creates on the reservation"
+    assert (2, lc.DISPATCHING) not in transitions(g), "the empty on-demand pool would wait for on-demand capacity"
+    second = lease(3, "falcon-t8-2x2", LeaseState.IDLE, None, age_s=4000, mode="on-demand")
+    ready = {**view.pools, "falcon-t8-2x2": PoolView("falcon-t8-2x2", "RUNNING", 1, 1, nodes_since=NOW)}
+    g = decide(state([holder, res_task], [own, idle, second]), ClusterView(pools=ready, jobs=view.jobs, synced=True), NOW, S)
+    assert {(1, lc.DISPATCHING), (2, lc.DISPATCHING)} <= transitions(g), "every node Ready: a hand-over acquires nothing"
+
+
 def test_a_parked_capacity_wait_frees_the_slot_for_the_next_create():
     """A flex-start holder whose created pool has had no node for ``capacity_wait_park_s``
     waits for GKE's capacity, not for Falcon: the next task is picked and creates its own
     pool, up to ``capacity_waits_per_queue`` such waits; never under the strict slot, never
     before the park time, never once a node has come."""
-    waiting = task(2, actor="bob", age_s=50)
+    waiting = task(2, actor="bob", age_s=50, supply_mode="flex-start")  # the holder's supply: its slot
     parks = S.model_copy(update={"capacity_waits_per_queue": 3})
     park = S.capacity_wait_park_s
     assert S.capacity_waits_per_queue == 1, "the default holds the slot until Running"
@@ -652,7 +690,7 @@ def test_a_parked_capacity_wait_frees_the_slot_for_the_next_create():
     assert not picked(registered=1), "a node came: its capacity is on the way, the holder keeps the slot"
     assert not picked(parks.model_copy(update={"strict_slot": True})), "the original's rule"
     assert not picked(S), "one capacity wait at a time (the default)"
-    other = task(3, actor="carol", phase=lc.PROVISIONING, pool="falcon-t3-2x2", in_phase_s=30)
+    other = task(3, actor="carol", phase=lc.PROVISIONING, pool="falcon-t3-2x2", in_phase_s=30, supply_mode="flex-start")
     assert not picked(others=[other]), "a task that is creating holds the slot whoever else is parked"
 
 
@@ -666,7 +704,7 @@ def test_parked_capacity_waits_are_bounded_per_queue():
         leases.append(lease(i, name, LeaseState.IN_USE, i, age_s=3700, mode="flex-start"))
         pools[name] = PoolView(name, "RUNNING", 0, 0)
         jobs[i] = JobView(i, f"falcon-task-{i}", "falcon-jobs", f"u{i}", "Pending", 0, 0, 1, node_pool=name)
-    waiting = task(limit + 1, actor="bob", age_s=50)
+    waiting = task(limit + 1, actor="bob", age_s=50, supply_mode="flex-start")
     view = ClusterView(pools=pools, jobs=jobs, synced=True)
     g = decide(state([*holders, waiting], leases), view, NOW, parks)
     assert (limit + 1) not in {e.task_id for e in effects(g, Transition)}, "the queue's parked waits are at their limit"

@@ -115,10 +115,12 @@ class Settings(BaseModel):
         "of its topology whose nodes are Ready while the slot holder waits for GKE",
     )
     slot_per_supply: bool = Field(
-        True,
+        False,
         description="each supply mode of a queue has its own acquisition slot: a task waiting for reservation room, "
         "or for GKE's flex-start or on-demand capacity, does not hold back a task of the queue that would take another "
-        "supply (other capacity); false: one slot for the queue whatever the supply; ignored with strict_slot",
+        "supply (other capacity); false (the default): one slot for the queue whatever the supply; ignored with "
+        "strict_slot. It starts most tasks sooner and the largest slices on a shared reservation later "
+        "(docs/bench/timings.md)",
     )
     capacity_waits_per_queue: int = Field(
         1,

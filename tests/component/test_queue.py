@@ -632,7 +632,7 @@ def test_a_hand_over_passes_the_slot_holder_waiting_for_flex_capacity(tmp_path, 
     jobs = {**job(x, "Running"), a: JobView(a, f"falcon-task-{a}", "falcon-jobs", "ua", "Pending", 0, 0, 1, node_pool=pa)}
     b.step(ClusterView(pools=pools, jobs=jobs))
     assert b.phase(a) == "Pending/WaitingForNode", "Alice holds the slot, waiting for flex capacity"
-    bob = b.submit("bob", timeout_seconds=3600)
+    bob = b.submit("bob", supply_mode="flex-start", timeout_seconds=3600)  # Alice's supply: behind her in its slot
     b.step(ClusterView(pools=pools, jobs=jobs), advance=60)
     assert b.phase(bob) == "Pending/Waiting"
 
@@ -648,3 +648,28 @@ def test_a_hand_over_passes_the_slot_holder_waiting_for_flex_capacity(tmp_path, 
     assert b.phase(bob) == "Pending/Dispatching", "Bob takes the Ready pool past the slot holder"
     assert b.task(bob).node_pool_name == px
     assert b.port.took("submit_job") == [("submit_job", f"falcon-task-{bob}")]
+
+
+@pytest.mark.parametrize("per_supply", [False, True])
+def test_a_reservation_wait_holds_back_a_flex_start_task_only_with_one_slot_for_the_queue(tmp_path, migrated, per_supply):
+    """Alice's reservation task waits for room (ClusterBusy); Bob's flex-start task of the
+    same queue takes other capacity. With one slot (the default) he waits behind her; with
+    ``slot_per_supply`` he creates his flex-start pool at once, and she still creates first
+    on the reservation when its room comes back."""
+    shutil.copy(migrated, tmp_path / "q.db")
+    b = QueueBench(f"sqlite:///{tmp_path / 'q.db'}", migrate=False, node_pool_timeout_s=600, slot_per_supply=per_supply)
+    full = ReservationView(count=4, in_use=4)
+    alice = b.submit("alice")
+    b.step(ClusterView(reservation=full))
+    assert b.phase(alice) == "Pending/ClusterBusy"
+    bob = b.submit("bob", supply_mode="flex-start")
+    b.step(ClusterView(reservation=full), advance=60)
+    b.step(ClusterView(reservation=full), advance=5)
+    if not per_supply:
+        assert b.phase(bob) == "Pending/Waiting" and not b.port.took("ensure_pool")
+        return
+    assert b.phase(bob) in ("Pending/Provisioning", "Pending/WaitingForNode")
+    assert set(b.port.took("ensure_pool")) == {("ensure_pool", f"falcon-t{bob}-2x2", None)}, "his pool, not hers"
+    assert b.phase(alice) == "Pending/ClusterBusy"
+    b.step(ClusterView(reservation=ReservationView(count=4, in_use=3)), advance=5)
+    assert b.phase(alice) == "Pending/Provisioning"

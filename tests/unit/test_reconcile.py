@@ -636,18 +636,19 @@ def test_each_supply_mode_has_its_own_slot():
     while a flex-start holder waits for GKE's capacity, and a flex-start task while a
     reservation task waits for room (ClusterBusy). Not with ``slot_per_supply: false`` nor
     the strict slot; a task of the holder's own supply still waits."""
+    per = S.model_copy(update={"slot_per_supply": True})
     holder, own, _idle, view = _flex_holder()
     res_task = task(2, actor="bob", age_s=50)  # the cluster's default: reservation
     flex_task = task(3, actor="carol", age_s=40, supply_mode="flex-start")
     room = ClusterView(pools=view.pools, jobs=view.jobs, synced=True, reservation=ReservationView(count=4, in_use=0, machine_type="ct6e-standard-4t"))
 
-    def moved(tasks, leases, v, settings=S):
+    def moved(tasks, leases, v, settings=per):
         return {e.task_id: e.to for e in effects(decide(state(tasks, leases), v, NOW, settings), Transition) if e.to != lc.WAITING}
 
     got = moved([holder, res_task, flex_task], [own], room)
     assert got.get(2) == lc.PROVISIONING and 3 not in got, got
-    assert 2 not in moved([holder, res_task], [own], room, S.model_copy(update={"slot_per_supply": False}))
-    assert 2 not in moved([holder, res_task], [own], room, S.model_copy(update={"strict_slot": True}))
+    assert 2 not in moved([holder, res_task], [own], room, S), "the default: one slot for the queue"
+    assert 2 not in moved([holder, res_task], [own], room, per.model_copy(update={"strict_slot": True}))
 
     busy = task(4, phase=lc.CLUSTER_BUSY, age_s=600, in_phase_s=500)  # a reservation task waiting for room
     full = ClusterView(pools={}, jobs={}, synced=True, reservation=ReservationView(count=4, in_use=4, machine_type="ct6e-standard-4t"))
@@ -656,15 +657,16 @@ def test_each_supply_mode_has_its_own_slot():
 
 
 def test_a_task_on_its_own_supply_slot_takes_another_supply_s_idle_pool_only_with_every_node_ready():
+    per = S.model_copy(update={"slot_per_supply": True})
     holder, own, idle, view = _flex_holder()  # the idle pool is on-demand
     res_task = task(2, actor="bob", age_s=50)
     emptied = {**view.pools, "falcon-t9-2x2": PoolView("falcon-t9-2x2", "RUNNING", 0, 0)}
-    g = decide(state([holder, res_task], [own, idle]), ClusterView(pools=emptied, jobs=view.jobs, synced=True), NOW, S)
+    g = decide(state([holder, res_task], [own, idle]), ClusterView(pools=emptied, jobs=view.jobs, synced=True), NOW, per)
     assert (2, lc.PROVISIONING) in transitions(g), "it creates on the reservation"
     assert (2, lc.DISPATCHING) not in transitions(g), "the empty on-demand pool would wait for on-demand capacity"
     second = lease(3, "falcon-t8-2x2", LeaseState.IDLE, None, age_s=4000, mode="on-demand")
     ready = {**view.pools, "falcon-t8-2x2": PoolView("falcon-t8-2x2", "RUNNING", 1, 1, nodes_since=NOW)}
-    g = decide(state([holder, res_task], [own, idle, second]), ClusterView(pools=ready, jobs=view.jobs, synced=True), NOW, S)
+    g = decide(state([holder, res_task], [own, idle, second]), ClusterView(pools=ready, jobs=view.jobs, synced=True), NOW, per)
     assert {(1, lc.DISPATCHING), (2, lc.DISPATCHING)} <= transitions(g), "every node Ready: a hand-over acquires nothing"
 
 

@@ -63,8 +63,9 @@ def pick(d: Decision) -> None:
             nxt = scheduling.pick_next(heads, last)
             if nxt is None:
                 break
+            others_acquire = bool(taken) or not d.slot_free()  # a task of another supply acquires (or was just granted)
             taken.add(d.supply_of(nxt))
-            last = grant(d, nxt, own_supply=not d.slot_free())
+            last = grant(d, nxt, own_supply=others_acquire)
     if not s.strict_slot:
         hand_over_ready(d, last)
 

@@ -729,3 +729,17 @@ def test_a_release_whose_move_back_was_not_made_is_finished_without_a_second_row
     again = dataclasses.replace(crashed, phase_since=NOW - dt.timedelta(seconds=1))
     g = decide(state([again], [own]), ClusterView(pools=view.pools, jobs=view.jobs, synced=True), NOW, S)
     assert (1, lc.WAITING) not in transitions(g)
+
+
+def test_a_second_supply_picked_in_the_same_call_takes_no_empty_pool_of_another_supply():
+    """Two picks in one call, one a supply: the first (reservation, the older) takes an idle
+    on-demand pool as the queue's one acquisition would; the second (flex-start) takes its
+    own supply's slot while the first acquires, so it creates rather than take the other
+    empty on-demand pool."""
+    per = S.model_copy(update={"slot_per_supply": True})
+    res_task, flex_task = task(1, age_s=100), task(2, actor="bob", age_s=50, supply_mode="flex-start")
+    idle = [lease(i, f"falcon-t{i}-2x2", LeaseState.IDLE, None, age_s=4000, mode="on-demand") for i in (8, 9)]
+    pools = {l.name: PoolView(l.name, "RUNNING", 0, 0) for l in idle}
+    room = ReservationView(count=4, in_use=0, machine_type="ct6e-standard-4t")
+    g = decide(state([res_task, flex_task], idle), ClusterView(pools=pools, synced=True, reservation=room), NOW, per)
+    assert (1, lc.DISPATCHING) in transitions(g) and (2, lc.PROVISIONING) in transitions(g), transitions(g)

@@ -24,7 +24,8 @@ first, then the shortest queue, then the name for a stable order. Add a scorer t
 ``DEFAULT_SCORERS`` to change the policy.
 
 Moving (``move_target``): a task that waits on its cluster for reservation headroom
-may start elsewhere now; the function names the cluster, the queue carries it out.
+may move where it can start on what is there now (an idle pool, or reservation room for it
+and the tasks queued there); the function names the cluster, the queue carries it out.
 
 Supply mode (original, section 5): the task's ``supply_mode`` if given, else
 reservation when the cluster has a default reservation, else flex-start.

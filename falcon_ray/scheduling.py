@@ -492,11 +492,12 @@ def move_target(
         o = offer(spec, c, d.machine_type or None)
         if not o.serves or o.mode != mode:
             continue
-        if mode in d.idle_pools and not d.claimants:
+        empty = not d.claimants  # an idle pool or the failover: only where nobody of the topology queues
+        if empty and mode in d.idle_pools:
             fits.append((0, c.name, d))
         elif mode == SupplyMode.RESERVATION and d.machine_type == shape.machine_type and room_for_queue(d, shape.hosts):
             fits.append((1, c.name, d))
-        elif not d.claimants and refused and mode != SupplyMode.RESERVATION and task_id not in d.refused and pool_zone(c) != pool_zone(origin):
+        elif empty and refused and mode != SupplyMode.RESERVATION and task_id not in d.refused and pool_zone(c) != pool_zone(origin):
             fits.append((2, c.name, d))
     return min(fits, key=lambda f: f[:2])[2] if fits else None
 

@@ -355,12 +355,12 @@ def estimate(
         if m.run_fractions:
             free += [m.run_left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
     q = _Queue(m, bound, free, default_reservation)
-    out: dict[int, float] = {}
     if per_supply:
         return _per_supply(q, now, holders, waiting_in_order, pools, capacity_bound)
     slot_at: float | None = 0.0
     for h in holders:  # at most one; its own acquisition has run for a while already
         slot_at = q.holder(h, pools.held.get(h.id), now)
+    out: dict[int, float] = {}
     for t in waiting_in_order:
         if slot_at is None:
             break

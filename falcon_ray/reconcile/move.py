@@ -79,10 +79,10 @@ def move(d: Decision, t: QueueTask) -> bool:
     if wait is not None and mode != SupplyMode.RESERVATION:  # GKE had no capacity for it here
         reason = d.msg("moved_why_idle") if mode in target.idle_pools else d.msg("moved_why_empty", zone=scheduling.pool_zone(c))
         text = d.msg("moved_after_refusal", supply=mode.value, refusals=wait.refusals, since=stamp(wait.first_at), why=reason, **common)
-    elif mode in target.idle_pools and not target.claimants:
-        text = d.msg("moved_to_idle", **common)
-    elif target.claimants:
+    elif target.claimants:  # reservation room for it and the tasks queued there
         text = d.msg("moved_to_reservation_queued", target_reservation=c.default_reservation, ahead=target.claimants, **common)
+    elif mode in target.idle_pools:
+        text = d.msg("moved_to_idle", **common)
     else:
         text = d.msg("moved_to_reservation", target_reservation=c.default_reservation, **common)
     d.add(f"task {t.id}: move to {c.name}", MoveTask(t.id, origin.id, c.id, c.name, d.queue.topology, text))

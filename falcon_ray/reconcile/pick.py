@@ -59,7 +59,7 @@ def pick(d: Decision) -> None:
     else:  # a slot per supply mode: the pick rule chooses among the heads whose supply's slot is free
         taken: set[SupplyMode] = set()
         while d.waiting_count():
-            heads = [h for h in d.waiting_heads() if d.supply_of(h) not in taken and d.slot_free(d.supply_of(h))]
+            heads = [h for h in d.waiting_heads() if (m := d.supply_of(h)) not in taken and d.slot_free(m)]
             nxt = scheduling.pick_next(heads, last)
             if nxt is None:
                 break

@@ -18,8 +18,11 @@ idempotent and may be retried.
 - Clients: ``Adapters``, built by ``connect_to_gke`` (credentials from
   ``google.auth.default()`` only; the Kubernetes client built from the GKE endpoint and CA
   with a bearer token that refreshes itself) unless another ``connect`` was given.
-- Node-pool operations on this cluster run strictly one at a time from a FIFO
-  (GKE refuses concurrent ones). Incompatible-operation, 429 and transient errors
+- Node-pool operations on this cluster start in FIFO order and run side by side,
+  ``pool_ops_at_once`` at most (GKE takes operations on distinct pools together, up to
+  its per-cluster quota), never two on one pool; a refusal as concurrent while some of
+  them run lowers that to as many as ran, for ``pool_ops_probe_s``
+  (``nodepools.operations.at_once``). Incompatible-operation, 429 and transient errors
   are retried with exponential backoff and jitter (``nodepools.operations``); a create refused for quota or
   stockout fails here (a stockout is waited out by its QueueActor, which asks again
   under a new name); a delete is retried until it succeeds, each failure counted so
@@ -29,9 +32,9 @@ idempotent and may be retried.
   what its decisions read of the Job changed: an event that changes the Job's view, a
   re-list that finds it changed or gone (the first list, which makes the cache synced,
   wakes every queue it finds a Job of).
-- Four loops, each a ``Ticker`` unless another ``loops`` factory was given (guarded,
+- Loops, each a ``Ticker`` unless another ``loops`` factory was given (guarded,
   timed, shown in ``snapshot()["loops"]``):
-  connect-then-watch, the operation worker, the orphan scan, the gauges.
+  connect-then-watch, ``pool_ops_at_once`` operation workers, the orphan scan, the gauges.
 - The capacity ledger: this actor is the one writer of claims on the cluster's
   reservation. ``claim_reservation(pool, hosts)`` grants a claim only when
   ``count - inUseCount`` less what Falcon's own pools already claim covers it
@@ -223,6 +226,8 @@ class OperationQueue:
 
     ops: dict[str, PoolOp] = field(default_factory=dict)
     fifo: deque[PoolOp] = field(default_factory=deque)
+    running: dict[str, PoolOp] = field(default_factory=dict)  # pool -> the operation a worker runs now
+    learned: operations.Concurrency = field(default_factory=operations.Concurrency)
     pool_topology: dict[str, str] = field(default_factory=dict)  # pool -> its queue's topology (from observe)
 
 
@@ -296,8 +301,8 @@ class ClusterGateway:
     delay); without it, a new ``random.Random`` seeded from the ``random`` module's
     generator (so a process that seeds ``random`` replays the gateway's jitter too).
 
-    ``loops``, when given, starts the gateway's four periodic loops instead of ``Ticker``
-    (a simulator runs them from its own scheduler). It is called four times, in the
+    ``loops``, when given, starts the gateway's periodic loops instead of ``Ticker``
+    (a simulator runs them from its own scheduler). It is called once per loop, in the
     constructor, as ``Ticker`` is: ``loops(name, step, interval, log, start_after=,
     clock=)``; each call returns a started ``actors.ticker.Loop`` that calls ``step()`` at
     once (or after ``start_after`` seconds of ``clock``), then again after ``interval()``
@@ -306,8 +311,10 @@ class ClusterGateway:
     ends it after the step in progress, ``join(timeout)`` says whether it has ended,
     ``status()`` is shown in ``snapshot()["loops"]``. The loops are kept in ``tickers`` by
     their role: ``watch`` (connect with backoff, then the Job watch; its interval is the
-    delay the last step asked for), ``operations`` (runs every due node-pool operation;
-    woken by a new operation and by a connect), ``orphans`` (the orphan scan, every
+    delay the last step asked for), ``operations`` and ``operations-2`` ...
+    ``operations-N`` for ``pool_ops_at_once`` N (each runs due node-pool operations, one
+    at a time, while fewer than the cluster takes at once run; woken by a new operation
+    and by a connect: ``op_loops``), ``orphans`` (the orphan scan, every
     ``orphan_scan_interval_s``, first after one period) and ``gauges`` (every
     ``GAUGE_PERIOD_S``, first after one period). Their steps block on GKE and Kubernetes
     calls: a scheduler without threads must let them.
@@ -373,24 +380,43 @@ class ClusterGateway:
             return {n: ops[n].view() for n in wanted if n in ops}
 
     def next_operation_due(self) -> float | None:
-        """When the operation loop can next start anything (monotonic): the earliest retry
-        time of a queued operation, None with none queued or not connected. Read-only."""
+        """When an operation loop can next start anything (monotonic): the earliest retry
+        time of a queued operation whose pool has none running; None with none such, with
+        as many running as the cluster takes at once (the worker that ends one takes the
+        next) or not connected. Read-only."""
         if self.conn.gke is None:
             return None
         with self.lock:
-            due = [op.next_at for op in self.op_queue.fifo if op.state == OpState.QUEUED and self.op_queue.ops.get(op.name) is op]
+            q = self.op_queue
+            if len(q.running) >= self.ops_at_once():
+                return None
+            due = [op.next_at for op in q.fifo if op.state == OpState.QUEUED and q.ops.get(op.name) is op and op.name not in q.running]
         return min(due) if due else None
+
+    def ops_at_once(self) -> int:
+        """How many node-pool operations may run together now (``operations.at_once``)."""
+        return operations.at_once(self.settings.pool_ops_at_once, self.op_queue.learned, self.clock.monotonic())
+
+    @property
+    def op_loops(self) -> list[Loop]:
+        """The operation workers' loops, the first one ``tickers["operations"]``."""
+        return [t for name, t in self.tickers.items() if name == "operations" or name.startswith("operations-")]
 
     def _start_loops(self, loop: LoopFactory) -> dict[str, Loop]:
         """Start the four loops (the class's contract for ``loops``)."""
         name, clock = f"cluster {self.name}", self.clock
         period = self.settings.orphan_scan_interval_s
-        return {
-            "watch": loop(f"{name}: watch", self._watch_step, lambda: self.conn.watch_delay, log, clock=clock),
-            "operations": loop(f"{name}: operations", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock),
-            "orphans": loop(f"{name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock),
-            "gauges": loop(f"{name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock),
-        }
+        loops = {"watch": loop(f"{name}: watch", self._watch_step, lambda: self.conn.watch_delay, log, clock=clock)}
+        for i in range(1, self.settings.pool_ops_at_once + 1):
+            role = "operations" if i == 1 else f"operations-{i}"
+            loops[role] = loop(f"{name}: {role}", self._op_step, lambda: OP_IDLE_WAIT_S, log, clock=clock)
+        loops["orphans"] = loop(f"{name}: orphans", self.orphan_scan, lambda: period, log, start_after=period, clock=clock)
+        loops["gauges"] = loop(f"{name}: gauges", self._gauges, lambda: GAUGE_PERIOD_S, log, start_after=GAUGE_PERIOD_S, clock=clock)
+        return loops
+
+    def _wake_ops(self) -> None:
+        for t in self.op_loops:
+            t.wake()
 
     # ---- fencing ------------------------------------------------------------------
 
@@ -460,7 +486,7 @@ class ClusterGateway:
                 self.conn.watch_delay = connection.connect_retry_delay_s(self.conn.failures, self.rng.random())
                 return
             self.conn.error = ""
-            self.tickers["operations"].wake()
+            self._wake_ops()
             self.conn.watcher = self.conn.adapters.job_watcher(
                 self.cluster.namespace,
                 label_selector=render.installation_selector(self.settings.installation),
@@ -836,7 +862,7 @@ class ClusterGateway:
             op = PoolOp(name, OpKind.CREATE, request, operation=operation or "", queued_at=self.clock.monotonic())
             self.op_queue.ops[name] = op
             self.op_queue.fifo.append(op)
-        self.tickers["operations"].wake()
+        self._wake_ops()
         return OpState.QUEUED
 
     def delete_pool(self, name: str) -> str:
@@ -850,7 +876,7 @@ class ClusterGateway:
             op = PoolOp(name, OpKind.DELETE, queued_at=self.clock.monotonic())
             self.op_queue.ops[name] = op
             self.op_queue.fifo.append(op)
-        self.tickers["operations"].wake()
+        self._wake_ops()
         return OpState.QUEUED
 
     def _newest_op(self, name: str) -> operations.Newest:
@@ -858,36 +884,52 @@ class ClusterGateway:
         return None if op is None else (op.kind, op.state)
 
     def _next_op(self) -> PoolOp | None:
-        """Take the operation to run now out of the FIFO (``nodepools.operations.next_operation``)."""
+        """Take the operation to run now out of the FIFO (``nodepools.operations.next_operation``)
+        and count it running; None when nothing is due or as many run as the cluster takes."""
         with self.lock:
-            queued = list(self.op_queue.fifo)
-            seen = [operations.Queued(op.state != OpState.CANCELLED and self.op_queue.ops.get(op.name) is op, op.next_at) for op in queued]
+            q = self.op_queue
+            if len(q.running) >= self.ops_at_once():
+                return None
+            queued = list(q.fifo)
+            seen = [
+                operations.Queued(op.state != OpState.CANCELLED and q.ops.get(op.name) is op, op.next_at, op.name in q.running)
+                for op in queued
+            ]
             chosen = operations.next_operation(seen, self.clock.monotonic())
-            self.op_queue.fifo = deque(queued[i] for i in chosen.queue)
-        return None if chosen.run is None else queued[chosen.run]
+            q.fifo = deque(queued[i] for i in chosen.queue)
+            if chosen.run is None:
+                return None
+            op = queued[chosen.run]
+            q.running[op.name] = op
+            return op
 
     def _op_step(self) -> None:
-        """Run every operation that is due, one at a time (GKE refuses concurrent ones)."""
+        """Run operations that are due, one at a time in this worker, while fewer than the
+        cluster takes at once run in all (the other workers run the rest)."""
         while self.conn.gke is not None and not self.stop.is_set():
             op = self._next_op()
             if op is None:
                 return
             try:
-                self._fence()
-            except BaseException:  # fenced, or the database did not answer the fence read
-                with self.lock:  # the op stays queued: taken out of the FIFO, it would be lost
-                    self.op_queue.fifo.appendleft(op)  # for good (its queue sees it queued forever)
-                raise
-            op.state = OpState.RUNNING
-            try:
-                self._run_op(op)
-                op.state = OpState.DONE
-                op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
-                self.pool_cache.listed_at = 0.0  # next observe re-lists
-            except CloudError as e:
-                self._op_failed(op, e)
-            except Exception as e:  # never let the worker die
-                self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
+                try:
+                    self._fence()
+                except BaseException:  # fenced, or the database did not answer the fence read
+                    with self.lock:  # the op stays queued: taken out of the FIFO, it would be lost
+                        self.op_queue.fifo.appendleft(op)  # for good (its queue sees it queued forever)
+                    raise
+                op.state = OpState.RUNNING
+                try:
+                    self._run_op(op)
+                    op.state = OpState.DONE
+                    op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
+                    self.pool_cache.listed_at = 0.0  # next observe re-lists
+                except CloudError as e:
+                    self._op_failed(op, e)
+                except Exception as e:  # never let the worker die
+                    self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
+            finally:
+                with self.lock:
+                    self.op_queue.running.pop(op.name, None)
             metrics.pool_op(self.name, op.kind, op.state, op.error_kind or "")
             self._hint_pool_owner(op.name)
 
@@ -954,6 +996,14 @@ class ClusterGateway:
             self.clock.wait(self.stop, self.settings.operation_poll_s)
 
     def _op_failed(self, op: PoolOp, e: CloudError) -> None:
+        with self.lock:
+            now, q = self.clock.monotonic(), self.op_queue
+            ours = {o.operation or o.name for o in q.running.values() if o is not op}  # GKE's names (pool's before the call)
+            learned = operations.refused_as_concurrent(e.kind, e.message, ours, now, self.settings.pool_ops_probe_s)
+            if learned is not None and (q.learned.limit is None or now >= q.learned.until or learned.limit < q.learned.limit):
+                q.learned = learned
+                log.warning("cluster %s: GKE refused a node-pool operation while %d of ours ran: at most %d at once for %.0fs",
+                            self.name, len(ours), learned.limit, self.settings.pool_ops_probe_s)
         op.attempts += 1
         op.error_kind = e.kind
         op.error = e.message[:1000]
@@ -1088,6 +1138,8 @@ class ClusterGateway:
                     for n, o in self.op_queue.ops.items()
                 },
                 "ops_queued": sum(1 for o in self.op_queue.fifo if o.state == OpState.QUEUED),
+                "ops_running": sorted(self.op_queue.running),
+                "ops_at_once": self.ops_at_once(),
                 "jobs": {t: vars(j) for t, j in self.job_cache.jobs.items()},
                 "reservation": self._ledger(),
                 "zones": list(self.conn.zones),

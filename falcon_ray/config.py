@@ -45,7 +45,7 @@ class Settings(BaseModel):
         "back and the task goes to the head of its queue (pool_release_limit), then Failed/NodePoolTimeout; the "
         "original's 10m is 600, shorter than many TPU creates take",
     )
-    # --- a create waiting its turn among the cluster's node-pool operations (GKE runs one at a time)
+    # --- a create waiting its turn among the cluster's node-pool operations
     create_queue_limit_s: float = Field(
         10800.0,
         gt=0,
@@ -60,6 +60,21 @@ class Settings(BaseModel):
     flex_start_idle_s: int = Field(21600, gt=0, description="autoscaler idle time for flex-start pools")
     pool_refresh_s: float = Field(2.0, gt=0, description="ClusterActor: how stale its node-pool/node view may be")
     operation_poll_s: float = Field(2.0, gt=0, description="ClusterActor: seconds between GKE operation polls")
+    pool_ops_at_once: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="ClusterActor: node-pool operations (creates, deletes) it runs side by side on its cluster; GKE "
+        "takes operations on distinct pools together up to a per-cluster quota (reported as 5), so 4 leaves room for "
+        "GKE's own; 1: one at a time, as GKE once required. A cluster that refuses one as concurrent is given as many "
+        "as were running, for pool_ops_probe_s",
+    )
+    pool_ops_probe_s: float = Field(
+        1800.0,
+        gt=0,
+        description="ClusterActor: after GKE refused a node-pool operation as concurrent, seconds before "
+        "pool_ops_at_once is tried again",
+    )
     pool_op_backoff_initial_s: float = Field(2.0, gt=0, description="first retry delay of a refused pool operation")
     pool_op_backoff_max_s: float = Field(120.0, gt=0, description="longest retry delay of a pool operation")
     pool_delete_report_after: int = Field(

@@ -100,7 +100,7 @@ LIMITS: tuple[WaitLimit, ...] = (
               "waiting_limit_s", ENTERED, Action.REPORT, ""),
     WaitLimit(Wait.OUT_OF_SERVICE, lc.WAITING, "its cluster left service and another active cluster of its TPU type exists",
               None, ENTERED, Action.RERANK, "pick.rerank"),
-    WaitLimit(Wait.CREATE_QUEUED, lc.PROVISIONING, "its create waits its turn among the cluster's node-pool operations (GKE runs one at a time per cluster), or was refused because another one runs; the fleet's load, not the task",
+    WaitLimit(Wait.CREATE_QUEUED, lc.PROVISIONING, "its create waits its turn among the cluster's node-pool operations (pool_ops_at_once run together), or was refused as concurrent; the fleet's load, not the task",
               "create_queue_limit_s", "the pool's lease row (created_at)", Action.FAIL,
               "acquire.create_queued", Reason.NODE_POOL_FAILED),
     WaitLimit(Wait.CREATE, lc.PROVISIONING, "GKE accepted its create and the control plane is not RUNNING yet (past the limit the pool is given back and the task goes to the head of its queue, at most pool_release_limit times, then fails), or the cluster or its reservation cannot be read (also from ClusterBusy)",

@@ -97,6 +97,10 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "; {hosts} host(s) of reservation {reservation} are held for task {task} ({topology}), waiting for them since {since} UTC: tasks of other topologies submitted after it take only the room beyond that",
         ";reservation {reservation} 的 {hosts} 台主机正为任务 {task} ({topology}) 保留,它自 {since} UTC 起等待这些主机: 在它之后提交的其他拓扑任务只能使用超出部分",
     ),
+    "waiting_behind_reservation": (
+        "; task {task} ahead of it waits for {hosts} host(s) of reservation {reservation}, free by {by} UTC at the latest (the run limits of the tasks on them)",
+        ";排在它前面的任务 {task} 正在等待 reservation {reservation} 的 {hosts} 台主机,最迟 {by} UTC 空出 (按其上任务的运行时限)",
+    ),
     "reservation_holding": (
         "; its {hosts} host(s) are held for it against newer tasks of other topologies, free by {by} UTC at the latest (the run limits of the tasks on them)",
         ";它所需的 {hosts} 台主机已为它保留,不再分给之后提交的其他拓扑任务,最迟 {by} UTC 空出 (按其上任务的运行时限)",
@@ -126,8 +130,8 @@ _CATALOGUE: dict[str, tuple[str, str]] = {
         "集群 {cluster} 正在执行其他 GKE 操作,稍后重试: {detail}",
     ),
     "create_queued": (
-        "Waiting to send the create of node pool {pool}: cluster {cluster} runs one node-pool operation at a time and others go first{ahead}; queued since {since} UTC",
-        "等待发送 node pool {pool} 的创建请求: 集群 {cluster} 一次只执行一个 node pool 操作,其他操作在前{ahead};自 {since} UTC 起排队",
+        "Waiting to send the create of node pool {pool}: cluster {cluster} runs as many node-pool operations at a time as it takes and others go first{ahead}; queued since {since} UTC",
+        "等待发送 node pool {pool} 的创建请求: 集群 {cluster} 同时执行的 node pool 操作已达上限,其他操作在前{ahead};自 {since} UTC 起排队",
     ),
     "create_queued_own": (" ({count} of them this queue's own)", " (其中 {count} 个属于本队列)"),
     "create_refused_busy": (

@@ -33,7 +33,8 @@ their event logs), the Message changes the run observed and the fleet's own acco
   than that phase's limit (``Limits``); Running's is the task's own timeout, the product's
   default (``spec.DEFAULT_TIMEOUT_SECONDS``) when its spec gives none, as the product runs it;
   a reservation wait whose Message promises its hosts free by an instant ("free by ... UTC
-  at the latest": the reservation hold, ``messages`` ``reservation_holding``) is stuck only
+  at the latest": the reservation hold, ``messages`` ``reservation_holding``, and the Waiting
+  tasks behind it, ``waiting_behind_reservation``) is stuck only
   once that instant has passed by the margin, when the judge knows the run's calendar
   (``Limits.origin``: a wait behind runs of two days is long, not stuck, while its promise holds);
 - ``second_job_creates``: Jobs the fleet saw created again after one of their creates ran a
@@ -126,9 +127,14 @@ def create_queued(message: str) -> bool:
     """The Message says the create waits its turn among the cluster's operations."""
     return any(p.search(message) for p in CREATE_QUEUED)
 
-# a reservation wait's promise (message "reservation_holding", both languages): its hosts
-# are free by this instant (UTC, to the minute)
-FREE_BY = tuple(texts.pattern("reservation_holding", lang, hosts=r"\d+", by=r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})") for lang in ("en", "zh"))
+# a reservation wait's promise (messages "reservation_holding" of the task that waits and
+# "waiting_behind_reservation" of the tasks behind it, both languages): the hosts are free by
+# this instant (UTC, to the minute)
+FREE_BY = tuple(
+    texts.pattern(key, lang, task=r"\d+", hosts=r"\d+", reservation=r"\S+", by=r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2})")
+    for key in ("reservation_holding", "waiting_behind_reservation")
+    for lang in ("en", "zh")
+)
 
 
 def promised_free_by(message: str) -> dt.datetime | None:
@@ -267,7 +273,7 @@ class Limits:
             return None
         if phase == lc.PROVISIONING and create_queued(message):  # its own limit, not the create's
             return max(self.node_pool_timeout, self.create_queue) + self.margin
-        if phase == lc.CLUSTER_BUSY and self.origin is not None and since_s is not None:
+        if phase in (lc.CLUSTER_BUSY, lc.WAITING) and self.origin is not None and since_s is not None:
             by = promised_free_by(message)  # to the minute, rounded down: the promise is that minute's end
             if by is not None:
                 kept = (by - self.origin).total_seconds() + 60.0 - since_s + self.margin

@@ -7,10 +7,19 @@ Contract
   pool's newest operation (its kind and state, or None). A create is already served by
   a create queued, running or done; a delete by a delete queued or running. Otherwise a
   new operation is queued, and a delete cancels a create that has not started.
-- ``next_operation``: the operations run one at a time, in queue order. The next is the
-  first live entry (still its pool's newest operation, not cancelled) that is due; entries
-  no longer live are dropped as they are passed; the live entries passed over (waiting
-  for their retry time) go to the back, behind the entries that follow the one chosen.
+- ``next_operation``: the operations start in queue order, up to ``at_once`` of them
+  running together (GKE runs node-pool operations on distinct pools of a cluster side by
+  side, up to its per-cluster quota of concurrent operations). The next is the first live
+  entry (still its pool's newest operation, not cancelled) that is due and whose pool has
+  no operation running (GKE refuses a second one on the same pool); entries no longer live
+  are dropped as they are passed; the live entries passed over (waiting for their retry
+  time or for their pool) go to the back, behind the entries that follow the one chosen.
+- ``at_once``: how many may run together: the setting, or fewer for a while after GKE
+  refused one as concurrent (``Concurrency``): a cluster that answers "too many
+  operations" while this controller's own operations run, or "incompatible operation"
+  naming one of them, is taken to allow as many as were running, until ``probe_s`` has
+  passed; then the setting is tried again. An incompatible operation that is not this
+  controller's (GKE's own upgrade or repair) teaches nothing: the retry waits it out.
 - ``goal_holds``: some errors mean the operation's goal already holds: a create that meets
   ALREADY_EXISTS adopts the pool (it was created before a restart); a delete that meets
   NOT_FOUND is done. Neither is a failure.
@@ -27,10 +36,11 @@ Contract
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from falcon_ray.model import OP_IN_FLIGHT, RETRYABLE_KINDS, ErrorKind, OpKind, OpState
+from falcon_ray.model import BUSY_KINDS, OP_IN_FLIGHT, RETRYABLE_KINDS, ErrorKind, OpKind, OpState
 
 # the pool's newest operation, as (kind, state); None: the pool has none
 Newest = tuple[OpKind, OpState] | None
@@ -64,6 +74,7 @@ class Queued:
 
     live: bool  # still its pool's newest operation, and not cancelled
     due_at: float  # monotonic time from which it may run (its retry time; 0: at once)
+    pool_busy: bool = False  # another operation of its pool is running
 
 
 @dataclass(frozen=True)
@@ -79,10 +90,45 @@ def next_operation(queue: Sequence[Queued], now: float) -> NextOperation:
     for i, entry in enumerate(queue):
         if not entry.live:
             continue
-        if entry.due_at <= now:
+        if entry.due_at <= now and not entry.pool_busy:
             return NextOperation(i, (*range(i + 1, len(queue)), *passed))
         passed.append(i)
     return NextOperation(None, tuple(passed))
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """How many node-pool operations GKE was last seen to take at once on a cluster."""
+
+    limit: int | None = None  # learned from a refusal; None: the setting holds
+    until: float = 0.0  # monotonic time at which the setting is tried again
+
+
+def at_once(setting: int, learned: Concurrency, now: float) -> int:
+    """The operations that may run together at monotonic time ``now``."""
+    if learned.limit is None or now >= learned.until:
+        return setting
+    return max(1, min(setting, learned.limit))
+
+
+_NAMED_OPERATION = re.compile(r"\b(operation-[0-9a-z-]+)")
+
+
+def refused_as_concurrent(
+    error: ErrorKind, message: str, ours: Collection[str], now: float, probe_s: float
+) -> Concurrency | None:
+    """What a refusal teaches: GKE refused an operation as busy while this controller's
+    operations ``ours`` (GKE's operation names) ran, so it takes that many at most (at
+    least one) for ``probe_s``. None: nothing learned: another error, none of ours ran,
+    or an incompatible operation GKE names that is not ours (its own upgrade or repair,
+    or someone else's: waited out by the retry, not a limit of the cluster)."""
+    if error not in BUSY_KINDS or not ours:
+        return None
+    if error == ErrorKind.INCOMPATIBLE_OPERATION:
+        named = _NAMED_OPERATION.search(message)
+        if named is not None and named.group(1) not in ours:
+            return None
+    return Concurrency(len(ours), now + probe_s)
 
 
 def goal_holds(kind: OpKind, error: ErrorKind) -> bool:

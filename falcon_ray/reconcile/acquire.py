@@ -427,7 +427,7 @@ def creating(d: Decision, t: QueueTask, lease: Lease) -> None:
 
 def create_queued(d: Decision, t: QueueTask, lease: Lease, op: OpView | None, effects: list[Effect]) -> None:
     """The create is not accepted yet: it waits in the ClusterActor's FIFO behind the
-    cluster's other node-pool operations (GKE runs one at a time per cluster), or GKE
+    cluster's other node-pool operations (``pool_ops_at_once`` run at a time), or GKE
     refused it because one runs. Not the task's time: ``Wait.CREATE`` starts at GKE's
     acceptance. Its own limit (``Wait.CREATE_QUEUED``, from the lease row) ends it
     NodePoolFailed with a Message that puts it on the cluster's load."""

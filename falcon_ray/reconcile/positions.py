@@ -12,6 +12,9 @@ is kept, so a Message changes when the range moves by a rounding step, not as
 time passes. A Message is written only when its text changes, and all changed ones go in
 one batched statement (``RefreshMessages``). A task whose start deadline comes before the
 latest start shown (the expected one without a range) is told so (``deadline.warning``).
+A task without a start estimate whose queue's slot holder waits for its reservation's room
+with a promise (the hold's ``shadow``: the run limits of the tasks on the hosts) is told
+which task it waits behind and by when those hosts are free at the latest.
 The decision keeps the range of each task
 (``Decision.ranges``, ``eta.Range``) for the queue, which calibrates the range with it
 and shows it in its snapshot.
@@ -23,7 +26,7 @@ import datetime as dt
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.model import QueueTask
-from falcon_ray.reconcile import deadline, eta
+from falcon_ray.reconcile import deadline, eta, hold
 from falcon_ray.reconcile.context import Decision, stamp
 from falcon_ray.reconcile.effects import RefreshMessages
 
@@ -81,6 +84,23 @@ def _warned(d: Decision, t: QueueTask, start_at: tuple[dt.datetime, dt.datetime]
     return deadline.warning(d, t, *(start_at or (None, None)))
 
 
+def behind_reservation(d: Decision) -> str:
+    """What the queue waits behind when its slot holder waits for the reservation's room
+    and the hold can say by when the room is free at the latest; "" otherwise."""
+    r = d.cluster.reservation
+    if r is None or not d.queue.reservation_waiters:
+        return ""
+    for h in d.holders:
+        if h.phase != lc.CLUSTER_BUSY:
+            continue
+        own = hold.holding(d.queue, r, d.now, d.settings, h)
+        by = None if own is None else hold.shadow(own, r, d.queue.reservation_occupants, d.queue.cluster, d.now, d.settings)
+        if by is not None:
+            name = d.queue.cluster.default_reservation
+            return d.msg("waiting_behind_reservation", task=h.id, hosts=own.hosts, reservation=name, by=stamp(max(by, d.now)))
+    return ""
+
+
 def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, eta.Range]:
     if not d.queue.cluster_active:
         return {}
@@ -102,6 +122,7 @@ def positions(d: Decision) -> None:
     estimates = d.ranges = start_estimates(d, order)
     updates = []
     shown: str | None = None
+    behind: str | None = None  # worked out for the first task without an estimate
     for t in order:
         if shown is None and len(ahead) >= SHOWN_AHEAD:
             shown = ", ".join(f"{a.actor}: {a.name or a.id}" for a in ahead[:SHOWN_AHEAD])
@@ -116,7 +137,9 @@ def positions(d: Decision) -> None:
             head = d.requeued_text(t) + head
         since = _since(d, t.phase_since) if t.phase_since else ""
         shows = t.message
-        first = head + _expected(d, pair) + _warned(d, t, pair) + since
+        if pair is None and behind is None:
+            behind = behind_reservation(d)
+        first = head + (_expected(d, pair) if pair is not None else behind or "") + _warned(d, t, pair) + since
         if shows != first and not (
             pair is not None
             and len(shows) > len(head) + len(since)

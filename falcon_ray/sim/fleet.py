@@ -24,7 +24,10 @@ A cluster's ``stockouts`` are windows of the fleet's own time (seconds since the
 cluster was built) in which one or more supplies have no capacity
 (:meth:`Stockout.covers`); ``honour_consolidation_delay`` says whether the cluster
 autoscaler removes an empty node after its pool's ``config.consolidationDelay`` (the
-fleet's value, which a cluster may override) or after ``timings.autoscaler_scale_down``.
+fleet's value, which a cluster may override) or after ``timings.autoscaler_scale_down``;
+``pool_ops_at_once`` is how many node-pool operations the cluster runs together (the
+fleet's value, which a cluster may override: GKE's per-cluster quota of concurrent
+operations, or 1 for a cluster that runs one at a time).
 
 A cluster's ``location`` is a zone (a zonal cluster) or a region (a regional
 cluster, which must list its ``node_locations``); :attr:`ClusterConfig.zones`
@@ -365,6 +368,9 @@ class ClusterConfig(_Strict):
         description="the autoscaler removes an empty node after its pool's config.consolidationDelay "
         "(true) or after timings.autoscaler_scale_down (false); null: the fleet's setting",
     )
+    pool_ops_at_once: int | None = Field(
+        None, ge=1, description="node-pool operations this cluster runs together; null: the fleet's setting"
+    )
 
     @field_validator("name")
     @classmethod
@@ -467,6 +473,13 @@ class FleetConfig(_Strict):
         description="every cluster's autoscaler honours its pools' config.consolidationDelay, unless the "
         "cluster says otherwise",
     )
+    pool_ops_at_once: int = Field(
+        5,
+        ge=1,
+        description="node-pool operations each cluster runs together (GKE's per-cluster quota of concurrent "
+        "operations): one more is refused 429 RESOURCE_EXHAUSTED \"Too many operations\"; 1: one at a time, a "
+        "second refused 400 FAILED_PRECONDITION \"incompatible operation\"",
+    )
     clusters: list[ClusterConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -474,6 +487,8 @@ class FleetConfig(_Strict):
         for c in self.clusters:
             if c.honour_consolidation_delay is None:
                 c.honour_consolidation_delay = self.honour_consolidation_delay
+            if c.pool_ops_at_once is None:
+                c.pool_ops_at_once = self.pool_ops_at_once
         return self
 
     @model_validator(mode="after")

@@ -7,7 +7,9 @@ Contract
 * ``create(request)`` validates a NodePool body as GKE would (400
   INVALID_ARGUMENT for a bad name or an inconsistent TPU size, 409
   ALREADY_EXISTS for a taken name, 400 FAILED_PRECONDITION "Cluster is running
-  incompatible operation ..." while another pool operation runs) and returns a
+  incompatible operation ..." while an operation of the same pool runs, or any other
+  while the cluster takes one at a time (``pool_ops_at_once`` 1), 429
+  RESOURCE_EXHAUSTED "Too many operations ..." while ``pool_ops_at_once`` run) and returns a
   RUNNING :class:`Operation`. ``timings.node_pool_create`` later the operation
   is DONE and the pool RUNNING, or - when the cluster is out of chips, a
   stockout of the pool's supply is on (it asks for hosts), the reservation is
@@ -47,7 +49,9 @@ Contract
   type, and fit its free hosts, else its create ends with an operation error.
 * ``max_concurrent_pool_ops`` records the most pool operations that were
   running or attempted at the same moment: a create/delete refused because
-  another one runs counts as 2, so it stays 1 only if the caller serializes.
+  others run counts as one more than ran, so it stays at most the cluster's
+  ``pool_ops_at_once`` only if the caller keeps within it; ``rejected_pool_ops`` counts
+  those refusals.
 """
 
 from __future__ import annotations
@@ -453,7 +457,7 @@ class NodePools:
         self.pools: dict[str, NodePool] = {}  # alive pools by name (ERROR pools included)
         self.history: list[NodePool] = []  # every pool ever accepted, for stats
         self.operations: dict[str, Operation] = {}
-        self.running_op: Operation | None = None
+        self.running_ops: dict[str, Operation] = {}  # by pool
         self.max_concurrent_ops = 0
         self.rejected_ops = 0
 
@@ -505,7 +509,7 @@ class NodePools:
                 409,
                 f"Already exists: projects/{c.project}/locations/{c.location}/clusters/{c.name}/nodePools/{name}.",
             )
-        self._claim_operation_slot()
+        self._claim_operation_slot(name)
         pool.doomed = self._capacity_error(pool)
         op = self._start_op("CREATE_NODE_POOL", name)
         self.pools[name] = pool
@@ -743,7 +747,7 @@ class NodePools:
     # ---- delete --------------------------------------------------------------------------------
     def delete(self, name: str) -> Operation:
         pool = self.get(name)
-        self._claim_operation_slot()
+        self._claim_operation_slot(name)
         op = self._start_op("DELETE_NODE_POOL", name)
         pool.status = "STOPPING"
         pool.delete_requested_at = self.cluster.wall()
@@ -759,7 +763,7 @@ class NodePools:
         self._end_op(op, None)
 
     # ---- operations ----------------------------------------------------------------------------
-    def _claim_operation_slot(self) -> None:
+    def _claim_operation_slot(self, pool: str) -> None:
         rate = self.cluster.faults.incompatible_op_rate
         if rate and self.cluster.fault_rng.random() < rate:
             # GKE's own operation (an upgrade, a repair) holds the cluster: the same refusal as
@@ -771,14 +775,26 @@ class NodePools:
                 "Please wait and try again.",
                 "FAILED_PRECONDITION",
             )
-        if self.running_op is not None:
-            self.max_concurrent_ops = max(self.max_concurrent_ops, 2)
+        at_once = self.cluster.config.pool_ops_at_once or 1
+        same = self.running_ops.get(pool)
+        if same is not None or (self.running_ops and at_once == 1):
+            running = same or next(iter(self.running_ops.values()))
+            self.max_concurrent_ops = max(self.max_concurrent_ops, len(self.running_ops) + 1)
             self.rejected_ops += 1
             raise GoogleError(
                 400,
-                f"Cluster is running incompatible operation {self.running_op.name}. "
+                f"Cluster is running incompatible operation {running.name}. "
                 "Please wait and try again.",
                 "FAILED_PRECONDITION",
+            )
+        if len(self.running_ops) >= at_once:
+            self.max_concurrent_ops = max(self.max_concurrent_ops, len(self.running_ops) + 1)
+            self.rejected_ops += 1
+            raise GoogleError(
+                429,
+                f'Too many operations: cluster "{self.cluster.config.name}" hits the concurrent operations '
+                f"quota {at_once}, please try again later.",
+                "RESOURCE_EXHAUSTED",
             )
 
     def _start_op(self, op_type: str, pool: str) -> Operation:
@@ -786,16 +802,16 @@ class NodePools:
         name = f"operation-{int(self.cluster.wall() * 1000)}-{suffix}"
         op = Operation(name, op_type, pool, self.cluster, started_at=self.cluster.wall())
         self.operations[name] = op
-        self.running_op = op
-        self.max_concurrent_ops = max(self.max_concurrent_ops, 1)
+        self.running_ops[pool] = op
+        self.max_concurrent_ops = max(self.max_concurrent_ops, len(self.running_ops))
         return op
 
     def _end_op(self, op: Operation, error: dict[str, Any] | None) -> None:
         op.status = "DONE"
         op.ended_at = self.cluster.wall()
         op.error = error
-        if self.running_op is op:
-            self.running_op = None
+        if self.running_ops.get(op.pool) is op:
+            del self.running_ops[op.pool]
 
     def stats(self) -> dict[str, Any]:
         now = self.cluster.mono()

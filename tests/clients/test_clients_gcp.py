@@ -152,21 +152,25 @@ def test_flex_start_pool_is_invisible_for_a_while_after_create(sim):
     delete(api, c, name)
 
 
-def test_a_second_pool_operation_is_an_incompatible_operation(sim):
+def test_a_second_operation_on_a_pool_whose_create_runs_is_an_incompatible_operation(sim):
+    """GKE takes operations on distinct pools together (docs/sim.md, "Concurrent node-pool
+    operations"); a delete of a pool whose create still runs is refused, naming that create."""
     sim.set_timings("sim-a", node_pool_create=1.0)
     api = gke_api(sim)
     c = registry_cluster(sim, "sim-a")
     _, first_name, first = pool_request(c, "2x2", "on-demand")
     _, second_name, second = pool_request(c, "2x2", "on-demand")
     op = create(api, c, first)
+    other = create(api, c, second)  # another pool: accepted while the first create runs
     with pytest.raises(CloudError) as info:
-        api.create_node_pool(c.project, c.location, c.name, second)
+        api.delete_node_pool(c.project, c.location, c.name, first_name)
     err = info.value
     assert err.kind == ErrorKind.INCOMPATIBLE_OPERATION and err.retryable
-    assert err.status_code == 400 and "incompatible operation" in err.message
-    assert api.get_node_pool(c.project, c.location, c.name, second_name) is None
+    assert err.status_code == 400 and f"incompatible operation {op}" in err.message
     wait_done(api, c, op)
+    wait_done(api, c, other)
     delete(api, c, first_name)
+    delete(api, c, second_name)
 
 
 def test_stockout_is_reported_by_the_operation_with_the_apis_message(sim):

@@ -11,11 +11,12 @@ and keeps the grants it makes."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
 
-from actors.cluster import ClusterGateway
+from actors.cluster import ClusterGateway, PoolOp
 from falcon_ray import render
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
@@ -171,17 +172,77 @@ def test_a_grant_is_dropped_once_its_lease_row_carries_it(gateway):
     assert gateway.reservation.grants == {}
 
 
-def test_the_gateway_runs_its_four_loops_from_the_factory_it_is_given(gateway):
+def test_the_gateway_runs_its_loops_from_the_factory_it_is_given(gateway):
     loops = gateway.tickers
-    assert set(loops) == {"watch", "operations", "orphans", "gauges"}
+    workers = {"operations", "operations-2", "operations-3", "operations-4"}  # pool_ops_at_once
+    assert set(loops) == {"watch", "orphans", "gauges", *workers}
+    assert {loop.name.split(": ")[1] for loop in gateway.op_loops} == workers
     assert all(isinstance(loop, ManualLoop) for loop in loops.values())
     assert loops["orphans"].start_after == gateway.settings.orphan_scan_interval_s
     assert loops["watch"].start_after == 0.0 and loops["operations"].start_after == 0.0
-    gateway.delete_pool("falcon-t1-2x2")  # a new operation wakes the operation loop
-    assert loops["operations"].wakes == 1
+    gateway.delete_pool("falcon-t1-2x2")  # a new operation wakes every operation worker
+    assert all(loops[w].wakes == 1 for w in workers)
     assert gateway.snapshot()["loops"]["operations"] == {"steps": 0, "wakes": 1}
     gateway.shutdown()
     assert all(loop.stopped for loop in loops.values())
+
+
+def test_operations_run_side_by_side_up_to_the_setting_and_never_two_on_one_pool(gateway, monkeypatch):
+    """Each worker takes the next due operation while fewer than ``pool_ops_at_once`` run;
+    a delete asked for while its pool's create runs waits for that create to end."""
+    gateway.conn.gke = object()
+    monkeypatch.setattr(gateway, "_hint_pool_owner", lambda pool: None)
+    for n in range(6):
+        gateway.ensure_pool(f"falcon-p{n}", {"name": f"falcon-p{n}"})
+    taken = [gateway._next_op() for _ in range(5)]  # what five workers would take now
+    assert [op.name if op else None for op in taken] == ["falcon-p0", "falcon-p1", "falcon-p2", "falcon-p3", None]
+    assert gateway.next_operation_due() is None  # four run: no worker need wake before one ends
+    assert gateway.snapshot()["ops_running"] == ["falcon-p0", "falcon-p1", "falcon-p2", "falcon-p3"]
+    gateway.op_queue.running.pop("falcon-p3")  # a worker ended one
+    gateway.delete_pool("falcon-p0")  # p0's create still runs: its delete waits for it
+    op = gateway._next_op()
+    assert op is not None and op.name == "falcon-p4"
+    gateway.op_queue.running.pop("falcon-p1")
+    assert gateway._next_op().name == "falcon-p5"
+    gateway.op_queue.running.pop("falcon-p2")
+    assert gateway._next_op() is None and gateway.next_operation_due() is None  # only p0's delete is left
+    gateway.op_queue.running.pop("falcon-p0")  # p0's create ended
+    assert gateway.next_operation_due() == 0.0
+    op = gateway._next_op()
+    assert (op.name, op.kind) == ("falcon-p0", OpKind.DELETE)
+
+
+def test_a_refusal_as_concurrent_lowers_the_operations_run_together_until_the_probe(gateway, monkeypatch):
+    """GKE that answers "incompatible operation" naming one of the two operations of ours
+    that run takes two at most; after pool_ops_probe_s the setting is tried again. An
+    incompatible operation that is not ours (GKE's own upgrade) teaches nothing."""
+    gateway.conn.gke = object()
+    monkeypatch.setattr(gateway, "_hint_pool_owner", lambda pool: None)
+    for n, name in enumerate(("falcon-a", "falcon-b")):  # two of ours run
+        gateway.op_queue.running[name] = PoolOp(name, OpKind.CREATE, state=OpState.RUNNING, operation=f"operation-{n}-ours")
+
+    def refused_by(running):
+        def run_op(op):
+            raise CloudError(ErrorKind.INCOMPATIBLE_OPERATION, f"Cluster is running incompatible operation {running}. Please wait and try again.")
+        return run_op
+
+    monkeypatch.setattr(gateway, "_run_op", refused_by("operation-9-upgrade"))
+    gateway.ensure_pool("falcon-c", {"name": "falcon-c"})
+    gateway._op_step()  # GKE's own operation holds the cluster: retried, nothing learned
+    op = gateway.op_queue.ops["falcon-c"]
+    assert (op.state, op.error_kind, op.attempts) == (OpState.QUEUED, ErrorKind.INCOMPATIBLE_OPERATION, 1)
+    assert gateway.ops_at_once() == 4
+    monkeypatch.setattr(gateway, "_run_op", refused_by("operation-1-ours"))
+    op.next_at = 0.0
+    gateway._op_step()
+    assert op.attempts == 2 and gateway.ops_at_once() == 2 and gateway.snapshot()["ops_at_once"] == 2
+    op.next_at = 0.0
+    assert gateway._next_op() is None  # two run: c waits for one of them to end
+    gateway.op_queue.running.pop("falcon-a")
+    assert gateway._next_op() is op
+    gateway.op_queue.running.pop("falcon-c")
+    gateway.op_queue.learned = replace(gateway.op_queue.learned, until=gateway.clock.monotonic())  # the probe is due
+    assert gateway.ops_at_once() == gateway.settings.pool_ops_at_once == 4
 
 
 def test_the_connect_backoff_draws_its_jitter_from_the_given_rng(tmp_path):

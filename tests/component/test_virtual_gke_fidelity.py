@@ -125,3 +125,42 @@ def test_two_topologies_share_a_small_reservation_through_the_ledger(scenario, s
     busy_from = run.entered("large", "Pending/ClusterBusy")
     assert busy_from is not None and busy_from < 120, run.history()
     assert run.entered("large", "Running") > run.entered("small", "Succeeded"), run.history()
+
+
+OPS = {"node_pool_create": 600, "node_register": 60}
+THREE = [task("one-host", "alice", 0, spec("2x2", 600)), task("two-hosts", "bob", 0, spec("2x4", 600)), task("four-hosts", "carol", 0, spec("4x4", 600))]
+
+
+@pytest.mark.parametrize("seed", [4], ids=lambda s: f"seed{s}")
+def test_creates_of_three_queues_run_side_by_side_on_a_cluster_that_takes_them(scenario, seed):
+    """GKE works on several node pools of a cluster at once (docs/sim.md, "Concurrent
+    node-pool operations"): three queues' 10-minute creates run together, so every task runs
+    within one create (plus registration) of its submission, not one create after another."""
+    fleet = {"clusters": [cluster("edge-a", reservation={"name": "res-a", "count": 8}, chips=0, timings=OPS)]}
+    run = scenario(fleet, THREE, seed)
+    run.assert_clean()
+    stats = run.stats("edge-a")
+    assert stats["max_concurrent_pool_ops"] == 3 and stats["rejected_pool_ops"] == 0
+    for name, _ in (("one-host", 1), ("two-hosts", 2), ("four-hosts", 4)):
+        assert run.task(name).status == "Succeeded", run.task(name)
+        assert run.entered(name, "Running") < 600 + 60 + 120, run.history(name)  # one create, not three
+
+
+@pytest.mark.parametrize("seed", [4], ids=lambda s: f"seed{s}")
+def test_a_cluster_that_takes_one_operation_at_a_time_costs_a_refusal_not_a_task(scenario, seed):
+    """The same three queues on a cluster that refuses a second operation (GKE's older
+    behaviour, or a quota of 1): the controller learns the limit from the first refusal that
+    names its own operation and sends the rest one by one; every task succeeds, the creates
+    follow one another, and GKE refused at most one operation per queue."""
+    fleet = {"pool_ops_at_once": 1, "clusters": [cluster("edge-a", reservation={"name": "res-a", "count": 8}, chips=0, timings=OPS)]}
+    run = scenario(fleet, THREE, seed)
+    report = run.report()
+    assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report["invariants"]
+    stats = run.stats("edge-a")
+    assert 1 <= stats["rejected_pool_ops"] <= 2, stats["rejected_pool_ops"]
+    creates = sorted((o["started_at"], o["ended_at"]) for o in stats["pool_ops"] if o["type"] == "CREATE_NODE_POOL")
+    assert len(creates) == 3 and all(a[1] <= b[0] for a, b in zip(creates, creates[1:])), creates  # one after another
+    starts = sorted(run.entered(name, "Running") for name in ("one-host", "two-hosts", "four-hosts"))
+    assert starts[-1] > 3 * 600, starts  # the third waited for two creates before its own
+    for name in ("one-host", "two-hosts", "four-hosts"):
+        assert run.task(name).status == "Succeeded", run.task(name)

@@ -46,6 +46,8 @@ UNITS: dict[str, str] = {
     "flex_start_idle_s": "seconds",
     "pool_refresh_s": "seconds",
     "operation_poll_s": "seconds",
+    "pool_ops_at_once": "1 to 16",
+    "pool_ops_probe_s": "seconds",
     "pool_op_backoff_initial_s": "seconds",
     "pool_op_backoff_max_s": "seconds",
     "pool_delete_report_after": "attempts",

@@ -114,8 +114,9 @@ def assert_clean(run: DemoRun, timeout: float = 60.0, serial_pool_ops: bool = Tr
     )
     stats = run.sim.stats()
     creates = {j["name"]: j["creates"] for c in stats["clusters"].values() for j in c["jobs"]}
-    if serial_pool_ops:  # one ClusterActor runs one node-pool operation at a time per cluster
-        assert all(c["max_concurrent_pool_ops"] <= 1 for c in stats["clusters"].values()), stats["clusters"]
+    if serial_pool_ops:  # a ClusterActor keeps within pool_ops_at_once per cluster and never runs two on one pool
+        at_once = run.settings.pool_ops_at_once
+        assert all(c["max_concurrent_pool_ops"] <= at_once and c["rejected_pool_ops"] == 0 for c in stats["clusters"].values()), stats["clusters"]
     assert all(n == 1 for n in creates.values()), creates
     for t in run.tasks():
         if t.dispatched_at is not None:

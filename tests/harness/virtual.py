@@ -153,13 +153,16 @@ class Played:
 
     def assert_clean(self) -> dict:
         """What every end-to-end scenario ended with, and the simulate report's invariants:
-        every task over, no Falcon pool left, one node-pool operation at a time per cluster,
+        every task over, no Falcon pool left, at most pool_ops_at_once node-pool operations at a time per cluster and none refused,
         each dispatched task's Job created once, every event log along the lifecycle table."""
         report = self.report()
         assert report["invariants"] == dict.fromkeys(report["invariants"], 0), (report["invariants"], report.get("broken"))
         assert not self.store.live_tasks() and self.sim.falcon_pools_alive() == 0
         stats = {name: c.stats() for name, c in self.sim.fleet.clusters.items()}
-        assert all(c["max_concurrent_pool_ops"] <= 1 for c in stats.values()), {n: c["max_concurrent_pool_ops"] for n, c in stats.items()}
+        at_once = self.sim.settings.pool_ops_at_once
+        assert all(c["max_concurrent_pool_ops"] <= at_once and c["rejected_pool_ops"] == 0 for c in stats.values()), {
+            n: (c["max_concurrent_pool_ops"], c["rejected_pool_ops"]) for n, c in stats.items()
+        }
         creates = {j["name"]: j["creates"] for c in stats.values() for j in c["jobs"]}
         for t in self.tasks():
             if t.dispatched_at is not None:

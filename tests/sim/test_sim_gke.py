@@ -210,21 +210,22 @@ def test_flex_start_pool_is_invisible_for_the_lag_then_runs_with_no_nodes(virtua
     assert core.list_node(label_selector="cloud.google.com/gke-nodepool=falcon-flex").items == []
 
 
-def test_second_pool_operation_while_one_runs_is_failed_precondition(sim):
+def test_operations_on_distinct_pools_run_together_and_a_second_on_one_pool_is_failed_precondition(sim):
     gke = gke_client(sim)
-    op = gke.create_node_pool(parent=parent(A), node_pool=tpu_pool("falcon-first"))
+    first = gke.create_node_pool(parent=parent(A), node_pool=tpu_pool("falcon-first"))
+    second = gke.create_node_pool(parent=parent(A), node_pool=tpu_pool("falcon-second"))
     with pytest.raises(gexc.BadRequest) as err:
-        gke.create_node_pool(parent=parent(A), node_pool=tpu_pool("falcon-second"))
+        gke.delete_node_pool(name=f"{parent(A)}/nodePools/falcon-first")
     body = err.value.response.json()["error"]
     assert body["status"] == "FAILED_PRECONDITION" and body["code"] == 400
-    assert f"Cluster is running incompatible operation {op.name}" in body["message"]
-    with pytest.raises(gexc.BadRequest):
-        gke.delete_node_pool(name=f"{parent(A)}/nodePools/falcon-first")
-    wait_done(gke, A, op)
+    assert f"Cluster is running incompatible operation {first.name}" in body["message"]
+    wait_done(gke, A, first)
+    wait_done(gke, A, second)
     with pytest.raises(gexc.Conflict):
         gke.create_node_pool(parent=parent(A), node_pool=tpu_pool("falcon-first"))
     delete_and_wait(gke, A, "falcon-first")
-    assert sim.stats()["clusters"]["sim-a"]["max_concurrent_pool_ops"] == 2
+    delete_and_wait(gke, A, "falcon-second")
+    assert sim.stats()["clusters"]["sim-a"]["max_concurrent_pool_ops"] == 3
 
 
 def test_create_error_fault_ends_in_a_done_operation_with_error_and_an_error_pool(sim):

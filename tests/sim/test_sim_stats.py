@@ -134,15 +134,33 @@ def test_idle_chip_seconds_and_pool_and_job_accounting(private_fleet):
     assert job["created_at"][0] <= job["deleted_at"][0] <= job["created_at"][1]
 
 
-def test_unserialized_pool_operations_show_in_max_concurrent_pool_ops(private_fleet):
-    gke = gke_client(private_fleet, credentials=AnonymousCredentials())
-    op = gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-one"))
-    with pytest.raises(gexc.BadRequest):
-        gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-two"))
-    wait_op(private_fleet, gke, op)
-    stats = private_fleet.stats()["clusters"]["sim-k"]
-    assert stats["max_concurrent_pool_ops"] == 2 and stats["rejected_pool_ops"] == 1
-    assert [p["name"] for p in stats["node_pools"]] == ["falcon-one"]
+def test_a_cluster_that_runs_one_operation_at_a_time_refuses_a_second_and_counts_it():
+    with virtual_fleet(sim_test_config(auth={"required": False}, pool_ops_at_once=1)) as fleet:
+        gke = gke_client(fleet, credentials=AnonymousCredentials())
+        op = gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-one"))
+        with pytest.raises(gexc.BadRequest) as err:
+            gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-two"))
+        assert f"Cluster is running incompatible operation {op.name}" in err.value.response.json()["error"]["message"]
+        wait_op(fleet, gke, op)
+        stats = fleet.stats()["clusters"]["sim-k"]
+        assert stats["max_concurrent_pool_ops"] == 2 and stats["rejected_pool_ops"] == 1
+        assert [p["name"] for p in stats["node_pools"]] == ["falcon-one"]
+
+
+def test_operations_beyond_the_clusters_quota_are_refused_429_and_counted():
+    with virtual_fleet(sim_test_config(auth={"required": False}, pool_ops_at_once=2)) as fleet:
+        gke = gke_client(fleet, credentials=AnonymousCredentials())
+        ops = [gke.create_node_pool(parent=PARENT, node_pool=single_host_pool(f"falcon-{n}")) for n in ("one", "two")]
+        with pytest.raises(gexc.TooManyRequests) as err:
+            gke.create_node_pool(parent=PARENT, node_pool=single_host_pool("falcon-three"), retry=None)
+        body = err.value.response.json()["error"]
+        assert body["status"] == "RESOURCE_EXHAUSTED" and body["code"] == 429
+        assert body["message"] == 'Too many operations: cluster "sim-k" hits the concurrent operations quota 2, please try again later.'
+        for op in ops:
+            wait_op(fleet, gke, op)
+        stats = fleet.stats()["clusters"]["sim-k"]
+        assert stats["max_concurrent_pool_ops"] == 3 and stats["rejected_pool_ops"] == 1
+        assert sorted(p["name"] for p in stats["node_pools"]) == ["falcon-one", "falcon-two"]
 
 
 def test_pool_stats_tell_when_the_first_node_registered_and_in_which_zone(private_fleet):

@@ -129,7 +129,7 @@ def test_a_capacity_wait_that_lasted_the_whole_budget_is_not_a_failure_for_capac
 def test_a_create_waiting_its_turn_is_stuck_only_past_the_create_queue_limit():
     """A Provisioning task whose create waits behind the cluster's other node-pool operations
     says so once, since when; its limit is create_queue_limit_s, not the create's timeout."""
-    queued = "Waiting to send the create of node pool falcon-t1-2x2: cluster edge-a runs one node-pool operation at a time and others go first; queued since 13:18:59 UTC"
+    queued = "Waiting to send the create of node pool falcon-t1-2x2: cluster edge-a runs as many node-pool operations at a time as it takes and others go first; queued since 13:18:59 UTC"
     o = obs((0, "Pending", "Provisioning", queued), (150, "Pending", "Provisioning", "Creating node pool falcon-t1-2x2 (supply: flex-start)..."))
     tasks = [task(1, "Pending", "Provisioning")]
     with_limit = dataclasses.replace(LIMITS, create_queue=200)

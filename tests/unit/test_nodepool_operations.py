@@ -10,14 +10,17 @@ import pytest
 from falcon_ray.model import ErrorKind as E
 from falcon_ray.model import OpKind, OpState
 from falcon_ray.nodepools.operations import (
+    Concurrency,
     DeleteAnswer,
     NextOperation,
     Queued,
+    at_once,
     create_answer,
     delete_answer,
     goal_holds,
     next_operation,
     reached_goal,
+    refused_as_concurrent,
     retry_delay_s,
 )
 
@@ -105,6 +108,7 @@ def live(due_at=0.0):
 
 
 STALE = Queued(False, 0.0)
+BUSY = Queued(True, 0.0, pool_busy=True)
 NOW = 100.0
 NEXT = [
     # (situation, the queue, operation run, the queue left in its new order)
@@ -117,9 +121,50 @@ NEXT = [
     ("nothing due: all kept, in order", [live(NOW + 5), STALE, live(NOW + 1)], None, (0, 2)),
     ("only stale entries: the queue empties", [STALE, STALE], None, ()),
     ("two passed over keep their order", [live(NOW + 1), live(NOW + 2), live(), live()], 2, (3, 0, 1)),
+    ("a due entry whose pool has an operation running waits behind the rest", [BUSY, live()], 1, (0,)),
+    ("its pool still busy: kept, nothing run", [BUSY], None, (0,)),
 ]
 
 
 @pytest.mark.parametrize(("situation", "queue", "run", "left"), NEXT, ids=[n[0] for n in NEXT])
 def test_which_operation_runs_next(situation, queue, run, left):
     assert next_operation(queue, NOW) == NextOperation(run, left)
+
+
+AT_ONCE = [
+    # (situation, the setting, what was learned, now, operations that may run together)
+    ("nothing learned: the setting", 4, Concurrency(), NOW, 4),
+    ("learned, within its window: as many as ran", 4, Concurrency(1, NOW + 1), NOW, 1),
+    ("learned, window over: the setting again", 4, Concurrency(1, NOW), NOW, 4),
+    ("learned more than the setting: the setting", 2, Concurrency(3, NOW + 1), NOW, 2),
+]
+
+
+@pytest.mark.parametrize(("situation", "setting", "learned", "now", "n"), AT_ONCE, ids=[a[0] for a in AT_ONCE])
+def test_how_many_operations_run_together(situation, setting, learned, now, n):
+    assert at_once(setting, learned, now) == n
+
+
+OURS = {"operation-1-a", "operation-2-b"}
+LEARN = [
+    # (situation, GKE's error, its message, this controller's other operations running, what is learned)
+    ("incompatible operation naming one of ours: as many as ran", E.INCOMPATIBLE_OPERATION,
+     "Cluster is running incompatible operation operation-2-b. Please wait and try again.", OURS, Concurrency(2, NOW + 60)),
+    ("the older wording, naming one of ours", E.INCOMPATIBLE_OPERATION,
+     "Operation operation-1-a is currently creating a node pool for cluster c. Please wait and try again once it is done.",
+     OURS, Concurrency(2, NOW + 60)),
+    ("incompatible operation naming none: taken as ours", E.INCOMPATIBLE_OPERATION, "Please wait and try again.", OURS, Concurrency(2, NOW + 60)),
+    ("incompatible operation that is not ours (GKE's upgrade): nothing learned", E.INCOMPATIBLE_OPERATION,
+     "Cluster is running incompatible operation operation-9-upgrade. Please wait and try again.", OURS, None),
+    ("too many operations while 3 of ours ran: 3", E.TOO_MANY_OPERATIONS,
+     'Too many operations: cluster "c" hits the concurrent operations quota 5, please try again later.',
+     {"operation-1", "operation-2", "operation-3"}, Concurrency(3, NOW + 60)),
+    ("refused with none of ours running: nothing learned", E.TOO_MANY_OPERATIONS, "Too many operations", set(), None),
+    ("a transient error: nothing learned", E.TRANSIENT, "503", OURS, None),
+    ("a stockout: nothing learned", E.STOCKOUT, "ZONE_RESOURCE_POOL_EXHAUSTED", OURS, None),
+]
+
+
+@pytest.mark.parametrize(("situation", "error", "message", "ours", "learned"), LEARN, ids=[x[0] for x in LEARN])
+def test_what_a_refusal_teaches(situation, error, message, ours, learned):
+    assert refused_as_concurrent(error, message, ours, NOW, 60.0) == learned

@@ -16,7 +16,8 @@ from falcon_ray.model import (
     ReservationView,
     ReservationWaiter,
 )
-from falcon_ray.reconcile import CreateLease, DeletePool, MoveLease, Transition, UpdateTask, decide
+from falcon_ray.devtools.chaos import promised_free_by
+from falcon_ray.reconcile import CreateLease, DeletePool, MoveLease, RefreshMessages, Transition, UpdateTask, decide
 from falcon_ray.reconcile.hold import RELEASE_S, hold_for, hold_over, shadow, short
 from falcon_ray.scheduling import move_target
 from tests.unit.test_reconcile import NOW, cluster, effects, lease, spec, state, task, transitions
@@ -163,6 +164,23 @@ def test_the_waiters_own_message_says_its_room_is_held_and_free_by_when():
     by = (NOW + dt.timedelta(seconds=36000 - 3600 + RELEASE_S)).strftime("%Y-%m-%d %H:%M")  # the 4x8's limit
     assert f"its 16 host(s) are held for it against newer tasks of other topologies, free by {by} UTC" in upd.message
     assert "waiting since" in upd.message
+
+
+def test_the_tasks_waiting_behind_it_are_told_whom_they_wait_behind_and_by_when():
+    """Without a start estimate (no history here), a Waiting task behind the slot holder's
+    reservation wait says which task it waits behind and the holder's promise."""
+    waiting = task(2, phase=lc.CLUSTER_BUSY, age_s=7200, in_phase_s=3600, topology="8x8")
+    behind = task(3, phase=lc.WAITING, age_s=600, in_phase_s=600, topology="8x8")
+    q = state([waiting, behind], reservation_waiters=(waiter(2),), reservation_occupants=BUSY12)
+    g = decide(q, ClusterView(reservation=ReservationView(count=16, in_use=12)), NOW, S)
+    (refresh,) = effects(g, RefreshMessages)
+    ((tid, phase, message),) = refresh.updates
+    by = (NOW + dt.timedelta(seconds=36000 - 3600 + RELEASE_S)).strftime("%Y-%m-%d %H:%M")
+    assert (tid, phase) == (3, lc.WAITING)
+    assert f"task 2 ahead of it waits for 16 host(s) of reservation res-a, free by {by} UTC at the latest" in message, message
+    assert promised_free_by(message) == dt.datetime.strptime(by, "%Y-%m-%d %H:%M")  # the judge holds it to that
+    alone = decide(state([waiting, behind]), ClusterView(reservation=ReservationView(count=16, in_use=12)), NOW, S)
+    assert "ahead of it waits for" not in next(iter(effects(alone, RefreshMessages))).updates[0][2]  # no hold yet: no promise
 
 
 def test_a_task_held_out_of_free_room_never_fails_of_the_reservation_wait_limit():

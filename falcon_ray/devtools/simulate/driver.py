@@ -234,12 +234,12 @@ class Simulation:
         ))
 
     def _schedule_gateway(self, name: str, g: ClusterGateway) -> ClusterGateway:
-        ops = g.tickers["operations"]
-        ops.worker = Worker(f"simulate {name}: operations")
-        self.workers.append(ops.worker)
-        ops.next_after = lambda loop, g=g: _next_operation(g, loop.clock.monotonic())
-        if not self.exact:
-            ops.on_settle = lambda loop, name=name: self._operations_moved(name)
+        for ops in g.op_loops:
+            ops.worker = Worker(f"simulate {ops.name}")
+            self.workers.append(ops.worker)
+            ops.next_after = lambda loop, g=g: _next_operation(g, loop.clock.monotonic())
+            if not self.exact:
+                ops.on_settle = lambda loop, name=name: self._operations_moved(name)
         g.tickers["watch"].next_after = lambda loop, g=g: self._watch_next(g, loop)
         if not self.exact:
             g.tickers["gauges"].next_after = lambda loop: loop.clock.monotonic() + GAUGES_EVERY_S

@@ -22,7 +22,8 @@ idempotent and may be retried.
   ``pool_ops_at_once`` at most (GKE takes operations on distinct pools together, up to
   its per-cluster quota), never two on one pool; a refusal as concurrent while some of
   them run lowers that to as many as ran, for ``pool_ops_probe_s``
-  (``nodepools.operations.at_once``). Incompatible-operation, 429 and transient errors
+  (``nodepools.operations.at_once``), and the refused operation takes its turn again
+  (by when it was asked for) when one of them ends, with no backoff timer. Other incompatible-operation, 429 and transient errors
   are retried with exponential backoff and jitter (``nodepools.operations``); a create refused for quota or
   stockout fails here (a stockout is waited out by its QueueActor, which asks again
   under a new name); a delete is retried until it succeeds, each failure counted so
@@ -1008,6 +1009,15 @@ class ClusterGateway:
         op.error_kind = e.kind
         op.error = e.message[:1000]
         log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
+        if learned is not None:  # refused for our own operations: its turn again when one of them ends, no timer
+            op.next_at, op.state = now, OpState.QUEUED
+            self.counters["ops_retried"] += 1
+            with self.lock:
+                fifo = self.op_queue.fifo
+                if self.op_queue.ops.get(op.name) is op:  # back in its turn: before the first asked for after it
+                    at = next((i for i, o in enumerate(fifo) if o.queued_at > op.queued_at), len(fifo))
+                    fifo.insert(at, op)
+            return
         backoff = (self.settings.pool_op_backoff_initial_s, self.settings.pool_op_backoff_max_s)
         delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, *backoff, jitter=self.rng.random())
         if delay is None:

@@ -233,10 +233,11 @@ def test_a_refusal_as_concurrent_lowers_the_operations_run_together_until_the_pr
     assert (op.state, op.error_kind, op.attempts) == (OpState.QUEUED, ErrorKind.INCOMPATIBLE_OPERATION, 1)
     assert gateway.ops_at_once() == 4
     monkeypatch.setattr(gateway, "_run_op", refused_by("operation-1-ours"))
+    gateway.ensure_pool("falcon-d", {"name": "falcon-d"})  # asked for after c
     op.next_at = 0.0
     gateway._op_step()
     assert op.attempts == 2 and gateway.ops_at_once() == 2 and gateway.snapshot()["ops_at_once"] == 2
-    op.next_at = 0.0
+    assert op.next_at <= gateway.clock.monotonic() and gateway.op_queue.fifo[0] is op  # no backoff: first again
     assert gateway._next_op() is None  # two run: c waits for one of them to end
     gateway.op_queue.running.pop("falcon-a")
     assert gateway._next_op() is op

@@ -348,6 +348,8 @@ class ClusterGateway:
         self.reservation = ReservationState()
         self.counters = {"orphans_found": 0, "orphans_deleted": 0, "jobs_collected": 0, "ops_retried": 0, "ops_failed": 0}
         self.tickers = self._start_loops(loops or Ticker)
+        # the operation workers' loops ("operations", "operations-2", ...), the first one tickers["operations"]
+        self.op_loops: list[Loop] = [t for role, t in self.tickers.items() if role.startswith("operations")]
 
     # ---- read-only views of the state (for what schedules the loops: the simulator) --------
 
@@ -398,13 +400,8 @@ class ClusterGateway:
         """How many node-pool operations may run together now (``operations.at_once``)."""
         return operations.at_once(self.settings.pool_ops_at_once, self.op_queue.learned, self.clock.monotonic())
 
-    @property
-    def op_loops(self) -> list[Loop]:
-        """The operation workers' loops, the first one ``tickers["operations"]``."""
-        return [t for name, t in self.tickers.items() if name == "operations" or name.startswith("operations-")]
-
     def _start_loops(self, loop: LoopFactory) -> dict[str, Loop]:
-        """Start the four loops (the class's contract for ``loops``)."""
+        """Start the loops (the class's contract for ``loops``)."""
         name, clock = f"cluster {self.name}", self.clock
         period = self.settings.orphan_scan_interval_s
         loops = {"watch": loop(f"{name}: watch", self._watch_step, lambda: self.conn.watch_delay, log, clock=clock)}
@@ -912,27 +909,31 @@ class ClusterGateway:
             if op is None:
                 return
             try:
-                try:
-                    self._fence()
-                except BaseException:  # fenced, or the database did not answer the fence read
-                    with self.lock:  # the op stays queued: taken out of the FIFO, it would be lost
-                        self.op_queue.fifo.appendleft(op)  # for good (its queue sees it queued forever)
-                    raise
-                op.state = OpState.RUNNING
-                try:
-                    self._run_op(op)
-                    op.state = OpState.DONE
-                    op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
-                    self.pool_cache.listed_at = 0.0  # next observe re-lists
-                except CloudError as e:
-                    self._op_failed(op, e)
-                except Exception as e:  # never let the worker die
-                    self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
+                self._run_taken(op)
             finally:
                 with self.lock:
                     self.op_queue.running.pop(op.name, None)
             metrics.pool_op(self.name, op.kind, op.state, op.error_kind or "")
             self._hint_pool_owner(op.name)
+
+    def _run_taken(self, op: PoolOp) -> None:
+        """Run an operation taken out of the FIFO: fence, then GKE; a failure goes to ``_op_failed``."""
+        try:
+            self._fence()
+        except BaseException:  # fenced, or the database did not answer the fence read
+            with self.lock:  # the op stays queued: taken out of the FIFO, it would be lost
+                self.op_queue.fifo.appendleft(op)  # for good (its queue sees it queued forever)
+            raise
+        op.state = OpState.RUNNING
+        try:
+            self._run_op(op)
+            op.state = OpState.DONE
+            op.error_kind, op.error = None, ""  # a retried error is over: not the pool's story
+            self.pool_cache.listed_at = 0.0  # next observe re-lists
+        except CloudError as e:
+            self._op_failed(op, e)
+        except Exception as e:  # never let the worker die
+            self._op_failed(op, CloudError(ErrorKind.TRANSIENT, f"{type(e).__name__}: {e}"))
 
     def _hint_pool_owner(self, pool: str) -> None:
         """Wake the queue of ``pool``'s lease (known from the queue's observe, else read); a
@@ -1001,35 +1002,31 @@ class ClusterGateway:
             now, q = self.clock.monotonic(), self.op_queue
             ours = {o.operation or o.name for o in q.running.values() if o is not op}  # GKE's names (pool's before the call)
             learned = operations.refused_as_concurrent(e.kind, e.message, ours, now, self.settings.pool_ops_probe_s)
-            if learned is not None and (q.learned.limit is None or now >= q.learned.until or learned.limit < q.learned.limit):
-                q.learned = learned
+            before, q.learned = q.learned, operations.tighter(q.learned, learned, now)
+            if q.learned is not before:
                 log.warning("cluster %s: GKE refused a node-pool operation while %d of ours ran: at most %d at once for %.0fs",
-                            self.name, len(ours), learned.limit, self.settings.pool_ops_probe_s)
+                            self.name, len(ours), q.learned.limit, self.settings.pool_ops_probe_s)
         op.attempts += 1
         op.error_kind = e.kind
         op.error = e.message[:1000]
         log.warning("cluster %s: %s %s failed (%s, attempt %d): %s", self.name, op.kind, op.name, e.kind, op.attempts, e.message)
         if learned is not None:  # refused for our own operations: its turn again when one of them ends, no timer
-            op.next_at, op.state = now, OpState.QUEUED
-            self.counters["ops_retried"] += 1
-            with self.lock:
-                fifo = self.op_queue.fifo
-                if self.op_queue.ops.get(op.name) is op:  # back in its turn: before the first asked for after it
-                    at = next((i for i, o in enumerate(fifo) if o.queued_at > op.queued_at), len(fifo))
-                    fifo.insert(at, op)
-            return
-        backoff = (self.settings.pool_op_backoff_initial_s, self.settings.pool_op_backoff_max_s)
-        delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, *backoff, jitter=self.rng.random())
+            delay, in_turn = 0.0, True
+        else:
+            backoff = (self.settings.pool_op_backoff_initial_s, self.settings.pool_op_backoff_max_s)
+            delay = operations.retry_delay_s(op.kind, e.kind, op.attempts, *backoff, jitter=self.rng.random())
+            in_turn = False
         if delay is None:
             op.state = OpState.FAILED
             self.counters["ops_failed"] += 1
             return
-        op.next_at = self.clock.monotonic() + delay
-        op.state = OpState.QUEUED
+        op.next_at, op.state = now + delay, OpState.QUEUED
         self.counters["ops_retried"] += 1
         with self.lock:
-            if self.op_queue.ops.get(op.name) is op:
-                self.op_queue.fifo.append(op)
+            fifo = self.op_queue.fifo
+            if self.op_queue.ops.get(op.name) is op:  # in its turn: before the first asked for after it; else at the back
+                at = next((i for i, o in enumerate(fifo) if o.queued_at > op.queued_at), len(fifo)) if in_turn else len(fifo)
+                fifo.insert(at, op)
 
     # ---- Jobs ------------------------------------------------------------------------
 

@@ -131,6 +131,14 @@ def refused_as_concurrent(
     return Concurrency(len(ours), now + probe_s)
 
 
+def tighter(current: Concurrency, learned: Concurrency | None, now: float) -> Concurrency:
+    """What holds after a refusal taught ``learned``: it replaces a window that is over or
+    a larger limit; a lower limit still in its window stays."""
+    if learned is None or (current.limit is not None and now < current.until and current.limit <= learned.limit):
+        return current
+    return learned
+
+
 def goal_holds(kind: OpKind, error: ErrorKind) -> bool:
     """True when ``error`` from GKE means the operation ``kind`` has nothing left to do."""
     return (kind == OpKind.CREATE and error == ErrorKind.ALREADY_EXISTS) or (

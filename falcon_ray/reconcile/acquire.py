@@ -249,10 +249,8 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     if held is not None:
         w = held.waiter
         text += d.msg("reservation_held", hosts=held.hosts, reservation=name, task=w.task_id, topology=w.topology, since=stamp(w.since or d.now))
-    elif (own := hold.holding(d.queue, r, d.now, d.settings, t)) is not None:
-        by = hold.shadow(own, r, d.queue.reservation_occupants, d.queue.cluster, d.now, d.settings)
-        if by is not None:
-            text += d.msg("reservation_holding", hosts=own.hosts, by=stamp(max(by, d.now)))
+    elif (promised := hold.promise(d.queue, r, d.now, d.settings, t)) is not None:
+        text += d.msg("reservation_holding", hosts=promised[0].hosts, by=stamp(promised[1]))
     # the limit is for a reservation without room; a task the hold keeps out of free room never fails of it
     if held is None and t.phase == lc.CLUSTER_BUSY and limits.passed(Wait.RESERVATION, d.settings, d.phase_age_s(t)):
         limit = fmt_limit(limits.seconds(Wait.RESERVATION, d.settings) or 0)

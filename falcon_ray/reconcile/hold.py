@@ -123,6 +123,14 @@ def holding(q: QueueState, r: ReservationView | None, now: dt.datetime, settings
     return h if h is not None and h.waiter.task_id == task.id else None
 
 
+def promise(q: QueueState, r: ReservationView, now: dt.datetime, settings: Settings, task: QueueTask) -> tuple[Hold, dt.datetime] | None:
+    """The hold ``task`` has and the latest time its room is free (``shadow``, never before
+    ``now``), for the Messages that promise it; None without a hold or such a time."""
+    own = holding(q, r, now, settings, task)
+    by = None if own is None else shadow(own, r, q.reservation_occupants, q.cluster, now, settings)
+    return None if own is None or by is None else (own, max(by, now))
+
+
 def short(hold: Hold | None, r: ReservationView | None) -> bool:
     """The reservation has fewer free hosts than the held room."""
     return hold is not None and r is not None and r.free < hold.hosts

@@ -91,13 +91,11 @@ def behind_reservation(d: Decision) -> str:
     if r is None or not d.queue.reservation_waiters:
         return ""
     for h in d.holders:
-        if h.phase != lc.CLUSTER_BUSY:
-            continue
-        own = hold.holding(d.queue, r, d.now, d.settings, h)
-        by = None if own is None else hold.shadow(own, r, d.queue.reservation_occupants, d.queue.cluster, d.now, d.settings)
-        if by is not None:
+        promised = hold.promise(d.queue, r, d.now, d.settings, h) if h.phase == lc.CLUSTER_BUSY else None
+        if promised is not None:
+            own, by = promised
             name = d.queue.cluster.default_reservation
-            return d.msg("waiting_behind_reservation", task=h.id, hosts=own.hosts, reservation=name, by=stamp(max(by, d.now)))
+            return d.msg("waiting_behind_reservation", task=h.id, hosts=own.hosts, reservation=name, by=stamp(by))
     return ""
 
 

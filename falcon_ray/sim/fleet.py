@@ -63,6 +63,8 @@ _GKE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _COMPUTE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 KNOWN_TPU_TYPES = ("v5e", "v5p", "v6e", "v7x")
+# node-pool operations a cluster runs together: GKE's per-cluster quota of concurrent operations, as users report it
+POOL_OPS_AT_ONCE = 5
 
 # What GKE does to running work (falcon_ray.sim.disruptions): host maintenance, auto-repair,
 # capacity taken back (flex-start run limit, preemption).
@@ -474,7 +476,7 @@ class FleetConfig(_Strict):
         "cluster says otherwise",
     )
     pool_ops_at_once: int = Field(
-        5,
+        POOL_OPS_AT_ONCE,
         ge=1,
         description="node-pool operations each cluster runs together (GKE's per-cluster quota of concurrent "
         "operations): one more is refused 429 RESOURCE_EXHAUSTED \"Too many operations\"; 1: one at a time, a "

@@ -63,7 +63,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import GoogleError
-from .fleet import is_zone, region_of
+from .fleet import POOL_OPS_AT_ONCE, is_zone, region_of
 from .kube_store import clone, copy_out
 from .machines import TpuFamily, chips_per_host, default_topology, tpu_family
 
@@ -775,27 +775,25 @@ class NodePools:
                 "Please wait and try again.",
                 "FAILED_PRECONDITION",
             )
-        at_once = self.cluster.config.pool_ops_at_once or 1
+        at_once = self.cluster.config.pool_ops_at_once or POOL_OPS_AT_ONCE
         same = self.running_ops.get(pool)
         if same is not None or (self.running_ops and at_once == 1):
             running = same or next(iter(self.running_ops.values()))
-            self.max_concurrent_ops = max(self.max_concurrent_ops, len(self.running_ops) + 1)
-            self.rejected_ops += 1
-            raise GoogleError(
-                400,
-                f"Cluster is running incompatible operation {running.name}. "
-                "Please wait and try again.",
-                "FAILED_PRECONDITION",
+            refusal = GoogleError(
+                400, f"Cluster is running incompatible operation {running.name}. Please wait and try again.", "FAILED_PRECONDITION"
             )
-        if len(self.running_ops) >= at_once:
-            self.max_concurrent_ops = max(self.max_concurrent_ops, len(self.running_ops) + 1)
-            self.rejected_ops += 1
-            raise GoogleError(
+        elif len(self.running_ops) >= at_once:
+            refusal = GoogleError(
                 429,
                 f'Too many operations: cluster "{self.cluster.config.name}" hits the concurrent operations '
                 f"quota {at_once}, please try again later.",
                 "RESOURCE_EXHAUSTED",
             )
+        else:
+            return
+        self.max_concurrent_ops = max(self.max_concurrent_ops, len(self.running_ops) + 1)
+        self.rejected_ops += 1
+        raise refusal
 
     def _start_op(self, op_type: str, pool: str) -> Operation:
         suffix = "".join(self.cluster.rng.choice("0123456789abcdef") for _ in range(8))

@@ -11,6 +11,8 @@ command that replays it.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from falcon_ray import lifecycle as lc
@@ -159,7 +161,7 @@ def test_a_cluster_that_takes_one_operation_at_a_time_costs_a_refusal_not_a_task
     stats = run.stats("edge-a")
     assert 1 <= stats["rejected_pool_ops"] <= 2, stats["rejected_pool_ops"]
     creates = sorted((o["started_at"], o["ended_at"]) for o in stats["pool_ops"] if o["type"] == "CREATE_NODE_POOL")
-    assert len(creates) == 3 and all(a[1] <= b[0] for a, b in zip(creates, creates[1:])), creates  # one after another
+    assert len(creates) == 3 and all(a[1] <= b[0] for a, b in itertools.pairwise(creates)), creates  # one after another
     starts = sorted(run.entered(name, "Running") for name in ("one-host", "two-hosts", "four-hosts"))
     assert starts[-1] > 3 * 600, starts  # the third waited for two creates before its own
     for name in ("one-host", "two-hosts", "four-hosts"):

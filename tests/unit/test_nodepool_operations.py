@@ -22,6 +22,7 @@ from falcon_ray.nodepools.operations import (
     reached_goal,
     refused_as_concurrent,
     retry_delay_s,
+    tighter,
 )
 
 C, D = OpKind.CREATE, OpKind.DELETE
@@ -168,3 +169,18 @@ LEARN = [
 @pytest.mark.parametrize(("situation", "error", "message", "ours", "learned"), LEARN, ids=[x[0] for x in LEARN])
 def test_what_a_refusal_teaches(situation, error, message, ours, learned):
     assert refused_as_concurrent(error, message, ours, NOW, 60.0) == learned
+
+
+TIGHTER = [
+    # (situation, what holds, what a refusal taught, what holds after)
+    ("nothing learned: unchanged", Concurrency(2, NOW + 5), None, Concurrency(2, NOW + 5)),
+    ("first refusal: its limit", Concurrency(), Concurrency(3, NOW + 60), Concurrency(3, NOW + 60)),
+    ("a lower limit replaces a higher one", Concurrency(3, NOW + 5), Concurrency(1, NOW + 60), Concurrency(1, NOW + 60)),
+    ("a higher limit leaves a lower one in its window", Concurrency(1, NOW + 5), Concurrency(3, NOW + 60), Concurrency(1, NOW + 5)),
+    ("a window that is over is replaced", Concurrency(1, NOW), Concurrency(3, NOW + 60), Concurrency(3, NOW + 60)),
+]
+
+
+@pytest.mark.parametrize(("situation", "current", "learned", "after"), TIGHTER, ids=[x[0] for x in TIGHTER])
+def test_what_holds_after_a_refusal(situation, current, learned, after):
+    assert tighter(current, learned, NOW) == after

@@ -7,6 +7,7 @@ import datetime as dt
 
 from falcon_ray import lifecycle as lc
 from falcon_ray.config import Settings
+from falcon_ray.devtools.chaos import promised_free_by
 from falcon_ray.lifecycle import LeaseState, Reason
 from falcon_ray.model import (
     ClusterView,
@@ -16,8 +17,15 @@ from falcon_ray.model import (
     ReservationView,
     ReservationWaiter,
 )
-from falcon_ray.devtools.chaos import promised_free_by
-from falcon_ray.reconcile import CreateLease, DeletePool, MoveLease, RefreshMessages, Transition, UpdateTask, decide
+from falcon_ray.reconcile import (
+    CreateLease,
+    DeletePool,
+    MoveLease,
+    RefreshMessages,
+    Transition,
+    UpdateTask,
+    decide,
+)
 from falcon_ray.reconcile.hold import RELEASE_S, hold_for, hold_over, shadow, short
 from falcon_ray.scheduling import move_target
 from tests.unit.test_reconcile import NOW, cluster, effects, lease, spec, state, task, transitions

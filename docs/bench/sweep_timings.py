@@ -12,7 +12,8 @@ fleet, played at a grid of GKE timings, with the slot's two rules. Two commands.
         can be played on the same grid (``today``: the rule before issue 37).
     python docs/bench/sweep_timings.py table OUTDIR
         The page's tables from OUTDIR/*.json: per grid point and rule, the tasks that ended
-        NodePoolTimeout or NodePoolFailed, time to Running p50/p90 per supply mode, the
+        NodePoolTimeout or NodePoolFailed (and of those, the report's ``not_delivered``: GKE did
+        not deliver within ``capacity_budget_s``), time to Running p50/p90 per supply mode, the
         slowest topology's median (of those with 20 or more tasks), the bounds on p90
         (twice the slowest supply's own acquisition, create + capacity + registration + pod
         start: from the medians, and from the p90 of their sum as the fleet model draws
@@ -106,6 +107,7 @@ def _row(r: dict, flex: int, create: int) -> dict:
     return {
         "tasks": r["tasks"],
         "npt_npf": failed,
+        "not_delivered": r.get("not_delivered"),
         "supply": supply,
         "p90_all": ttr["all"]["p90"],
         "bound": bound,
@@ -130,14 +132,14 @@ def table(outdir: str) -> int:
         flex, create = int(f[1:]), int(c[1:])
         rows.append((flex, create, rule, _row(json.loads(p.read_text()), flex, create)))
     rows.sort(key=lambda x: (x[0], x[1], x[2]))
-    print("| flex min | create min | rule | NPT+NPF | flex-start p50/p90 (min) | reservation p50/p90 (min) | p90 all / bound: medians, p90 (min) "
+    print("| flex min | create min | rule | NPT+NPF (GKE did not deliver in budget) | flex-start p50/p90 (min) | reservation p50/p90 (min) | p90 all / bound: medians, p90 (min) "
           "| slowest topology p50 (min) | idle / used chip-h (ratio) | ready_pool_idle_s | invariants |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for flex, create, rule, r in rows:
         fs, rs = r["supply"].get("flex-start", (None, None)), r["supply"].get("reservation", (None, None))
         worst = f"{_m(r['worst'][0])} ({r['worst'][1]})" if r["worst"][0] is not None else "-"
         print(
-            f"| {flex} | {create} | {rule} | {r['npt_npf']} of {r['tasks']} | {_m(fs[0])} / {_m(fs[1])} | {_m(rs[0])} / {_m(rs[1])} "
+            f"| {flex} | {create} | {rule} | {r['npt_npf']} of {r['tasks']} ({'-' if r['not_delivered'] is None else r['not_delivered']}) | {_m(fs[0])} / {_m(fs[1])} | {_m(rs[0])} / {_m(rs[1])} "
             f"| {_m(r['p90_all'])} / {_m(r['bound'])}, {_m(r['bound_p90'])} | {worst} | {r['idle']:.0f} / {r['used']:.0f} ({r['ratio']}) "
             f"| {r['ready_idle']} | {r['invariants']} |"
         )

@@ -460,7 +460,7 @@ def check(
         over = _abort_overwritten(phases, phase)
         if over:
             out["aborts_overwritten"].append({"id": t.id, "events": [str(p) for p in phases], "final": str(phase)})
-        if failed_for_capacity(phase, t.message or "") and not _budget_spent(evs, limits.capacity_budget):
+        if failed_for_capacity(phase, t.message or "") and not budget_spent(evs, limits.capacity_budget):
             out["failed_for_capacity"].append({"id": t.id, "message": t.message})
         if phase == lc.SUCCEEDED and spec_always_fails(t.spec):
             out["failing_task_succeeded"].append({"id": t.id, "spec_env": (_json_or_none(t.spec) or {}).get("env")})
@@ -532,7 +532,7 @@ def failed_for_capacity(phase: lc.Phase, message: str) -> bool:
     return phase == lc.failed(lc.Reason.NODE_POOL_FAILED) and bool(CAPACITY_REFUSAL.search(message)) and CREATE_ERROR not in message
 
 
-def _budget_spent(evs: Sequence[TaskEvent], budget_s: float) -> bool:
+def budget_spent(evs: Sequence[TaskEvent], budget_s: float) -> bool:
     """The task waited for capacity the whole of a capacity budget (``budget_s`` > 0) before it
     ended, by its event log: from its first capacity wait (a ClusterBusy that names a capacity
     refusal, or WaitingForNode) to its last event. Such an end is the operator's limit on a

@@ -189,6 +189,7 @@ def test_a_pool_that_never_comes_up_is_given_back_then_fails_at_the_production_n
     fleet = {"clusters": [_cluster("res-a", reservation={"name": "res-a", "count": 4}, chips=0, timings=slow)]}
     report, sim = _run(fleet, [_task(0, 0.0, 60.0)], look=lambda sim: sim.store.disruptions(sim.ids))
     assert report["outcomes"] == {"Failed/NodePoolTimeout": 1}
+    assert report["not_delivered"] == 0  # a create that never ended is no capacity wait
     assert [d.kind for rows in sim.looked.values() for d in rows] == ["released"] * s.pool_release_limit
     provisioning = report["pending_s_by_reason"]["Provisioning"]
     assert (s.pool_release_limit + 1) * s.node_pool_timeout_s <= provisioning
@@ -200,6 +201,7 @@ def test_a_stockout_is_waited_out_for_the_production_capacity_budget_then_fails(
     fleet = {"clusters": [_cluster("flex-b", chips=0)]}  # never a chip to give
     report, _ = _run(fleet, [_task(0, 0.0, 60.0, supply_mode="on-demand")])
     assert report["outcomes"] == {"Failed/NodePoolFailed": 1}
+    assert report["not_delivered"] == 1  # the whole budget in capacity waits: GKE's, not the task's
     # each retry is a new create that GKE ends with the stockout after its create time; the
     # budget counts from the first refusal, and the last wait before it may be a whole retry
     pending = sum(report["pending_s_by_reason"].values())
@@ -262,6 +264,7 @@ def test_a_job_made_again_after_nodes_that_never_came_is_no_second_create():
     jobs = {name: [(r["creates"], r["ran"]) for r in c.job_records.values()] for name, c in sim.fleet.clusters.items()}
     assert jobs == {"flex-b": [(1, [])], "flex-c": [(2, [])]}, jobs
     assert report["outcomes"] == {"Failed/NodePoolFailed": 1}
+    assert report["not_delivered"] == 1
     assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report.get("broken")
 
 

@@ -12,6 +12,10 @@ aside), rounded, so the same run gives the same bytes:
 - ``digest``: SHA-256 of every task's event log (seconds since the start, status, reason,
   Message) and final row, in task order;
 - ``outcomes``: terminal tasks by ``Status`` or ``Status/Reason``, and the live ones;
+- ``not_delivered``: of the tasks that ended NodePoolTimeout or NodePoolFailed, those
+  whose capacity wait lasted the whole ``capacity_budget_s`` by their event log (as the
+  judge's ``failed_for_capacity`` reads it): GKE did not deliver within the budget. The
+  others are the controller's to answer for;
 - ``time_to_running_s``: ``p50``, ``p90``, ``p99``, ``mean`` and ``n`` from ``created_at``
   to the first Running, for ``all``, per supply mode (the task's, else its cluster's
   default: reservation when it has one, flex-start otherwise) and per ``type/topology``;
@@ -57,12 +61,13 @@ from typing import Any
 
 from falcon_ray import tpu
 from falcon_ray.devtools import chaos
-from falcon_ray.lifecycle import TERMINAL
+from falcon_ray.lifecycle import TERMINAL, Reason
 from falcon_ray.spec import SpecError, SupplyMode, parse_spec
 
 from .driver import MONITOR_S, START, Simulation
 
 STUCK_MARGIN_S = MONITOR_S + 60.0
+_NODE_POOL_FAILURES = frozenset({Reason.NODE_POOL_TIMEOUT.value, Reason.NODE_POOL_FAILED.value})
 _ESTIMATE = re.compile(r"expected to start around (\d{4}-\d\d-\d\d \d\d:\d\d) UTC")
 _LATEST = re.compile(r"by (\d{4}-\d\d-\d\d \d\d:\d\d|\d\d:\d\d) UTC at the latest")
 
@@ -120,6 +125,8 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
 
     digest = hashlib.sha256()
     outcomes: Counter[str] = Counter()
+    not_delivered = 0
+    budget_s = sim.settings.capacity_budget_s or 0.0
     ttr: dict[str, list[float]] = defaultdict(list)
     pending: dict[str, list[float]] = defaultdict(list)
     used_chip_s = 0.0
@@ -131,6 +138,8 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         line = [t.id, t.name, [(_offset(e.at), e.status, e.reason or "", e.message or "") for e in evs], t.status, t.reason or "", t.message or ""]
         digest.update(json.dumps(line, separators=(",", ":")).encode() + b"\n")
         outcomes[(f"{t.status}/{t.reason}" if t.reason else str(t.status)) if str(t.status) in terminal else "live"] += 1
+        if t.reason in _NODE_POOL_FAILURES and str(t.status) in terminal and chaos.budget_spent(evs, budget_s):
+            not_delivered += 1
         try:
             spec = parse_spec(t.spec)
         except SpecError:
@@ -168,6 +177,7 @@ def build_report(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "digest": digest.hexdigest(),
         "tasks": len(tasks),
         "outcomes": dict(sorted(outcomes.items())),
+        "not_delivered": not_delivered,
         "time_to_running_s": time_to_running,
         "pending_s_by_reason": {k: round(sum(v) / len(v), 1) for k, v in sorted(pending.items())},
         "idle_chip_hours": round(idle_chip_s / 3600.0, 2),

@@ -9,16 +9,19 @@ when the history is too thin.
 
 The model, stated once (docs/operations.md explains it to operators):
 
-1. From the history, three typical times, each the median of its samples: a *hand-over*
-   (given a pool that existed -> Running: ``StartSample.handed_over``), a *create*
-   (picked -> Running for the others, less the time in ClusterBusy; per supply mode, its
+1. From the history, three typical times: a *hand-over*
+   (given a pool that existed -> Running: ``StartSample.handed_over``; the median), a *create*
+   (picked -> Running for the others, less the time in ClusterBusy; the median per supply mode, its
    own few when it has fewer than ``MIN_SAMPLES``, all modes pooled when it has none: a
-   flex-start create's capacity wait is not in a reservation's), and a *run* (each ended
-   run as a fraction of its task's ``timeout_seconds``, from the ``RUN_NEIGHBOURS`` ended
-   runs whose timeouts are nearest the task's). A time already spent counts: a running
+   flex-start create's capacity wait is not in a reservation's), and a *run* (each run as
+   a fraction of its task's ``timeout_seconds``, from the ``RUN_NEIGHBOURS`` runs of the
+   history whose timeouts are nearest the task's; a run still going counts as at least as
+   long as it has lasted, Kaplan-Meier, ``Runs``). A time already spent counts: a running
    task (or a slot holder's create) is expected to last the median of the samples longer
-   than it has lasted so far (a run with none: its timeout; a create with none: a typical
-   create more, as it waits for capacity again).
+   than it has lasted so far (a run with too few: its timeout; a create with none: a
+   typical create more, as it waits for capacity again). A task not started yet is
+   expected to run the mean run: the tasks ahead of a deep one add up, and the sum of
+   heavy-tailed runs follows their mean, not their median.
 2. Pools come free for the queue's topology: an idle pool now (or when its create ends),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
@@ -146,6 +149,7 @@ class Model:
     run_fractions: list[tuple[float, float]]  # (timeout, ended run / timeout); empty with fewer than MIN_SAMPLES
     bound_scores: dict[SupplyMode, float] = field(default_factory=dict)  # per mode with MIN_SCORES scores
     pooled_bound: float = PRIOR_SCORE  # the other modes'
+    running: tuple[tuple[float, dt.datetime], ...] = ()  # (timeout, running since) of the runs not ended
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
@@ -167,17 +171,84 @@ class Model:
         # that found too little retries after another capacity wait), a typical create more
         return statistics.median(samples)
 
+    def runs(self, now: dt.datetime | None = None) -> Runs:
+        """The run model at ``now``: the ended runs, and the history's runs still going as
+        runs at least as long as they have lasted (none without ``now``)."""
+        if not self.run_fractions:
+            return Runs(())
+        ended = tuple((t, f, True) for t, f in self.run_fractions)
+        if now is None:
+            return Runs(ended)
+        going = tuple((t, min(1.0, _age(now, at) / t), False) for t, at in self.running if t > 0)
+        return Runs(ended + going)
+
     def run_left(self, timeout_s: float, age: float = 0.0) -> float:
-        """Seconds left of a run with this timeout that has lasted ``age``: from the
-        RUN_NEIGHBOURS ended runs whose timeouts are nearest (by ratio) to it, each as the
-        same fraction of this timeout (a short timeout is set for a short run, and the slack
-        users leave is not proportional to the run)."""
-        near = self.run_fractions
+        """``Runs.left`` from the ended runs alone."""
+        return self.runs().left(timeout_s, age)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Run lengths as fractions of their tasks' timeouts: (timeout, fraction, ended), where a
+    run not ended yet is censored at the fraction it has lasted. A queue's recent ended
+    runs alone are the short ones (the long runs of the same starts are still going), so
+    the runs still going count as lasting at least that long (Kaplan-Meier)."""
+
+    runs: tuple[tuple[float, float, bool], ...]
+
+    def _survival(self, timeout_s: float) -> list[tuple[float, float]]:
+        """(fraction, share of runs longer) after each ended run, from the RUN_NEIGHBOURS runs
+        whose timeouts are nearest (by ratio) to ``timeout_s``: a short timeout is set for a
+        short run, and the slack users leave is not proportional to the run."""
+        near = self.runs
         if len(near) > RUN_NEIGHBOURS:
             at = math.log(max(1.0, timeout_s))
-            near = sorted(near, key=lambda x: (abs(math.log(max(1.0, x[0])) - at), x[0]))[:RUN_NEIGHBOURS]
-        left = _left([f * timeout_s for _, f in near], age)
-        return max(0.0, timeout_s - age) if left is None else min(left, max(0.0, timeout_s - age))
+            near = tuple(sorted(near, key=lambda x: (abs(math.log(max(1.0, x[0])) - at), x[0]))[:RUN_NEIGHBOURS])
+        # an end counts before a censoring at the same fraction (the censored run outlasted it)
+        points = sorted(((f, not ended) for _, f, ended in near))
+        at_risk, s, out = len(points), 1.0, []
+        i = 0
+        while i < len(points):
+            f = points[i][0]
+            ends = 0
+            while i < len(points) and points[i][0] == f and not points[i][1]:
+                ends, i = ends + 1, i + 1
+            if ends:
+                s *= 1.0 - ends / at_risk
+                out.append((f, s))
+                at_risk -= ends
+            while i < len(points) and points[i][0] == f:
+                at_risk, i = at_risk - 1, i + 1
+        return out
+
+    def left(self, timeout_s: float, age: float = 0.0) -> float:
+        """Seconds left of a run with this timeout that has lasted ``age``: the median of
+        the runs longer than that, less ``age``; the rest of its timeout when too few runs
+        seen were longer."""
+        rest = max(0.0, timeout_s - age)
+        spent = age / timeout_s if timeout_s > 0 else 0.0
+        steps = self._survival(timeout_s)
+        s0 = next((s for f, s in reversed(steps) if f <= spent), 1.0)
+        later = [(f, s) for f, s in steps if f > spent]
+        half = s0 / 2.0
+        for k, (f, s) in enumerate(later):
+            if s <= half + 1e-12:
+                if abs(s - half) <= 1e-12:  # exactly half: between this run and the next one
+                    f = (f + later[k + 1][0]) / 2.0 if k + 1 < len(later) else f
+                return min(max(0.0, f * timeout_s - age), rest)
+        return rest
+
+    def mean(self, timeout_s: float) -> float:
+        """The mean length of a run with this timeout that has not started (runs end by
+        their timeout): a chain of runs ahead lasts about the sum of their means, and a
+        heavy-tailed run's mean is far above its median."""
+        steps = self._survival(timeout_s)
+        total, prev, s = 0.0, 0.0, 1.0
+        for f, after in steps:
+            total += s * (min(f, 1.0) - prev)
+            prev, s = min(f, 1.0), after
+        total += s * max(0.0, 1.0 - prev)
+        return total * timeout_s
 
 
 _MODELS: dict[int, tuple[QueueHistory, Model | None]] = {}  # id(history) -> (history, its model)
@@ -223,6 +294,7 @@ def _model_of(history: QueueHistory) -> Model | None:
         sorted(runs) if len(runs) >= MIN_SAMPLES else [],
         {m: _quantile(v) for m, v in scores.items() if len(v) >= MIN_SCORES},
         max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
+        tuple((s.timeout_s, s.running_at) for s in samples if s.ran_s is None and s.timeout_s > 0),
     )
 
 
@@ -268,11 +340,11 @@ def _age(now: dt.datetime, since: dt.datetime | None) -> float:
 class _Queue:
     """The slot passed task by task over a heap of the times pools come free."""
 
-    def __init__(self, m: Model, bound: bool, free: list[float], default_reservation: str) -> None:
-        self.m, self.bound, self.free, self.default_reservation = m, bound, free, default_reservation
+    def __init__(self, m: Model, runs: Runs, bound: bool, free: list[float], default_reservation: str) -> None:
+        self.m, self.runs, self.bound, self.free, self.default_reservation = m, runs, bound, free, default_reservation
         heapq.heapify(self.free)
-        # a fresh create per mode and a whole run per timeout, each a median: asked once per
-        # value, not once per waiting task (a queue of 10,000 has a few modes and timeouts)
+        # a fresh create per mode (a median) and a whole run per timeout (a mean): asked once
+        # per value, not once per waiting task (a queue of 10,000 has a few modes and timeouts)
         self.fresh_create: dict[SupplyMode, float | None] = {}
         self.whole_run: dict[float, float] = {}
 
@@ -289,7 +361,7 @@ class _Queue:
             timeout = float(t.spec.timeout_seconds)
             run = self.whole_run.get(timeout)
             if run is None:
-                run = self.whole_run[timeout] = self.m.run_left(timeout)
+                run = self.whole_run[timeout] = self.runs.mean(timeout)
             heapq.heappush(self.free, start + run)
         return start
 
@@ -349,12 +421,13 @@ def estimate(
     if (capacity_bound if per_supply else bound) and not m.run_fractions:
         return {}
     free: list[float] = []
+    runs = m.runs(now)
     if pools.handover:
         for lease in pools.idle:
             free.append(0.0 if lease.ready_at is not None else m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
         if m.run_fractions:
-            free += [m.run_left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
-    q = _Queue(m, bound, free, default_reservation)
+            free += [runs.left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
+    q = _Queue(m, runs, bound, free, default_reservation)
     if per_supply:
         return _per_supply(q, now, holders, waiting_in_order, pools, capacity_bound)
     slot_at: float | None = 0.0

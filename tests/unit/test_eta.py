@@ -122,6 +122,30 @@ def test_a_runs_length_comes_from_the_ended_runs_with_the_nearest_timeouts():
     assert m.run_left(3700) == pytest.approx(50)
 
 
+def test_runs_still_going_count_as_at_least_as_long_as_they_have_lasted():
+    # the queue's last starts: three short runs ended, four long ones still going after 1000 s
+    ended = [sample(i, 300, ran_s=r) for i, r in enumerate([100, 200, 300])]
+    going = [StartSample(200 + i, FLEX, NOW - dt.timedelta(seconds=1400), NOW - dt.timedelta(seconds=1000), 0.0, 1200) for i in range(4)]
+    m = eta.model_of(history(*ended, *going))
+    assert m is not None
+    assert m.runs().left(1200) == pytest.approx(200)  # the ended runs alone: the short ones
+    assert m.runs(NOW).left(1200) == pytest.approx(1200)  # more than half run longer than 1000 s: the timeout
+    assert m.runs(NOW).left(1200, age=50) == pytest.approx(1150)
+
+
+def test_a_run_not_started_counts_its_mean_and_a_running_one_its_median_left():
+    # heavy-tailed runs: the median is 100 s, the mean 700 s
+    h = history(*[sample(i, 5000, ran_s=r, timeout=3000) for i, r in enumerate([100, 100, 100, 2500])])
+    m = eta.model_of(h)
+    assert m is not None and m.runs().mean(3000) == pytest.approx(700) and m.runs().left(3000) == pytest.approx(100)
+    running = [task(9, lc.RUNNING, timeout=3000)]
+    waiting = [task(2, lc.WAITING, timeout=3000), task(3, lc.WAITING, timeout=3000)]
+    got = eta.estimate(NOW, h, [], running, waiting, "", eta.Pools())
+    # task 2 takes the running task's pool when its median run ends (100 s, a hand-over of 60 s
+    # more); task 3 takes it after task 2's run, whose length is not known yet: its mean
+    assert got == {2: pytest.approx(160), 3: pytest.approx(160 + 700 + 60)}
+
+
 def test_a_mode_with_few_creates_of_its_own_takes_them_before_other_modes():
     reservation = [sample(i, 600, mode=RES) for i in range(5)]
     h = history(*reservation, sample(9, 3000))  # one flex-start create: its capacity wait included

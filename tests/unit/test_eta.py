@@ -133,6 +133,29 @@ def test_runs_still_going_count_as_at_least_as_long_as_they_have_lasted():
     assert m.runs(NOW).left(1200, age=50) == pytest.approx(1150)
 
 
+@pytest.mark.parametrize(
+    "runs, age, left, mean",
+    [
+        # two ended (100 s, 200 s), one going at 500 s: half have ended by 200 s; past 200 s
+        # the survivor's share stays 1/3 until the timeout
+        ([(0.1, True), (0.2, True), (0.5, False)], 0, 200, 100 + 100 * 2 / 3 + 800 / 3),
+        # aged 150 s: of the two runs longer, one ended at 200 s (the half): between it and the
+        # next end, and there is none: 200 s
+        ([(0.1, True), (0.2, True), (0.5, False)], 150, 50, None),
+        # none ended: no basis, the timeout
+        ([(0.3, False), (0.6, False)], 0, 1000, 1000),
+        # an end and a censoring at one fraction: the end counts first (the other outlasted it),
+        # so 2/3 outlast 200 s and the half is reached at the next end, 900 s
+        ([(0.2, True), (0.2, False), (0.9, True)], 0, 900, 200 + 700 * 2 / 3),
+    ],
+)
+def test_runs_left_and_mean_from_ended_and_censored_runs(runs, age, left, mean):
+    r = eta.Runs(tuple((1000.0, f, ended) for f, ended in runs))
+    assert r.left(1000.0, age) == pytest.approx(left)
+    if mean is not None:
+        assert r.mean(1000.0) == pytest.approx(mean)
+
+
 def test_a_run_not_started_counts_its_mean_and_a_running_one_its_median_left():
     # heavy-tailed runs: the median is 100 s, the mean 700 s
     h = history(*[sample(i, 5000, ran_s=r, timeout=3000) for i, r in enumerate([100, 100, 100, 2500])])

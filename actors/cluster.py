@@ -185,6 +185,7 @@ class Connection:
     policy_api: Any = None  # built by the first workload-policy check
     watcher: Any = None  # the Job watch over ``kube``
     error: str = ""  # the last connect's failure; "" once connected
+    error_since: dt.datetime | None = None  # the first failed connect since the last success
     failures: int = 0  # connects failed so far
     stage: str = "not started"  # what the connect in progress is doing, and since when
     stage_at: float = 0.0  # wall time
@@ -478,12 +479,13 @@ class ClusterGateway:
                 self._connect()
             except Exception as e:  # keep trying: an unreachable cluster must not kill the actor
                 self.conn.error = f"{self.conn.stage}: {type(e).__name__}: {e}"[:500]
+                self.conn.error_since = self.conn.error_since or self.clock.now()
                 self.conn.failures += 1
                 self._stage(f"waiting to connect again (attempt {self.conn.failures} failed)")
                 log.warning("cluster %s: connect failed: %s %s", self.name, self.conn.error, self.conn.timings)
                 self.conn.watch_delay = connection.connect_retry_delay_s(self.conn.failures, self.rng.random())
                 return
-            self.conn.error = ""
+            self.conn.error, self.conn.error_since = "", None
             self._wake_ops()
             self.conn.watcher = self.conn.adapters.job_watcher(
                 self.cluster.namespace,
@@ -720,7 +722,7 @@ class ClusterGateway:
                 if e.kind == ErrorKind.NOT_FOUND:
                     continue  # reservations are zonal: try the cluster's next zone
                 log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
-                self.reservation.error = ReservationError(e.kind, e.message[:500])
+                self.reservation.error = ReservationError(e.kind, e.message[:500], self._failing_since())
                 self.reservation.reading = None
                 return
             self.conn.last_ok["compute"] = self.clock.time()
@@ -735,8 +737,13 @@ class ClusterGateway:
         tried = ", ".join(zones) or "none known"
         message = f"reservation {name} of project {project} not found in the zone(s) of cluster {c.name}: {tried}"
         log.warning("cluster %s: %s", self.name, message)
-        self.reservation.error = ReservationError(ErrorKind.NOT_FOUND, message)
+        self.reservation.error = ReservationError(ErrorKind.NOT_FOUND, message, self._failing_since())
         self.reservation.reading = None
+
+    def _failing_since(self) -> dt.datetime:
+        """When the reservation's reads began to fail: the first failure since the last good read."""
+        previous = self.reservation.error
+        return previous.since if previous is not None and previous.since is not None else self.clock.now()
 
     # ---- the capacity ledger ------------------------------------------------------------
 
@@ -843,6 +850,7 @@ class ClusterGateway:
                 reservation_error=self.reservation.error,
                 synced=self.pool_cache.synced and self.job_cache.synced,
                 error="" if self.conn.gke is not None else self.not_connected(),
+                error_since=None if self.conn.gke is not None else self.conn.error_since,
                 connecting=self.conn.gke is None and not self.conn.error,
                 zones=self.conn.zones,
                 reservation_zone=self.reservation.zone,

@@ -104,7 +104,7 @@ LIMITS: tuple[WaitLimit, ...] = (
               "create_queue_limit_s", "the pool's lease row (created_at)", Action.FAIL,
               "acquire.create_queued", Reason.NODE_POOL_FAILED),
     WaitLimit(Wait.CREATE, lc.PROVISIONING, "GKE accepted its create and the control plane is not RUNNING yet (past the limit the pool is given back and the task goes to the head of its queue, at most pool_release_limit times, then fails), or the cluster or its reservation cannot be read (also from ClusterBusy)",
-              "node_pool_timeout_s", "GKE's acceptance of the create (the lease's accepted_at; or the phase, before there is a lease)", Action.FAIL,
+              "node_pool_timeout_s", "GKE's acceptance of the create (the lease's accepted_at); before there is a lease, the later of the phase's start and the outage's first failed answer", Action.FAIL,
               "acquire.creating, acquire.unreachable, acquire.reservation_allows", Reason.NODE_POOL_TIMEOUT),
     WaitLimit(Wait.RESERVATION, lc.CLUSTER_BUSY, "the reservation has no free slice for it (no limit by default, as the original)",
               "reservation_wait_limit_s", ENTERED, Action.FAIL, "acquire.reservation_allows", Reason.NODE_POOL_FAILED),

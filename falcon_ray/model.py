@@ -388,6 +388,7 @@ class ReservationView:
 class ReservationError:
     kind: ErrorKind
     message: str
+    since: dt.datetime | None = None  # the first failed read of this run of failures (None: unknown)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ErrorKind(self.kind))
@@ -410,6 +411,7 @@ class ClusterView:
     reservation_error: ReservationError | None = None  # of the last read
     synced: bool = True
     error: str = ""  # why the ClusterActor cannot reach GKE, if it cannot
+    error_since: dt.datetime | None = None  # the first failed connect of this outage (None: unknown)
     # the ClusterActor is still building its clients and no attempt has failed yet: the
     # controller's own start (a restart, a loaded head), not an answer of GKE's
     connecting: bool = False

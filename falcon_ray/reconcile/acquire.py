@@ -211,9 +211,9 @@ def unreachable(d: Decision, t: QueueTask) -> None:
     like a create that never came back once the node-pool timeout has passed. While the
     ClusterActor is still building its clients with no failed attempt (``connecting``: its
     own start) it only says so: the controller's slowness is not the task's failure."""
-    cluster, age = d.queue.cluster.name, d.phase_age_s(t)
+    cluster, age = d.queue.cluster.name, blocked_s(d, t, d.cluster.error_since)
     # the ClusterActor still starting is the controller's own time, never the task's failure
-    if not d.cluster.connecting and gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.cluster.error}"):
+    if not d.cluster.connecting and gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.cluster.error}", age):
         return
     d.say(t, d.msg("cluster_unreachable", cluster=cluster, detail=d.cluster.error) + d.waited(t), "cluster unreachable")
 
@@ -230,7 +230,7 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cannot read reservation {name}: {err.message}"))
         return False
     if r is None:  # not read yet (the ClusterActor fetches it for the next tick), or failing for now
-        if err is not None and gave_up_creating(d, t, f"reservation {name} unreadable: {err.message}"):
+        if err is not None and gave_up_creating(d, t, f"reservation {name} unreadable: {err.message}", blocked_s(d, t, err.since)):
             return False
         if err is not None:
             text = d.msg("reservation_unreadable", reservation=name, detail=err.message) + d.waited(t)
@@ -265,10 +265,22 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     return False
 
 
-def gave_up_creating(d: Decision, t: QueueTask, detail: str) -> bool:
-    """No lease yet and the cluster or its reservation cannot be read: past the create's
-    limit, counted from the phase (event log), the task fails NodePoolTimeout."""
-    if not limits.passed(Wait.CREATE, d.settings, d.phase_age_s(t)):
+def blocked_s(d: Decision, t: QueueTask, failing_since: dt.datetime | None) -> float:
+    """How long ``t`` has waited in its phase on a cluster or reservation that cannot be
+    read: from the later of its phase's start (event log) and the first failed answer of
+    this outage (the ClusterActor's; None when it does not know, e.g. after its restart:
+    the phase alone). A ClusterBusy task that waited hours for reservation room before one
+    read failed has waited seconds on the failure, not hours."""
+    age = d.phase_age_s(t)
+    if failing_since is None:
+        return age
+    return min(age, max(0.0, (d.now - failing_since).total_seconds()))
+
+
+def gave_up_creating(d: Decision, t: QueueTask, detail: str, blocked: float) -> bool:
+    """No lease yet and the cluster or its reservation cannot be read: once the task has
+    waited on that for the create's limit (``blocked_s``), it fails NodePoolTimeout."""
+    if not limits.passed(Wait.CREATE, d.settings, blocked):
         return False
     text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.CREATE, d.settings) or 0), detail=detail)
     fail(d, t, None, lc.failed(Reason.NODE_POOL_TIMEOUT), text)

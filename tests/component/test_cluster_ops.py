@@ -10,6 +10,7 @@ and keeps the grants it makes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 
 from actors.cluster import ClusterGateway, PoolOp
 from falcon_ray import render
+from falcon_ray.clock import ManualClock
 from falcon_ray.config import Settings
 from falcon_ray.errors import CloudError, ErrorKind
 from falcon_ray.kube import JobObservation
@@ -266,6 +268,27 @@ def test_the_connect_backoff_draws_its_jitter_from_the_given_rng(tmp_path):
     drawn = random.Random(7)
     first, second = drawn.random(), drawn.random()
     assert delays == [1.0 + first, 2.0 + second]
+    store.dispose()
+
+
+def test_an_outage_is_dated_from_its_first_failed_connect(tmp_path):
+    """The view a queue decides on says since when GKE has been unreachable: the create's
+    limit counts from then, not from the task's phase."""
+    url = f"sqlite:///{tmp_path / 'since.db'}"
+    upgrade(url, with_jobs_table=True)
+    store = Store(url, epoch=None)
+    store.add_cluster("edge-a", "proj-a", "us-east5-b", "v6e", "logs-a", "")
+    clock = ManualClock(dt.datetime(2026, 1, 5, 9, 0, 0))
+
+    def unreachable(cluster, settings, user_agent, stage):
+        raise CloudError(ErrorKind.TRANSIENT, "connection refused")
+
+    gw = ClusterGateway("edge-a", Settings(), store, FakePort(), connect=unreachable, rng=random.Random(7), loops=ManualLoop, clock=clock)
+    gw.tickers["watch"].step()
+    clock.advance(300)
+    gw.tickers["watch"].step()
+    view = gw.observe("edge-a-2x2", [], False)
+    assert "connection refused" in view.error and view.error_since == dt.datetime(2026, 1, 5, 9, 0, 0)
     store.dispose()
 
 

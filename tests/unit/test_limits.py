@@ -132,6 +132,30 @@ def test_an_unreadable_reservation_holds_the_slot_only_until_node_pool_timeout_s
     assert move.to == lc.failed(Reason.NODE_POOL_TIMEOUT) and "reservation res-a unreadable: 503" in move.message
 
 
+@pytest.mark.parametrize("failing_s, fails", [(30, False), (3599, False), (3601, True)])
+def test_a_reservation_wait_is_not_counted_as_time_the_reservation_was_unreadable(failing_s, fails):
+    """A task two hours in ClusterBusy, waiting for room (no limit), when the reservation's
+    reads begin to fail: the create's limit counts from the first failed read, not from
+    its phase, so one 429 does not end a reservation wait NodePoolTimeout."""
+    since = NOW - dt.timedelta(seconds=failing_s)
+    view = ClusterView(reservation_error=ReservationError(ErrorKind.TRANSIENT, "429 too many requests", since))
+    moves = _moves(_state(lc.CLUSTER_BUSY, 2 * 3600), view, Settings())
+    failed = [m for m in moves if isinstance(m, Transition) and m.to == lc.failed(Reason.NODE_POOL_TIMEOUT)]
+    assert bool(failed) == fails, moves
+    if not fails:
+        assert "Cannot read reservation res-a yet (429" in moves[0].message
+
+
+@pytest.mark.parametrize("failing_s, fails", [(60, False), (3601, True)])
+def test_an_unreachable_cluster_counts_from_the_first_failed_connect(failing_s, fails):
+    view = ClusterView(error="RefreshError: metadata unreachable", error_since=NOW - dt.timedelta(seconds=failing_s), synced=False)
+    moves = _moves(_state(lc.CLUSTER_BUSY, 2 * 3600), view, Settings())
+    failed = [m for m in moves if isinstance(m, Transition) and m.to == lc.failed(Reason.NODE_POOL_TIMEOUT)]
+    assert bool(failed) == fails, moves
+    if fails:
+        assert f"unreachable for {failing_s}s" in failed[0].message
+
+
 def test_a_refused_submission_fails_after_the_tables_submit_limit():
     err = SubmitError(ErrorKind.TRANSIENT, "503 etcd leader changed")
     for budget, expect_fail in ((120, True), (600, False)):

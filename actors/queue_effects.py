@@ -244,8 +244,10 @@ class EffectRunner:
         if "error_kind" in res:
             kind = ErrorKind(res["error_kind"])
             # the decision reads it: a refusal for good fails the task at once, another one is
-            # retried until submit_budget_s has passed in Dispatching
-            self.mirror.submit_errors[e.task_id] = SubmitError(kind, res["error"])
+            # retried until submit_budget_s has passed in Dispatching since the first refusal
+            before = self.mirror.submit_errors.get(e.task_id)
+            since = before.since if before is not None and before.since is not None else self.clock.now()
+            self.mirror.submit_errors[e.task_id] = SubmitError(kind, res["error"], since)
             log.info("queue %s: Job submit for task %s refused (%s): %s", self.label, e.task_id, kind, res["error"])
             if e.recorded and e.first:  # the move started the timeout clock: it starts with the Job
                 self.mirror.wrote_task(e.task_id, self.store.update_task(e.task_id, (e.phase,), None, dispatched_at=None))

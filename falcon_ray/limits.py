@@ -118,7 +118,7 @@ LIMITS: tuple[WaitLimit, ...] = (
               "capacity_budget_s", "the first capacity refusal, else entering the phase (event log)", Action.FAIL,
               "capacity.nodes_not_delivered", Reason.NODE_POOL_FAILED),
     WaitLimit(Wait.SUBMIT, lc.DISPATCHING, "the Kubernetes API refuses its Job for now (5xx, timeouts)",
-              "submit_budget_s", ENTERED, Action.FAIL, "dispatch.submit_refused", Reason.JOB_SUBMIT_FAILED),
+              "submit_budget_s", "the first refusal, or entered the phase when later", Action.FAIL, "dispatch.submit_refused", Reason.JOB_SUBMIT_FAILED),
     WaitLimit(Wait.PODS, lc.DISPATCHING, "its Job was accepted; its pods are starting",
               TASK_TIMEOUT, "the first accepted Job (dispatched_at)", Action.FAIL, "finish.timed_out", Reason.TIMEOUT),
     WaitLimit(Wait.DEGRADED, lc.RUNNING, "pods of its Job are not all ready and nodes under them are NotReady or gone",

@@ -607,10 +607,12 @@ class QueueHistory:
 
 @dataclass(frozen=True)
 class SubmitError:
-    """A Job submission the Kubernetes API refused for good (the task fails with it)."""
+    """A Job submission the Kubernetes API refused, for good (the task fails with it) or for
+    now (retried), and the first refusal of this run of refusals (None: unknown)."""
 
     kind: ErrorKind
     message: str
+    since: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ErrorKind(self.kind))

@@ -103,11 +103,14 @@ def waiting_for_pods(d: Decision, t: QueueTask, lease: Lease) -> None:
 
 
 def submit_refused(d: Decision, t: QueueTask) -> bool:
-    """No Job, and the Kubernetes API refused it for good or for longer than submit_budget_s:
+    """No Job, and the Kubernetes API refused it for good or for longer than submit_budget_s
+    (in Dispatching, since its first refusal):
     JobSubmitFailed (its pool is deleted, original failure table). A refusal for now is
     retried, and the Message says so and since when. True when the task was decided here."""
     err = d.queue.submit_errors.get(t.id)
-    age = d.phase_age_s(t)
+    # counted from the first refusal: time in Dispatching before it (an earlier attempt's Job
+    # still going away) was no refusal
+    age = d.phase_age_s(t) if err is None or err.since is None else min(d.phase_age_s(t), max(0.0, (d.now - err.since).total_seconds()))
     if err is not None and err.kind in PERMANENT_SUBMIT_KINDS:
         detail = err.message
     elif err is not None and limits.passed(Wait.SUBMIT, d.settings, age):

@@ -156,6 +156,17 @@ def test_an_unreachable_cluster_counts_from_the_first_failed_connect(failing_s, 
         assert f"unreachable for {failing_s}s" in failed[0].message
 
 
+@pytest.mark.parametrize("refused_s, fails", [(5, False), (599, False), (601, True)])
+def test_the_submit_budget_counts_from_the_first_refusal_not_from_dispatching(refused_s, fails):
+    """Twenty minutes in Dispatching (an earlier attempt's Job going away on a lost node)
+    before the first submission, which is refused 503: retried for submit_budget_s from that
+    refusal, not failed at once."""
+    err = SubmitError(ErrorKind.TRANSIENT, "503 etcd leader changed", NOW - dt.timedelta(seconds=refused_s))
+    moves = _moves(_state(lc.DISPATCHING, 1200, submit_error=err), ClusterView(), Settings())
+    failed = [m for m in moves if isinstance(m, Transition) and m.to == lc.failed(Reason.JOB_SUBMIT_FAILED)]
+    assert bool(failed) == fails, moves
+
+
 def test_a_refused_submission_fails_after_the_tables_submit_limit():
     err = SubmitError(ErrorKind.TRANSIENT, "503 etcd leader changed")
     for budget, expect_fail in ((120, True), (600, False)):

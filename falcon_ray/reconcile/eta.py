@@ -22,7 +22,8 @@ The model, stated once (docs/operations.md explains it to operators):
    typical create more, as it waits for capacity again). A task not started yet is
    expected to run the mean run: the tasks ahead of a deep one add up, and the sum of
    heavy-tailed runs follows their mean, not their median.
-2. Pools come free for the queue's topology: an idle pool now (or when its create ends),
+2. Pools come free for the queue's topology: an idle pool now (when its create ends, or
+   a create later when its nodes have gone: ``Pools.cold``, a cold hand-over),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
    s, when that is before a create taken at s would end; otherwise it creates. A create
@@ -331,6 +332,7 @@ class Pools:
     idle: Sequence[Lease] = ()  # Idle leases no task has claimed
     held: Mapping[int, Lease] = field(default_factory=dict)  # the slot holder's lease, by task id
     handover: bool = True  # the queue hands an ended task's pool to a waiting one
+    cold: frozenset[int] = frozenset()  # idle leases up (ready_at) without all their nodes Ready
 
 
 def _age(now: dt.datetime, since: dt.datetime | None) -> float:
@@ -424,7 +426,8 @@ def estimate(
     runs = m.runs(now)
     if pools.handover:
         for lease in pools.idle:
-            free.append(0.0 if lease.ready_at is not None else m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
+            warm = lease.ready_at is not None and lease.id not in pools.cold
+            free.append(0.0 if warm else m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
         if m.run_fractions:
             free += [runs.left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
     q = _Queue(m, runs, bound, free, default_reservation)

@@ -102,10 +102,14 @@ def behind_reservation(d: Decision) -> str:
 def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, eta.Range]:
     if not d.queue.cluster_active:
         return {}
+    idle = [l for l in d.idle if l.id not in d.claimed]
+    hosts = order[0].spec.shape.hosts if order else 0
     pools = eta.Pools(
-        idle=[l for l in d.idle if l.id not in d.claimed],
+        idle=idle,
         held=d.lease_by_task,
         handover=d.settings.idle_pool_handover,
+        # a pool whose nodes went (or never came) is handed over cold: it waits for capacity again
+        cold=frozenset(l.id for l in idle if l.ready_at is not None and d.ready_nodes(l.name) < hosts),
     )
     per_supply = d.settings.slot_per_supply and not d.settings.strict_slot
     return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools, per_supply)

@@ -65,6 +65,12 @@ CASES = [
         history(*creates(600), *handovers(20)), [], [], [W2, W3], eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)]),
         {2: 20.0, 3: 620.0}, id="idle-pool-handed-over",
     ),
+    pytest.param(  # the same idle pool with its nodes gone is handed over cold: it comes when an
+        # acquisition begun at its create would (600 - 50 s), not now; task 2's own create serves 3
+        history(*creates(600), *handovers(20)), [], [], [W2, W3],
+        eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)], cold=frozenset({7})),
+        {2: 550.0 + 20, 3: 600.0 + 20}, id="idle-pool-handed-over-cold",
+    ),
     pytest.param(  # a running task ends (600 s of its 1200 s timeout: 0.5) before a create would
         history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2, W3],
         eta.Pools(), {2: 200.0 + 20, 3: 820.0 + 20}, id="running-task-hands-its-pool",  # 3: task 2's pool

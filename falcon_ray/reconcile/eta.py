@@ -22,8 +22,9 @@ The model, stated once (docs/operations.md explains it to operators):
    typical create more, as it waits for capacity again). A task not started yet is
    expected to run the mean run: the tasks ahead of a deep one add up, and the sum of
    heavy-tailed runs follows their mean, not their median.
-2. Pools come free for the queue's topology: an idle pool now (when its create ends, or
-   a create later when its nodes have gone: ``Pools.cold``, a cold hand-over),
+2. Pools come free for the queue's topology: an idle pool now (when its create ends; with
+   its nodes gone, when an acquisition begun at its create would: ``Pools.cold``, a cold
+   hand-over),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
    s, when that is before a create taken at s would end; otherwise it creates. A create

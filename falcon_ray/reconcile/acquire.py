@@ -34,8 +34,10 @@ slot (``pick.hand_over_ready``). ``acquire(d, t)`` moves each one step:
 - Dispatching: ``finish.execute``.
 
 Every timer here is measured from a durable record: the lease's ``created_at`` for a
-create, the task's event log (``phase_since``) for an unreachable cluster, the refused
-lease rows for a capacity wait.
+create, the refused lease rows for a capacity wait, and for a cluster or reservation that
+cannot be read the task's event log (``phase_since``), from the outage's first failed
+answer when that is later (``blocked_s``: the ClusterActor's memory, so after its restart
+the phase alone).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ slot (``pick.hand_over_ready``). ``acquire(d, t)`` moves each one step:
 Every timer here is measured from a durable record: the lease's ``created_at`` for a
 create, the refused lease rows for a capacity wait, and for a cluster or reservation that
 cannot be read the task's event log (``phase_since``), from the outage's first failed
-answer when that is later (``blocked_s``: the ClusterActor's memory, so after its restart
-the phase alone).
+answer when that is later (``blocked_s``; the ClusterActor's memory: a restarted one
+counts the outage from its own first failure).
 """
 
 from __future__ import annotations
@@ -270,8 +270,7 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
 def blocked_s(d: Decision, t: QueueTask, failing_since: dt.datetime | None) -> float:
     """How long ``t`` has waited in its phase on a cluster or reservation that cannot be
     read: from the later of its phase's start (event log) and the first failed answer of
-    this outage (the ClusterActor's; None when it does not know, e.g. after its restart:
-    the phase alone). A ClusterBusy task that waited hours for reservation room before one
+    this outage (the ClusterActor's; None when it gave none: the phase alone). A ClusterBusy task that waited hours for reservation room before one
     read failed has waited seconds on the failure, not hours."""
     age = d.phase_age_s(t)
     if failing_since is None:

@@ -270,8 +270,9 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
 def blocked_s(d: Decision, t: QueueTask, failing_since: dt.datetime | None) -> float:
     """How long ``t`` has waited in its phase on a cluster or reservation that cannot be
     read: from the later of its phase's start (event log) and the first failed answer of
-    this outage (the ClusterActor's; None when it gave none: the phase alone). A ClusterBusy task that waited hours for reservation room before one
-    read failed has waited seconds on the failure, not hours."""
+    this outage (the ClusterActor's; None when it gave none: the phase alone). A
+    ClusterBusy task that waited hours for reservation room before one read failed has
+    waited seconds on the failure, not hours."""
     age = d.phase_age_s(t)
     if failing_since is None:
         return age

@@ -65,7 +65,7 @@ import functools
 import heapq
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from falcon_ray import lifecycle as lc
@@ -151,7 +151,7 @@ class Model:
     run_fractions: list[tuple[float, float]]  # (timeout, ended run / timeout); empty with fewer than MIN_SAMPLES
     bound_scores: dict[SupplyMode, float] = field(default_factory=dict)  # per mode with MIN_SCORES scores
     pooled_bound: float = PRIOR_SCORE  # the other modes'
-    running: tuple[tuple[float, dt.datetime], ...] = ()  # (timeout, running since) of the runs not ended
+    running: tuple[tuple[int, float, dt.datetime], ...] = ()  # (task, timeout, running since) of the runs not ended
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
@@ -173,16 +173,17 @@ class Model:
         # that found too little retries after another capacity wait), a typical create more
         return statistics.median(samples)
 
-    def runs(self, now: dt.datetime | None = None) -> Runs:
-        """The run model at ``now``: the ended runs, and the history's runs still going as
-        runs at least as long as they have lasted (none without ``now``)."""
+    def runs(self, now: dt.datetime | None = None, going: Collection[int] = ()) -> Runs:
+        """The run model at ``now``: the ended runs, and the history's runs of the tasks in
+        ``going`` (the queue's Running tasks: a start whose end the history has not recorded,
+        an abort for one, is left out) as runs at least as long as they have lasted."""
         if not self.run_fractions:
             return Runs(())
         ended = tuple((t, f, True) for t, f in self.run_fractions)
         if now is None:
             return Runs(ended)
-        going = tuple((t, min(1.0, _age(now, at) / t), False) for t, at in self.running if t > 0)
-        return Runs(ended + going)
+        still = tuple((t, min(1.0, _age(now, at) / t), False) for tid, t, at in self.running if t > 0 and tid in going)
+        return Runs(ended + still)
 
     def run_left(self, timeout_s: float, age: float = 0.0) -> float:
         """``Runs.left`` from the ended runs alone."""
@@ -296,7 +297,7 @@ def _model_of(history: QueueHistory) -> Model | None:
         sorted(runs) if len(runs) >= MIN_SAMPLES else [],
         {m: _quantile(v) for m, v in scores.items() if len(v) >= MIN_SCORES},
         max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
-        tuple((s.timeout_s, s.running_at) for s in samples if s.ran_s is None and s.timeout_s > 0),
+        tuple((s.task_id, s.timeout_s, s.running_at) for s in samples if s.ran_s is None and s.timeout_s > 0),
     )
 
 
@@ -424,7 +425,7 @@ def estimate(
     if (capacity_bound if per_supply else bound) and not m.run_fractions:
         return {}
     free: list[float] = []
-    runs = m.runs(now)
+    runs = m.runs(now, {t.id for t in running})
     if pools.handover:
         for lease in pools.idle:
             warm = lease.ready_at is not None and lease.id not in pools.cold

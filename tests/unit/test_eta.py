@@ -134,9 +134,12 @@ def test_runs_still_going_count_as_at_least_as_long_as_they_have_lasted():
     going = [StartSample(200 + i, FLEX, NOW - dt.timedelta(seconds=1400), NOW - dt.timedelta(seconds=1000), 0.0, 1200) for i in range(4)]
     m = eta.model_of(history(*ended, *going))
     assert m is not None
+    going_ids = [g.task_id for g in going]
     assert m.runs().left(1200) == pytest.approx(200)  # the ended runs alone: the short ones
-    assert m.runs(NOW).left(1200) == pytest.approx(1200)  # more than half run longer than 1000 s: the timeout
-    assert m.runs(NOW).left(1200, age=50) == pytest.approx(1150)
+    assert m.runs(NOW, going_ids).left(1200) == pytest.approx(1200)  # more than half run longer than 1000 s: the timeout
+    assert m.runs(NOW, going_ids).left(1200, age=50) == pytest.approx(1150)
+    # a start whose task no longer runs (aborted: the history has no end for it) is left out
+    assert m.runs(NOW, going_ids[:1]).left(1200) == pytest.approx(250)
 
 
 @pytest.mark.parametrize(

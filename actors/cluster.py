@@ -97,6 +97,7 @@ from falcon_ray.model import (
     ReservationError,
     ReservationView,
     RunEvidence,
+    first_failure,
 )
 from falcon_ray.nodepools import connection, ledger, operations, orphans
 from falcon_ray.nodepools import jobs as job_views
@@ -722,7 +723,7 @@ class ClusterGateway:
                 if e.kind == ErrorKind.NOT_FOUND:
                     continue  # reservations are zonal: try the cluster's next zone
                 log.warning("cluster %s: reservation %s/%s read failed: %s", self.name, zone, name, e.message)
-                self.reservation.error = ReservationError(e.kind, e.message[:500], self._failing_since())
+                self.reservation.error = ReservationError(e.kind, e.message[:500], first_failure(self.reservation.error, self.clock.now()))
                 self.reservation.reading = None
                 return
             self.conn.last_ok["compute"] = self.clock.time()
@@ -737,13 +738,8 @@ class ClusterGateway:
         tried = ", ".join(zones) or "none known"
         message = f"reservation {name} of project {project} not found in the zone(s) of cluster {c.name}: {tried}"
         log.warning("cluster %s: %s", self.name, message)
-        self.reservation.error = ReservationError(ErrorKind.NOT_FOUND, message, self._failing_since())
+        self.reservation.error = ReservationError(ErrorKind.NOT_FOUND, message, first_failure(self.reservation.error, self.clock.now()))
         self.reservation.reading = None
-
-    def _failing_since(self) -> dt.datetime:
-        """When the reservation's reads began to fail: the first failure since the last good read."""
-        previous = self.reservation.error
-        return previous.since if previous is not None and previous.since is not None else self.clock.now()
 
     # ---- the capacity ledger ------------------------------------------------------------
 

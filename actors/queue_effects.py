@@ -27,7 +27,7 @@ from falcon_ray import faults, metrics, reconcile, render
 from falcon_ray import lifecycle as lc
 from falcon_ray.clock import Clock
 from falcon_ray.lifecycle import Status
-from falcon_ray.model import PERMANENT_SUBMIT_KINDS, Disruption, ErrorKind, SubmitError
+from falcon_ray.model import PERMANENT_SUBMIT_KINDS, Disruption, ErrorKind, SubmitError, first_failure
 from falcon_ray.reconcile import (
     ClaimReservation,
     CreateLease,
@@ -245,8 +245,7 @@ class EffectRunner:
             kind = ErrorKind(res["error_kind"])
             # the decision reads it: a refusal for good fails the task at once, another one is
             # retried until submit_budget_s has passed in Dispatching since the first refusal
-            before = self.mirror.submit_errors.get(e.task_id)
-            since = before.since if before is not None and before.since is not None else self.clock.now()
+            since = first_failure(self.mirror.submit_errors.get(e.task_id), self.clock.now())
             self.mirror.submit_errors[e.task_id] = SubmitError(kind, res["error"], since)
             log.info("queue %s: Job submit for task %s refused (%s): %s", self.label, e.task_id, kind, res["error"])
             if e.recorded and e.first:  # the move started the timeout clock: it starts with the Job

@@ -384,6 +384,11 @@ class ReservationView:
         return max(0, self.count - self.in_use - self.claimed)
 
 
+def first_failure(previous: ReservationError | SubmitError | None, now: dt.datetime) -> dt.datetime:
+    """When a run of failed answers began: the previous failure's, else ``now`` (this one is the first)."""
+    return previous.since if previous is not None and previous.since is not None else now
+
+
 @dataclass(frozen=True)
 class ReservationError:
     kind: ErrorKind

@@ -36,7 +36,7 @@ slot (``pick.hand_over_ready``). ``acquire(d, t)`` moves each one step:
 Every timer here is measured from a durable record: the lease's ``created_at`` for a
 create, the refused lease rows for a capacity wait, and for a cluster or reservation that
 cannot be read the task's event log (``phase_since``), from the outage's first failed
-answer when that is later (``blocked_s``; the ClusterActor's memory: a restarted one
+answer when that is later (``Decision.failing_s``; the ClusterActor's memory: a restarted one
 counts the outage from its own first failure).
 """
 
@@ -213,7 +213,7 @@ def unreachable(d: Decision, t: QueueTask) -> None:
     like a create that never came back once the node-pool timeout has passed. While the
     ClusterActor is still building its clients with no failed attempt (``connecting``: its
     own start) it only says so: the controller's slowness is not the task's failure."""
-    cluster, age = d.queue.cluster.name, blocked_s(d, t, d.cluster.error_since)
+    cluster, age = d.queue.cluster.name, d.failing_s(t, d.cluster.error_since)
     # the ClusterActor still starting is the controller's own time, never the task's failure
     if not d.cluster.connecting and gave_up_creating(d, t, f"GKE API of cluster {cluster} unreachable for {int(age)}s: {d.cluster.error}", age):
         return
@@ -232,7 +232,7 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
         fail(d, t, None, failed, d.msg("node_pool_failed", detail=f"cannot read reservation {name}: {err.message}"))
         return False
     if r is None:  # not read yet (the ClusterActor fetches it for the next tick), or failing for now
-        if err is not None and gave_up_creating(d, t, f"reservation {name} unreadable: {err.message}", blocked_s(d, t, err.since)):
+        if err is not None and gave_up_creating(d, t, f"reservation {name} unreadable: {err.message}", d.failing_s(t, err.since)):
             return False
         if err is not None:
             text = d.msg("reservation_unreadable", reservation=name, detail=err.message) + d.waited(t)
@@ -267,21 +267,11 @@ def reservation_allows(d: Decision, t: QueueTask) -> bool:
     return False
 
 
-def blocked_s(d: Decision, t: QueueTask, failing_since: dt.datetime | None) -> float:
-    """How long ``t`` has waited in its phase on a cluster or reservation that cannot be
-    read: from the later of its phase's start (event log) and the first failed answer of
-    this outage (the ClusterActor's; None when it gave none: the phase alone). A
-    ClusterBusy task that waited hours for reservation room before one read failed has
-    waited seconds on the failure, not hours."""
-    age = d.phase_age_s(t)
-    if failing_since is None:
-        return age
-    return min(age, max(0.0, (d.now - failing_since).total_seconds()))
-
-
 def gave_up_creating(d: Decision, t: QueueTask, detail: str, blocked: float) -> bool:
     """No lease yet and the cluster or its reservation cannot be read: once the task has
-    waited on that for the create's limit (``blocked_s``), it fails NodePoolTimeout."""
+    waited on that for the create's limit (``Decision.failing_s``: a ClusterBusy task that waited
+    hours for reservation room before one read failed has waited seconds on the failure), it
+    fails NodePoolTimeout."""
     if not limits.passed(Wait.CREATE, d.settings, blocked):
         return False
     text = d.msg("node_pool_timeout", limit=fmt_limit(limits.seconds(Wait.CREATE, d.settings) or 0), detail=detail)

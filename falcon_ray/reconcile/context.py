@@ -467,3 +467,10 @@ class Decision:
     def phase_age_s(self, t: QueueTask) -> float:
         """Seconds the task has spent in its phase, from the durable event log (0 if unknown)."""
         return max(0.0, (self.now - t.phase_since).total_seconds()) if t.phase_since else 0.0
+
+    def failing_s(self, t: QueueTask, since: dt.datetime | None) -> float:
+        """Seconds the task has waited in its phase on answers that keep failing since
+        ``since`` (an outage's first failed answer; None: not known, the phase alone): from
+        the later of the two, so a wait of another kind before the failures is not theirs."""
+        age = self.phase_age_s(t)
+        return age if since is None else min(age, max(0.0, (self.now - since).total_seconds()))

@@ -110,7 +110,7 @@ def submit_refused(d: Decision, t: QueueTask) -> bool:
     err = d.queue.submit_errors.get(t.id)
     # counted from the first refusal: time in Dispatching before it (an earlier attempt's Job
     # still going away) was no refusal
-    age = d.phase_age_s(t) if err is None or err.since is None else min(d.phase_age_s(t), max(0.0, (d.now - err.since).total_seconds()))
+    age = d.failing_s(t, None if err is None else err.since)
     if err is not None and err.kind in PERMANENT_SUBMIT_KINDS:
         detail = err.message
     elif err is not None and limits.passed(Wait.SUBMIT, d.settings, age):

@@ -185,10 +185,6 @@ class Model:
         still = tuple((t, min(1.0, _age(now, at) / t), False) for tid, t, at in self.running if t > 0 and tid in going)
         return Runs(ended + still)
 
-    def run_left(self, timeout_s: float, age: float = 0.0) -> float:
-        """``Runs.left`` from the ended runs alone."""
-        return self.runs().left(timeout_s, age)
-
 
 @dataclass(frozen=True)
 class Runs:

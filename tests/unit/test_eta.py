@@ -116,7 +116,7 @@ def test_estimate(hist, holders, running, waiting, pools, want):
 )
 def test_a_running_task_is_expected_to_last_what_longer_runs_lasted(runs, age, want):
     m = eta.model_of(history(*[sample(i, 300, ran_s=r) for i, r in enumerate(runs)]))
-    assert m is not None and m.run_left(1200, age) == pytest.approx(want)
+    assert m is not None and m.runs().left(1200, age) == pytest.approx(want)
 
 
 def test_a_runs_length_comes_from_the_ended_runs_with_the_nearest_timeouts():
@@ -124,8 +124,8 @@ def test_a_runs_length_comes_from_the_ended_runs_with_the_nearest_timeouts():
     short = [sample(i, 300, ran_s=50, timeout=3700) for i in range(5)]
     long = [sample(10 + i, 300, ran_s=8000, timeout=20000) for i in range(5)]
     m = eta.model_of(history(*short, *long))
-    assert m is not None and m.run_left(20000) == pytest.approx(8000)  # all ten pooled: about 4,100
-    assert m.run_left(3700) == pytest.approx(50)
+    assert m is not None and m.runs().left(20000) == pytest.approx(8000)  # all ten pooled: about 4,100
+    assert m.runs().left(3700) == pytest.approx(50)
 
 
 def test_runs_still_going_count_as_at_least_as_long_as_they_have_lasted():

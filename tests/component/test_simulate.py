@@ -306,6 +306,10 @@ def test_the_estimates_error_its_coverage_and_its_lean_per_supply_mode():
     assert got["tasks"] == 2 and got["coverage"] == 0.5 and got["signed_p50"] == 300.0
     assert got["per_supply"] == {"flex-start": {"first_p50": 300.0, "coverage": 1.0}, "reservation": {"first_p50": 1200.0, "coverage": 0.0}}
     assert got["per_cell"]["a/reservation"] == {"tasks": 1, "first_p50": 1200.0, "coverage": 0.0}
+    # the ratio: the first estimate's median error over the median wait of the same tasks
+    # (task 3 gave no estimate: its wait is not counted)
+    got = _eta_error(messages, {1: 900.0, 2: 1800.0, 3: 60.0}, {}, None, {1: 1000.0, 2: 2000.0, 3: 10.0})
+    assert got["wait_p50"] == 1000.0 and got["first_over_wait"] == 0.3
 
 
 IN_PROCESS = {"FALCON_SIMULATE_IN_PROCESS": "1"}  # CliRunner: no re-exec to pin the hash seed

@@ -15,7 +15,9 @@ The model, stated once (docs/operations.md explains it to operators):
    own few when it has fewer than ``MIN_SAMPLES``, all modes pooled when it has none: a
    flex-start create's capacity wait is not in a reservation's), and a *run* (each run as
    a fraction of its task's ``timeout_seconds``, from the ``RUN_NEIGHBOURS`` runs of the
-   history whose timeouts are nearest the task's; a run still going counts as at least as
+   history whose timeouts are nearest the task's, counted at the same fraction of the
+   task's timeout once the margin users add (``_offset_of``, learnt from the ended runs
+   where it explains them) is taken out; a run still going counts as at least as
    long as it has lasted, Kaplan-Meier, ``Runs``). A time already spent counts: a running
    task (or a slot holder's create) is expected to last the median of the samples longer
    than it has lasted so far (a run with too few: its timeout; a create with none: a
@@ -47,7 +49,9 @@ held to a bound of seconds) and keeps its last SCORES_KEPT scores with their sup
 in the history (``QueueHistory.scores``). The latest start is the expected one moved by
 the split-conformal COVERAGE quantile of the mode's scores (``Model.bound``); a mode with
 fewer than MIN_SCORES takes the larger of its prior (``PRIOR_SCORES``, PRIOR_SCORE for
-a mode without one) and the quantile of all the queue's scores. The bound is calibrated per (cluster, topology, supply mode), so it keeps
+a mode without one) and the quantile of all the queue's scores; a flex-start bound is
+never below its ``MIN_BOUNDS`` (a capacity wait's error is shared by the tasks behind
+it, so its scores come in runs). The bound is calibrated per (cluster, topology, supply mode), so it keeps
 its coverage where the model is wrong, and widens when the model errs more. The scores
 live in the queue's memory: after a restart the prior holds until they are back.
 
@@ -78,6 +82,8 @@ HISTORY_TASKS = 20  # starts kept per queue
 MIN_SAMPLES = 3
 HANDOVER_S = 60.0  # a hand-over's time while the history has none
 RUN_NEIGHBOURS = 8
+SAME_TIMEOUT = 0.05  # two timeouts this close (a share of the larger) say nothing of the offset
+OFFSET_GAIN = 0.5  # an offset counts when it takes at least half the runs' spread away
 
 # the latest start: the expected one plus the COVERAGE quantile of the scores of the queue's
 # recent first estimates (``score``), times the expected wait plus SCALE_S
@@ -87,6 +93,11 @@ PRIOR_SCORE = 2.5  # the bound while a queue has fewer than MIN_SCORES scores of
 MIN_SCORES = 10
 # a flex-start start waits for capacity, whose spread a queue's few creates do not show yet
 PRIOR_SCORES = {SupplyMode.FLEX_START: 3.5}
+# and never less, however well its recent estimates did: a flex-start start waits for capacity
+# GKE promises no time for, and the tasks of one queue share that wait's error (one late
+# delivery makes every task behind it late), so its scores come in runs and 40 of them may
+# be a few independent draws; a flex-start latest start is at least twice the expected wait
+MIN_BOUNDS = {SupplyMode.FLEX_START: 1.0}
 SCORES_KEPT = 40  # scores kept per queue (all modes)
 
 
@@ -156,7 +167,8 @@ class Model:
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
         got = self.bound_scores.get(mode)
-        return got if got is not None else max(self.pooled_bound, PRIOR_SCORES.get(mode, PRIOR_SCORE))
+        got = got if got is not None else max(self.pooled_bound, PRIOR_SCORES.get(mode, PRIOR_SCORE))
+        return max(got, MIN_BOUNDS.get(mode, 0.0))
 
     def creates(self, mode: SupplyMode) -> list[float]:
         return self.create_s.get(mode, self.pooled_create_s)
@@ -180,10 +192,40 @@ class Model:
         if not self.run_fractions:
             return Runs(())
         ended = tuple((t, f, True) for t, f in self.run_fractions)
+        offset = _offset_of(self.run_fractions)
         if now is None:
-            return Runs(ended)
+            return Runs(ended, offset)
         still = tuple((t, min(1.0, _age(now, at) / t), False) for tid, t, at in self.running if t > 0 and tid in going)
-        return Runs(ended + still)
+        return Runs(ended + still, offset)
+
+
+def _offset_of(runs: Sequence[tuple[float, float]]) -> float | None:
+    """The seconds of run a timeout is a multiple of, less its margin, from the ended runs
+    (timeout, fraction): the line through them, run = offset + slope x timeout (the slope
+    the median of the slopes between every two runs of different timeouts, within [0, 1];
+    the offset the median of run - slope x timeout: Theil-Sen, which a run that failed early
+    moves little). None when no two timeouts differ (the runs say nothing of it) or when
+    the offset does not explain the runs."""
+    slopes = [
+        (fb * tb - fa * ta) / (tb - ta)
+        for i, (ta, fa) in enumerate(runs)
+        for tb, fb in runs[i + 1 :]
+        if abs(tb - ta) > SAME_TIMEOUT * max(ta, tb)
+    ]
+    if not slopes:
+        return None
+    slope = min(1.0, max(0.0, statistics.median(slopes)))
+    offset = statistics.median(f * t - slope * t for t, f in runs)
+    # kept only when it explains the runs: their spread around one share of the timeout at
+    # least halves once it is taken out (runs that are a share of their timeouts, with noise,
+    # give an offset of noise alone)
+    return offset if _spread([f - offset / t for t, f in runs]) < OFFSET_GAIN * _spread([f for _, f in runs]) else None
+
+
+def _spread(values: Sequence[float]) -> float:
+    """The median absolute deviation from the median."""
+    mid = statistics.median(values)
+    return statistics.median(abs(v - mid) for v in values)
 
 
 @dataclass(frozen=True)
@@ -191,9 +233,17 @@ class Runs:
     """Run lengths as fractions of their tasks' timeouts: (timeout, fraction, ended), where a
     run not ended yet is censored at the fraction it has lasted. A queue's recent ended
     runs alone are the short ones (the long runs of the same starts are still going), so
-    the runs still going count as lasting at least that long (Kaplan-Meier)."""
+    the runs still going count as lasting at least that long (Kaplan-Meier).
+
+    A neighbour's run counts at the timeout asked about as the same fraction of it, once
+    ``offset`` is taken from both (``_offset_of``, learnt from the ended runs): where users
+    set a timeout of a margin plus a multiple of the run, a run's share of its timeout is
+    not the same at 1 h and at 3 h, but (run - offset) / timeout is. Runs that are a share
+    of their timeouts give an offset near 0, and a neighbour counts as the same fraction,
+    as it does without an offset (every timeout the same)."""
 
     runs: tuple[tuple[float, float, bool], ...]
+    offset: float | None = None
 
     def _survival(self, timeout_s: float) -> list[tuple[float, float]]:
         """(fraction, share of runs longer) after each ended run, from the RUN_NEIGHBOURS runs
@@ -203,6 +253,9 @@ class Runs:
         if len(near) > RUN_NEIGHBOURS:
             at = math.log(max(1.0, timeout_s))
             near = tuple(sorted(near, key=lambda x: (abs(math.log(max(1.0, x[0])) - at), x[0]))[:RUN_NEIGHBOURS])
+        if self.offset is not None and timeout_s > 0:
+            a = self.offset
+            near = tuple((t, min(1.0, max(0.0, f - a / t + a / timeout_s)), e) for t, f, e in near)
         # an end counts before a censoring at the same fraction (the censored run outlasted it)
         points = sorted(((f, not ended) for _, f, ended in near))
         at_risk, s, out = len(points), 1.0, []

@@ -128,6 +128,35 @@ def test_a_runs_length_comes_from_the_ended_runs_with_the_nearest_timeouts():
     assert m.runs().left(3700) == pytest.approx(50)
 
 
+def test_a_neighbours_run_counts_as_the_same_share_of_the_timeout_once_the_margin_is_taken_out():
+    # users set the timeout at twice the run plus an hour: the share of the timeout a run
+    # lasts grows with the timeout (7% at 4,200 s, 33% at 10,800 s); (run + 1,800) / timeout does not
+    rows = [(4200, 300), (5400, 900), (6600, 1500), (7800, 2100), (9000, 2700), (10800, 3600)]
+    m = eta.model_of(history(*[sample(i, 300, ran_s=r, timeout=t) for i, (t, r) in enumerate(rows)]))
+    assert m is not None
+    runs = m.runs()
+    assert runs.offset == pytest.approx(-1800)
+    # between the runs seen and beyond them
+    assert runs.left(6000) == pytest.approx(1200) and runs.mean(6000) == pytest.approx(1200)
+    assert runs.left(12000) == pytest.approx(4200)
+    # a run that failed early moves the line little (medians of the pairs' slopes and of the offsets)
+    failed = sample(9, 300, ran_s=20, timeout=10200)
+    m = eta.model_of(history(*[sample(i, 300, ran_s=r, timeout=t) for i, (t, r) in enumerate(rows)], failed))
+    assert m is not None and m.runs().offset == pytest.approx(-1800, abs=150)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(3600, 100), (3600, 900), (3700, 400)],  # every timeout the same (within 5%): nothing to learn from
+        [(600, 290), (1800, 950), (600, 310), (1800, 850), (600, 300)],  # half the timeout, give or take: no margin
+    ],
+)
+def test_without_a_margin_the_runs_explain_a_neighbour_counts_as_the_same_share(rows):
+    m = eta.model_of(history(*[sample(i, 300, ran_s=r, timeout=t) for i, (t, r) in enumerate(rows)]))
+    assert m is not None and m.runs().offset is None
+
+
 def test_runs_still_going_count_as_at_least_as_long_as_they_have_lasted():
     # the queue's last starts: three short runs ended, four long ones still going after 1000 s
     ended = [sample(i, 300, ran_s=r) for i, r in enumerate([100, 200, 300])]
@@ -263,12 +292,24 @@ def test_a_score_is_the_lateness_over_the_expected_wait_plus_the_scale():
 
 
 def test_the_latest_start_is_the_conformal_quantile_of_the_modes_scores():
-    scores = tuple((FLEX, i / 20) for i in range(20))  # 0.00 .. 0.95
+    scores = tuple((RES, i / 20) for i in range(20))  # 0.00 .. 0.95
     h = QueueHistory(tuple(creates(300)), scores)
-    got = eta.ranges(NOW, h, [], [], [W2, W3], "", eta.Pools())
+    r2, r3 = task(2, lc.WAITING, mode="reservation"), task(3, lc.WAITING, mode="reservation")
+    got = eta.ranges(NOW, h, [], [], [r2, r3], "", eta.Pools())
     q = 0.9  # the ceil(21 * 0.9) = 19th smallest of 20
-    assert got[2] == eta.Range(300.0, pytest.approx(300 + q * (300 + eta.SCALE_S)), FLEX)
+    assert got[2] == eta.Range(300.0, pytest.approx(300 + q * (300 + eta.SCALE_S)), RES)
     assert got[3].expected == 600 and got[3].latest == pytest.approx(600 + q * (600 + eta.SCALE_S))
+
+
+def test_a_flex_start_latest_start_is_never_less_than_twice_the_expected_wait():
+    # its recent estimates were all close (scores of 0.0 .. 0.5): the quantile alone would
+    # promise 1.45 times the wait; a flex-start start waits for capacity with no promised time
+    scores = tuple((FLEX, i / 40) for i in range(20))
+    h = QueueHistory(tuple(creates(300)), scores)
+    got = eta.ranges(NOW, h, [], [], [W2], "", eta.Pools())
+    assert got[2].latest == pytest.approx(300 + eta.MIN_BOUNDS[FLEX] * (300 + eta.SCALE_S))
+    wide = QueueHistory(tuple(creates(300)), tuple((FLEX, i / 5) for i in range(20)))  # up to 3.8
+    assert eta.ranges(NOW, wide, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + 3.6 * 600)
 
 
 def test_a_mode_with_few_scores_takes_the_prior_or_the_queues_wider_quantile():
@@ -277,9 +318,11 @@ def test_a_mode_with_few_scores_takes_the_prior_or_the_queues_wider_quantile():
     assert got[2].latest == pytest.approx(300 + eta.PRIOR_SCORES[FLEX] * (300 + eta.SCALE_S))
     wide = QueueHistory(tuple(creates(300)), tuple((RES, 5.0) for _ in range(eta.MIN_SCORES)))
     assert eta.ranges(NOW, wide, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + 5.0 * 600)
-    # its own scores, once it has enough, however narrow
-    own = QueueHistory(tuple(creates(300)), tuple((FLEX, 0.0) for _ in range(eta.MIN_SCORES)))
-    assert eta.ranges(NOW, own, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300)
+    # its own scores, once it has enough, however narrow (a flex-start task's down to its floor)
+    own = QueueHistory(tuple(creates(300)), tuple((m, 0.0) for m in (FLEX, RES) for _ in range(eta.MIN_SCORES)))
+    assert eta.ranges(NOW, own, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + eta.MIN_BOUNDS[FLEX] * 600)
+    res = task(2, lc.WAITING, mode="reservation")
+    assert eta.ranges(NOW, own, [], [], [res], "", eta.Pools())[2].latest == pytest.approx(300)
 
 
 def test_a_flex_start_task_without_scores_of_its_mode_gets_a_wider_prior_than_a_reservation_task():

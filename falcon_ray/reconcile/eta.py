@@ -163,6 +163,7 @@ class Model:
     bound_scores: dict[SupplyMode, float] = field(default_factory=dict)  # per mode with MIN_SCORES scores
     pooled_bound: float = PRIOR_SCORE  # the other modes'
     running: tuple[tuple[int, float, dt.datetime], ...] = ()  # (task, timeout, running since) of the runs not ended
+    run_offset: float | None = None  # ``_offset_of(run_fractions)``, worked out once per history
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
@@ -192,7 +193,7 @@ class Model:
         if not self.run_fractions:
             return Runs(())
         ended = tuple((t, f, True) for t, f in self.run_fractions)
-        offset = _offset_of(self.run_fractions)
+        offset = self.run_offset
         if now is None:
             return Runs(ended, offset)
         still = tuple((t, min(1.0, _age(now, at) / t), False) for tid, t, at in self.running if t > 0 and tid in going)
@@ -347,6 +348,7 @@ def _model_of(history: QueueHistory) -> Model | None:
         {m: _quantile(v) for m, v in scores.items() if len(v) >= MIN_SCORES},
         max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
         tuple((s.task_id, s.timeout_s, s.running_at) for s in samples if s.ran_s is None and s.timeout_s > 0),
+        _offset_of(runs) if len(runs) >= MIN_SAMPLES else None,
     )
 
 

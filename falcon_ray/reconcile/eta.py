@@ -167,9 +167,9 @@ class Model:
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
-        got = self.bound_scores.get(mode)
-        got = got if got is not None else max(self.pooled_bound, PRIOR_SCORES.get(mode, PRIOR_SCORE))
-        return max(got, MIN_BOUNDS.get(mode, 0.0))
+        own = self.bound_scores.get(mode)
+        score = own if own is not None else max(self.pooled_bound, PRIOR_SCORES.get(mode, PRIOR_SCORE))
+        return max(score, MIN_BOUNDS.get(mode, 0.0))
 
     def creates(self, mode: SupplyMode) -> list[float]:
         return self.create_s.get(mode, self.pooled_create_s)
@@ -193,20 +193,20 @@ class Model:
         if not self.run_fractions:
             return Runs(())
         ended = tuple((t, f, True) for t, f in self.run_fractions)
-        offset = self.run_offset
         if now is None:
-            return Runs(ended, offset)
+            return Runs(ended, self.run_offset)
         still = tuple((t, min(1.0, _age(now, at) / t), False) for tid, t, at in self.running if t > 0 and tid in going)
-        return Runs(ended + still, offset)
+        return Runs(ended + still, self.run_offset)
 
 
 def _offset_of(runs: Sequence[tuple[float, float]]) -> float | None:
-    """The seconds of run a timeout is a multiple of, less its margin, from the ended runs
-    (timeout, fraction): the line through them, run = offset + slope x timeout (the slope
-    the median of the slopes between every two runs of different timeouts, within [0, 1];
-    the offset the median of run - slope x timeout: Theil-Sen, which a run that failed early
-    moves little). None when no two timeouts differ (the runs say nothing of it) or when
-    the offset does not explain the runs."""
+    """The offset of the line through the ended runs (timeout, fraction), run = offset +
+    slope x timeout: with a timeout set as a multiple of the run plus a margin, minus the
+    margin over the multiple (twice the run plus an hour: -1,800 s). Theil-Sen, which a run
+    that failed early moves little: the slope the median of the slopes between every two
+    runs of different timeouts, within [0, 1], the offset the median of run - slope x
+    timeout. None when no two timeouts differ (the runs say nothing of it) or when the
+    offset does not explain the runs."""
     slopes = [
         (fb * tb - fa * ta) / (tb - ta)
         for i, (ta, fa) in enumerate(runs)

@@ -227,7 +227,8 @@ def _eta_error(
         stats = _percentiles(errors)
         out[name] = {"p50": stats["p50"], "p90": stats["p90"]}
     out["signed_p50"] = _percentiles([started_at[tid] - p for tid, p in first.items()])["p50"]
-    wait = _percentiles([waited[tid] for tid in first if tid in (waited or {})])["p50"]
+    waited = waited or {}
+    wait = _percentiles([waited[tid] for tid in first if tid in waited])["p50"]
     out["wait_p50"] = wait
     out["first_over_wait"] = round(out["first"]["p50"] / wait, 3) if wait and out["first"]["p50"] is not None else None
     out["coverage"] = _coverage(latest, started_at, latest)

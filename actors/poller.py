@@ -114,11 +114,12 @@ class IntakePoller:
             wake.add((target.name, topology))
 
     def _fleet_load(self, clusters) -> scheduling.FleetLoad:
-        """Queue depth per cluster; ready idle pools per (cluster, topology) (one read), and
-        the tasks of those queues that would take them first (read only where a pool is idle)."""
-        depth, idle = self.store.fleet_load()
+        """Pending and Running tasks and ready idle pools per queue (cluster, topology) (one
+        read), and the tasks of those queues that would take the pools first (read only where
+        a pool is idle)."""
+        depth, running, idle = self.store.fleet_load()
         claimants = self.store.queue_claimants({cid for cid, _ in idle}) if idle else {}
-        return scheduling.FleetLoad(depth, idle, claimants)
+        return scheduling.FleetLoad(depth, running, idle, claimants)
 
     def _intake(self, task, clusters, load: scheduling.FleetLoad, wake: set[tuple[str, str]]) -> str:
         try:

@@ -20,8 +20,10 @@ mode the task gets there; a reservation serves only the shapes of the machine ty
 it holds; the topology must be in the cluster's TPU catalogue). They are ordered by
 a list of composable scoring functions, each returning a sort key (lower is better):
 an idle pool of the same topology that no older task of that queue already claims
-first, then the shortest queue, then the name for a stable order. Add a scorer to
-``DEFAULT_SCORERS`` to change the policy.
+first; then a cluster where the task would not wait for a reservation whose slices of its
+topology its queue's tasks all hold or claim (``reservation_full``); then the shortest
+queue (the cluster's tasks not yet Running); then the name for a stable order. Add a
+scorer to ``DEFAULT_SCORERS`` to change the policy.
 
 Moving (``move_target``): a task that waits on its cluster for reservation headroom
 may move where it can start on what is there now (an idle pool, or reservation room for it
@@ -386,11 +388,13 @@ def too_small(count: int | None, hosts: int) -> bool:
 
 @dataclass(frozen=True)
 class FleetLoad:
-    """What the poller knows about the fleet when it ranks. ``idle_pools`` and
-    ``claimants`` are per (cluster id, topology): the ready idle pools, and the tasks of
-    that queue that would take one before a newcomer (waiting or acquiring)."""
+    """What the poller knows about the fleet when it ranks, per queue (cluster id,
+    topology): ``depth`` its live tasks not yet Running, ``running`` its Running tasks,
+    ``idle_pools`` its ready idle pools, and ``claimants`` the tasks of that queue that
+    would take one before a newcomer (waiting or acquiring)."""
 
-    queue_depth: dict[str, int] = field(default_factory=dict)  # per cluster id: live tasks not yet Running
+    depth: dict[tuple[str, str], int] = field(default_factory=dict)
+    running: dict[tuple[str, str], int] = field(default_factory=dict)
     idle_pools: dict[tuple[str, str], int] = field(default_factory=dict)
     claimants: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -399,10 +403,20 @@ class FleetLoad:
         key = (cluster_id, topology)
         return max(0, self.idle_pools.get(key, 0) - self.claimants.get(key, 0))
 
+    def live(self, cluster_id: str, topology: str) -> int:
+        """The queue's tasks that hold a slice or will take one before a newcomer."""
+        key = (cluster_id, topology)
+        return self.depth.get(key, 0) + self.running.get(key, 0)
+
+    def cluster_depth(self, cluster_id: str) -> int:
+        """The tasks of every queue of the cluster not yet Running."""
+        return sum(n for (cid, _), n in self.depth.items() if cid == cluster_id)
+
     def assigned(self, cluster_id: str, topology: str) -> None:
         """A task was placed on the queue in this poll: it is one more claimant."""
-        self.queue_depth[cluster_id] = self.queue_depth.get(cluster_id, 0) + 1
-        self.claimants[(cluster_id, topology)] = self.claimants.get((cluster_id, topology), 0) + 1
+        key = (cluster_id, topology)
+        self.depth[key] = self.depth.get(key, 0) + 1
+        self.claimants[key] = self.claimants.get(key, 0) + 1
 
 
 Scorer = Callable[[RankableCluster, TaskSpec, FleetLoad], float | str]
@@ -412,15 +426,31 @@ def idle_pool_first(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> floa
     return 0.0 if load.free_idle(c.id, spec.topology) > 0 else 1.0
 
 
+def reservation_full(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> float:
+    """1: the task would take ``c``'s reservation, and the slices of its topology that
+    reservation holds at once (its VMs over the slice's hosts, as last read) are all held
+    or claimed by the tasks of its queue, so it would wait for one of their runs to end;
+    0 otherwise (any other supply: GKE publishes no capacity to count against). The queue's
+    tasks are counted whatever their supply: a full reservation may be taken for full
+    a little early, never the other way."""
+    if supply_mode_for(spec, c.default_reservation) != SupplyMode.RESERVATION:
+        return 0.0
+    count = getattr(c, "reservation_count", None)
+    if count is None:
+        return 0.0
+    slices = count // spec.shape.hosts
+    return 1.0 if load.live(c.id, spec.topology) >= slices else 0.0
+
+
 def shortest_queue(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> float:
-    return float(load.queue_depth.get(c.id, 0))
+    return float(load.cluster_depth(c.id))
 
 
 def by_name(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> str:
     return c.name
 
 
-DEFAULT_SCORERS: tuple[Scorer, ...] = (idle_pool_first, shortest_queue, by_name)
+DEFAULT_SCORERS: tuple[Scorer, ...] = (idle_pool_first, reservation_full, shortest_queue, by_name)
 
 
 @dataclass(frozen=True)

@@ -128,40 +128,31 @@ class TaskStore(StoreCore):
         tasks = sorted(row_values(Task, self._read_built(("intake", limit), build)), key=lambda x: x.id)
         return [x for x in tasks if x.status == Status.PENDING], [x for x in tasks if x.status == Status.ABORTING]
 
-    def pending_depth(self) -> dict[str, int]:
-        """Assigned Pending tasks per cluster id (the poller's queue-depth ranking input)."""
-        j = t.jobs
-        q = (
-            sa.select(j.c.cluster_id, sa.func.count())
-            .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_not(None))
-            .group_by(j.c.cluster_id)
-        )
-        with self.engine.connect() as c:
-            return {cid: int(n) for cid, n in c.execute(q).all()}
-
-    def fleet_load(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-        """``pending_depth()`` and the ready Idle leases per (cluster id, topology), in one
-        statement (the poller's ranking inputs)."""
-        j, L = t.jobs, t.node_pool_leases
+    def fleet_load(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """Per queue (cluster id, topology), found through ``falcon_task_queue``: the
+        assigned Pending tasks and the Running ones; and the ready Idle leases per (cluster
+        id, topology). One statement (the poller's ranking inputs)."""
+        j, m, L = t.jobs, t.task_queue, t.node_pool_leases
 
         def build():
-            depth = (
-                sa.select(sa.literal("d").label("k"), j.c.cluster_id.label("cid"), sa.literal("").label("top"), sa.func.count().label("n"))
-                .where(j.c.status == Status.PENDING.value, j.c.cluster_id.is_not(None))
-                .group_by(j.c.cluster_id)
+            live = (
+                sa.select(j.c.status.label("k"), m.c.cluster_id.label("cid"), m.c.topology.label("top"), sa.func.count().label("n"))
+                .select_from(j.join(m, m.c.task_id == j.c.id))
+                .where(one_of(j.c.status, (Status.PENDING.value, Status.RUNNING.value)), j.c.cluster_id.is_not(None))
+                .group_by(j.c.status, m.c.cluster_id, m.c.topology)
             )
             idle = (
                 sa.select(sa.literal("i").label("k"), L.c.cluster_id.label("cid"), L.c.topology.label("top"), sa.func.count().label("n"))
                 .where(L.c.state == LeaseState.IDLE.value, L.c.ready_at.is_not(None))
                 .group_by(L.c.cluster_id, L.c.topology)
             )
-            return sa.union_all(depth, idle)
+            return sa.union_all(live, idle)
 
         rows = self._read_built(("fleet load",), build)
-        return (
-            {cid: int(n) for k, cid, _, n in rows if k == "d"},
-            {(cid, top): int(n) for k, cid, top, n in rows if k == "i"},
-        )
+        by_kind: dict[str, dict[tuple[str, str], int]] = {Status.PENDING.value: {}, Status.RUNNING.value: {}, "i": {}}
+        for k, cid, top, n in rows:
+            by_kind[k][(cid, top)] = int(n)
+        return by_kind[Status.PENDING.value], by_kind[Status.RUNNING.value], by_kind["i"]
 
     def queue_claimants(
         self, cluster_ids: Iterable[str], reasons: Sequence[Reason] = (Reason.WAITING, Reason.PROVISIONING, Reason.CLUSTER_BUSY)

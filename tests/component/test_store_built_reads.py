@@ -208,13 +208,14 @@ def test_row_values_are_the_values_the_dataclass_makes(store, fleet):
 
 def test_fleet_load_reads_the_depth_and_idle_pools_of_now(store, fleet):
     east, west = fleet["east"], fleet["west"]
-    assert store.fleet_load() == ({east.id: 6, west.id: 6}, {})
+    every = {(c.id, top): 3 for c in (east, west) for top in TOPOLOGIES}
+    assert store.fleet_load() == (every, {}, {})
     lease = store.get_lease(west.id, "falcon-west-2x4-held")
     assert store.move_lease(lease.id, LeaseState.REQUESTED, LeaseState.CREATING)
     assert store.move_lease(lease.id, LeaseState.CREATING, LeaseState.READY, ready_at=store.clock())
     assert store.move_lease(lease.id, LeaseState.READY, LeaseState.IDLE)
     assert store.request_abort(lease.task_id)
-    assert store.fleet_load() == ({east.id: 6, west.id: 5}, {(west.id, "2x4"): 1})
+    assert store.fleet_load() == ({**every, (west.id, "2x4"): 2}, {}, {(west.id, "2x4"): 1})
 
 
 def test_the_reservation_holds_reads_name_each_clusters_own_busy_tasks_and_reservation_pools(store, fleet):

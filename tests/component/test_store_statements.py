@@ -39,15 +39,21 @@ def test_a_requeued_task_keeps_one_queue_row_with_a_new_seq(store):
     assert len(rows) == 1 and rows[0].seq > seq1 and rows[0].topology == "2x4"
 
 
-def test_fleet_load_is_pending_depth_and_the_ready_idle_leases(store):
+def test_fleet_load_is_the_pending_and_running_tasks_per_queue_and_the_ready_idle_leases(store):
     waiting_task(store)
     waiting_task(store, "bob")
+    runs = waiting_task(store, "carol")
+    assert store.transition(runs, lc.WAITING, lc.DISPATCHING, "picked, an idle pool")
+    assert store.transition(runs, lc.DISPATCHING, lc.RUNNING, "running")
+    ended = waiting_task(store, "dave")
+    assert store.transition(ended, lc.WAITING, lc.DISPATCHING, "picked, an idle pool")
+    assert store.transition(ended, lc.DISPATCHING, lc.SUCCEEDED, "done")
     ready = store.create_lease(CLUSTER, "2x2", "falcon-a", "flex-start", None)
     assert store.move_lease(ready.id, LeaseState.REQUESTED, LeaseState.CREATING)
     assert store.move_lease(ready.id, LeaseState.CREATING, LeaseState.IDLE, ready_at=store.clock())
     store.create_lease(CLUSTER, "2x2", "falcon-b", "flex-start", None)  # Requested: not idle
-    depth, idle = store.fleet_load()
-    assert depth == store.pending_depth() == {CLUSTER: 2}
+    depth, running, idle = store.fleet_load()
+    assert depth == {(CLUSTER, "2x2"): 2} and running == {(CLUSTER, "2x2"): 1}
     assert idle == {(CLUSTER, "2x2"): 1}
 
 

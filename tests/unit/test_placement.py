@@ -76,7 +76,7 @@ def test_a_fresher_machine_type_reading_overrides_the_cluster_row():
 
 
 def test_a_shape_the_reservation_cannot_serve_goes_to_another_cluster_of_its_type():
-    p = scheduling.place(spec("1x1"), [EDGE_A, EDGE_B], FleetLoad(queue_depth={"id-edge-b": 9}))
+    p = scheduling.place(spec("1x1"), [EDGE_A, EDGE_B], FleetLoad(depth={("id-edge-b", "1x1"): 9}))
     assert p.verdict == "ok" and [c.name for c in p.clusters] == ["edge-b"]  # despite its longer queue
 
 
@@ -93,11 +93,11 @@ def test_inactive_clusters_are_not_candidates_and_hold_the_task_when_none_is_act
 
 
 def test_an_idle_pool_ranks_first_only_when_no_older_task_of_its_queue_claims_it():
-    load = FleetLoad(queue_depth={"id-edge-a": 0, "id-edge-c": 3}, idle_pools={("id-edge-c", "2x2"): 1})
+    load = FleetLoad(depth={("id-edge-c", "2x4"): 3}, idle_pools={("id-edge-c", "2x2"): 1})
     assert scheduling.place(spec("2x2"), [EDGE_A, EDGE_C], load).clusters[0].name == "edge-c"
-    claimed = FleetLoad(load.queue_depth, load.idle_pools, claimants={("id-edge-c", "2x2"): 1})
+    claimed = FleetLoad(load.depth, idle_pools=load.idle_pools, claimants={("id-edge-c", "2x2"): 1})
     assert scheduling.place(spec("2x2"), [EDGE_A, EDGE_C], claimed).clusters[0].name == "edge-a"  # shortest queue then
-    other_topology = FleetLoad(load.queue_depth, load.idle_pools, claimants={("id-edge-c", "2x4"): 5})
+    other_topology = FleetLoad(load.depth, idle_pools=load.idle_pools, claimants={("id-edge-c", "2x4"): 5})
     assert scheduling.place(spec("2x2"), [EDGE_A, EDGE_C], other_topology).clusters[0].name == "edge-c"
 
 
@@ -106,7 +106,38 @@ def test_a_placement_in_the_same_poll_claims_the_idle_pool():
     first = scheduling.place(spec("2x2"), [EDGE_A, EDGE_C], load).clusters[0]
     load.assigned(first.id, "2x2")
     assert first.name == "edge-c" and load.free_idle("id-edge-c", "2x2") == 0
-    assert load.queue_depth == {"id-edge-c": 1}
+    assert load.depth == {("id-edge-c", "2x2"): 1} and load.cluster_depth("id-edge-c") == 1
+
+
+def test_the_shortest_queue_is_the_clusters_tasks_not_yet_running_over_all_its_topologies():
+    load = FleetLoad(depth={("id-edge-a", "2x2"): 1, ("id-edge-a", "2x4"): 2, ("id-edge-c", "2x2"): 2}, running={("id-edge-a", "2x2"): 9})
+    assert [c.name for c in scheduling.place(spec("2x2"), [EDGE_A, EDGE_C], load).clusters] == ["edge-c", "edge-a"]
+
+
+SMALL = cluster("edge-s", "res-s", holds="ct6e-standard-4t", count=6)  # one 4x4 (4 hosts) at a time, three 2x4
+
+
+@pytest.mark.parametrize(
+    ("task", "running", "waiting", "first"),
+    [
+        (spec("4x4"), 0, 0, "edge-s"),  # its slice is free: the shorter queue
+        (spec("4x4"), 1, 0, "edge-b"),  # its one 4x4 slice runs: the task would wait for that run to end
+        (spec("4x4"), 0, 1, "edge-b"),  # ... or for the run of the task ahead of it
+        (spec("2x4"), 2, 0, "edge-s"),  # three 2x4 slices: one is left
+        (spec("2x4"), 2, 1, "edge-b"),
+        (spec("4x4", supply_mode="flex-start"), 1, 0, "edge-s"),  # not the reservation: nothing to count against
+    ],
+)
+def test_a_reservation_whose_slices_for_the_topology_are_all_spoken_for_ranks_after_a_cluster_that_can_acquire_now(task, running, waiting, first):
+    key = (SMALL.id, task.topology)
+    load = FleetLoad(depth={key: waiting, ("id-edge-b", "1x1"): 5}, running={key: running})
+    assert scheduling.place(task, [SMALL, EDGE_B], load).clusters[0].name == first
+
+
+def test_a_reservation_not_read_yet_is_not_counted_full():
+    unread = cluster("edge-n", "res-n")
+    load = FleetLoad(depth={("id-edge-b", "1x1"): 5}, running={(unread.id, "4x4"): 7})
+    assert scheduling.place(spec("4x4"), [unread, EDGE_B], load).clusters[0].name == "edge-n"
 
 
 # ---- move_target ----------------------------------------------------------------------------------

@@ -44,6 +44,25 @@ def test_a_shape_the_reservation_cannot_serve_is_placed_on_a_flex_start_cluster(
     assert ("hint", "edge-b", "1x1") in b.port.calls
 
 
+def test_a_task_goes_where_it_can_begin_to_acquire_while_the_reservation_slice_of_its_topology_is_taken(tmp_path, migrated):
+    """edge-a's reservation holds 6 VMs: one 4x4 slice (4 hosts) at a time. While a 4x4 task
+    runs there, the next 4x4 task goes to the flex-start cluster although its queue is
+    longer; once that run has ended, the next one takes the reservation again."""
+    b = make_bench(tmp_path, migrated, "4x4")
+    edge_b = b.store.add_cluster("edge-b", "proj-b", "us-central1-b", "v6e", "logs-b", "")
+    assert b.store.record_reservation(b.cluster.id, HOLDS_4T, 6, 0, 0)
+    first = b.submit()
+    assert b.task(first).cluster_id == b.cluster.id  # both queues empty: by name
+    b.submit(topology="2x2", supply_mode="flex-start")  # edge-b's queue is the longer one now
+    assert b.store.transition(first, lc.WAITING, lc.DISPATCHING, "picked, an idle pool")
+    assert b.store.transition(first, lc.DISPATCHING, lc.RUNNING, "running")
+    second = b.submit()
+    assert b.task(second).cluster_id == edge_b.id
+    assert b.store.transition(first, lc.RUNNING, lc.SUCCEEDED, "done")
+    third = b.submit()
+    assert b.task(third).cluster_id == b.cluster.id
+
+
 def test_no_cluster_that_can_serve_the_shape_fails_at_intake_naming_each_offer(tmp_path, migrated):
     b = make_bench(tmp_path, migrated, "1x1")
     b.store.record_reservation(b.cluster.id, HOLDS_4T, 4, 0, 0)

@@ -595,6 +595,17 @@ class StartSample:
         return self.pool_at is not None
 
     @property
+    def create_seen(self) -> tuple[float, bool] | None:
+        """What the start says of a create: (its seconds, ended). A create: its acquisition,
+        ended. A pool given after the pick, in place of the acquisition under way: that
+        acquisition had lasted this long and would have lasted longer (not ended). A pool
+        given at the pick: nothing."""
+        if self.pool_at is None:
+            return self.acquire_s, True
+        cut = (self.pool_at - self.picked_at).total_seconds() - self.capacity_wait_s
+        return (max(0.0, cut), False) if self.pool_at > self.picked_at else None
+
+    @property
     def handover_s(self) -> float:
         """A hand-over's own time: given the pool -> Running (0 for a create)."""
         return max(0.0, (self.running_at - self.pool_at).total_seconds()) if self.pool_at is not None else 0.0

@@ -10,9 +10,12 @@ when the history is too thin.
 The model, stated once (docs/operations.md explains it to operators):
 
 1. From the history, three typical times: a *hand-over*
-   (given a pool that existed -> Running: ``StartSample.handed_over``; the median), a *create*
-   (picked -> Running for the others, less the time in ClusterBusy; the median per supply mode, its
-   own few when it has fewer than ``MIN_SAMPLES``, all modes pooled when it has none: a
+   (given a pool whose nodes were Ready -> Running: ``StartSample.handed_over``; the median), a *create*
+   (picked -> Running for the others, less the time in ClusterBusy, a start whose nodes had
+   to come included; a create cut short by a pool given in its place counts as lasting at
+   least as long as it had, Kaplan-Meier, ``StartSample.create_seen``: the creates that end
+   are the short ones where pools come free often; the median per supply mode, its own few
+   when one of them ended, all modes pooled otherwise: a
    flex-start create's capacity wait is not in a reservation's), and a *run* (each run as
    a fraction of its task's ``timeout_seconds``, from the ``RUN_NEIGHBOURS`` runs of the
    history whose timeouts are nearest the task's, counted at the same fraction of the
@@ -31,7 +34,10 @@ The model, stated once (docs/operations.md explains it to operators):
    task that takes it at time s starts one hand-over after the first pool free at or after
    s, when that is before a create taken at s would end; otherwise it creates. A create
    whose task gets a pool that came free before it ended still ends, and its pool serves a
-   later task. A task that started frees its pool at its expected end.
+   later task; not so for a supply whose pool scales from zero (its capacity wait comes after
+   its create, and a pool taken then replaces it), nor for a holder already waiting for
+   the nodes of its new pool, which takes a pool that comes free first (issue 37's rule).
+   A task that started frees its pool at its expected end.
 3. Capacity-bound (the slot holder waits in ClusterBusy, or most of the last
    ``MIN_SAMPLES`` starts did): nothing can be created; each task waits for a pool to come
    free. No hand-over is foreseen when the queue does not hand pools over.
@@ -51,7 +57,8 @@ the split-conformal COVERAGE quantile of the mode's scores (``Model.bound``); a 
 fewer than MIN_SCORES takes the larger of its prior (``PRIOR_SCORES``, PRIOR_SCORE for
 a mode without one) and the quantile of all the queue's scores; a flex-start bound is
 never below its ``MIN_BOUNDS`` (a capacity wait's error is shared by the tasks behind
-it, so its scores come in runs). The bound is calibrated per (cluster, topology, supply mode), so it keeps
+it, so its scores come in runs), nor is the bound of any task behind a flex-start holder
+or a flex-start task of its queue while the queue has one slot (it shares that wait). The bound is calibrated per (cluster, topology, supply mode), so it keeps
 its coverage where the model is wrong, and widens when the model errs more. The scores
 live in the queue's memory: after a restart the prior holds until they are back.
 
@@ -73,7 +80,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from falcon_ray import lifecycle as lc
-from falcon_ray import scheduling
+from falcon_ray import render, scheduling
 from falcon_ray.lifecycle import LeaseState
 from falcon_ray.model import Lease, QueueHistory, QueueTask, StartSample, TaskEvent
 from falcon_ray.spec import SupplyMode
@@ -120,9 +127,8 @@ def sample_from_phases(
     task_id: int, phases: Sequence[tuple[lc.Phase, dt.datetime]], supply_mode: SupplyMode, timeout_s: float
 ) -> StartSample | None:
     """``sample_from_events`` from (phase, entered at) pairs in order: the event log's, or
-    the moves a queue made itself since it picked the task. It was handed a pool that
-    existed when it reached Dispatching before any WaitingForNode (a pool its own create
-    made goes through WaitingForNode while its nodes register)."""
+    the moves a queue made itself since it picked the task (``_given_at``: whether it ran on
+    a pool given to it, and since when)."""
     run = max((i for i, (p, _) in enumerate(phases) if p == lc.RUNNING), default=None)
     if run is None:
         return None
@@ -135,9 +141,29 @@ def sample_from_phases(
     end = next((at for p, at in phases[run + 1 :] if p.status in lc.TERMINAL or p == lc.ABORTING), None)
     running_at = phases[run][1]
     ran = (end - running_at).total_seconds() if end is not None else None
-    first = next(((p, at) for p, at in phases[picked:run] if p in (lc.DISPATCHING, lc.WAITING_FOR_NODE)), None)
-    given = first[1] if first is not None and first[0] == lc.DISPATCHING else None
+    given = _given_at([p for p, _ in phases[picked:run]], [at for _, at in phases[picked:run]], supply_mode)
     return StartSample(task_id, supply_mode, phases[picked][1], running_at, busy, float(timeout_s), ran, given)
+
+
+def _given_at(steps: Sequence[lc.Phase], at: Sequence[dt.datetime], supply_mode: SupplyMode) -> dt.datetime | None:
+    """When the task was given the pool whose Ready nodes it ran on (its last Dispatching),
+    or None when its start waited for nodes to come: the moves from its pick to Running.
+
+    - no Dispatching: its own pool's nodes came for its Job (a pool that scales from zero);
+    - WaitingForNode after the last Dispatching: the pool it was given had no nodes (its own
+      new pool, one whose create it took over, or an idle one the autoscaler had emptied),
+      they came for its Job: an acquisition, not a hand-over;
+    - WaitingForNode before the last Dispatching: on a pool that scales from zero, or after
+      an earlier Dispatching, it was waiting for nodes and took a pool whose nodes were Ready
+      instead (a hand-over then); otherwise its own pool's nodes registered (its create);
+    - neither: given a pool with its nodes, at its pick or in place of its own create."""
+    last = max((i for i, p in enumerate(steps) if p == lc.DISPATCHING), default=None)
+    if last is None or any(p == lc.WAITING_FOR_NODE for p in steps[last + 1 :]):
+        return None
+    nodes = [i for i, p in enumerate(steps[:last]) if p == lc.WAITING_FOR_NODE]
+    if not nodes or render.scales_from_zero(supply_mode) or lc.DISPATCHING in steps[: nodes[0]]:
+        return at[last]
+    return None
 
 
 def ended(sample: StartSample, at: dt.datetime) -> StartSample:
@@ -147,18 +173,54 @@ def ended(sample: StartSample, at: dt.datetime) -> StartSample:
 # ---- the model -----------------------------------------------------------------------------------
 
 
-def _left(durations: Sequence[float], spent: float) -> float | None:
-    """What is left of a duration that has lasted ``spent``: the median of the samples
-    longer than that, less ``spent``; None when none is longer."""
-    longer = [x for x in durations if x > spent]
-    return statistics.median(longer) - spent if longer else None
+def _survival(points: Sequence[tuple[float, bool]]) -> list[tuple[float, float]]:
+    """Kaplan-Meier: (value, share of the durations longer) after each value at which one
+    ended, from (duration, ended) pairs; a duration not ended (censored) counts as lasting at
+    least that long, and an end counts before a censoring at the same value."""
+    ordered = sorted((v, not ended) for v, ended in points)
+    at_risk, s, out = len(ordered), 1.0, []
+    i = 0
+    while i < len(ordered):
+        v = ordered[i][0]
+        ends = 0
+        while i < len(ordered) and ordered[i][0] == v and not ordered[i][1]:
+            ends, i = ends + 1, i + 1
+        if ends:
+            s *= 1.0 - ends / at_risk
+            out.append((v, s))
+            at_risk -= ends
+        while i < len(ordered) and ordered[i][0] == v:
+            at_risk, i = at_risk - 1, i + 1
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _create_steps(samples: tuple[tuple[float, bool], ...]) -> tuple[tuple[float, float], ...]:
+    """``_survival`` of a model's creates: asked for every holder and fresh create of a step."""
+    return tuple(_survival(samples))
+
+
+def _median_after(steps: Sequence[tuple[float, float]], spent: float) -> float | None:
+    """The median of the durations longer than ``spent`` (``_survival``'s steps), or None
+    when it lies past every end seen; exactly half: between that end and the next."""
+    s0 = next((s for v, s in reversed(steps) if v <= spent), 1.0)
+    later = [(v, s) for v, s in steps if v > spent]
+    half = s0 / 2.0
+    for k, (v, s) in enumerate(later):
+        if s <= half + 1e-12:
+            if abs(s - half) <= 1e-12 and k + 1 < len(later):
+                return (v + later[k + 1][0]) / 2.0
+            return v
+    return None
 
 
 @dataclass(frozen=True)
 class Model:
     handover_s: float
-    create_s: dict[SupplyMode, list[float]]  # per mode, sorted; a mode with too few: all of them
-    pooled_create_s: list[float]
+    # (seconds, ended) per mode; not ended: a create cut short by a pool given in its place,
+    # which would have lasted longer; a mode without an ended create: all modes' (pooled)
+    create_s: dict[SupplyMode, tuple[tuple[float, bool], ...]]
+    pooled_create_s: tuple[tuple[float, bool], ...]
     run_fractions: list[tuple[float, float]]  # (timeout, ended run / timeout); empty with fewer than MIN_SAMPLES
     bound_scores: dict[SupplyMode, float] = field(default_factory=dict)  # per mode with MIN_SCORES scores
     pooled_bound: float = PRIOR_SCORE  # the other modes'
@@ -171,20 +233,26 @@ class Model:
         score = own if own is not None else max(self.pooled_bound, PRIOR_SCORES.get(mode, PRIOR_SCORE))
         return max(score, MIN_BOUNDS.get(mode, 0.0))
 
-    def creates(self, mode: SupplyMode) -> list[float]:
+    def creates(self, mode: SupplyMode) -> tuple[tuple[float, bool], ...]:
         return self.create_s.get(mode, self.pooled_create_s)
 
     def create(self, mode: SupplyMode, spent: float = 0.0) -> float | None:
-        """Seconds left of a create of ``mode`` that has run ``spent``; None: no create seen."""
+        """Seconds left of a create of ``mode`` that has run ``spent``: the median of the
+        creates longer than that (Kaplan-Meier: a create cut short by a hand-over counts as
+        lasting at least as long as it had), less ``spent``; None: no create seen."""
         samples = self.creates(mode)
         if not samples:
             return None
-        left = _left(samples, spent)
-        if left is not None:
-            return left
+        steps = _create_steps(samples)
+        median = _median_after(steps, spent)
+        if median is not None:
+            return median - spent
+        longest = max(v for v, _ in samples)
+        if longest > spent:  # past every create that ended, not past every one seen
+            return longest - spent
         # longer than every create seen: it waits for capacity again (a flex-start scale-up
         # that found too little retries after another capacity wait), a typical create more
-        return statistics.median(samples)
+        return _median_after(steps, 0.0) or longest
 
     def runs(self, now: dt.datetime | None = None, going: Collection[int] = ()) -> Runs:
         """The run model at ``now``: the ended runs, and the history's runs of the tasks in
@@ -257,39 +325,15 @@ class Runs:
         if self.offset is not None and timeout_s > 0:
             a = self.offset
             near = tuple((t, min(1.0, max(0.0, f - a / t + a / timeout_s)), e) for t, f, e in near)
-        # an end counts before a censoring at the same fraction (the censored run outlasted it)
-        points = sorted(((f, not ended) for _, f, ended in near))
-        at_risk, s, out = len(points), 1.0, []
-        i = 0
-        while i < len(points):
-            f = points[i][0]
-            ends = 0
-            while i < len(points) and points[i][0] == f and not points[i][1]:
-                ends, i = ends + 1, i + 1
-            if ends:
-                s *= 1.0 - ends / at_risk
-                out.append((f, s))
-                at_risk -= ends
-            while i < len(points) and points[i][0] == f:
-                at_risk, i = at_risk - 1, i + 1
-        return out
+        return _survival([(f, ended) for _, f, ended in near])
 
     def left(self, timeout_s: float, age: float = 0.0) -> float:
         """Seconds left of a run with this timeout that has lasted ``age``: the median of
         the runs longer than that, less ``age``; the rest of its timeout when too few runs
         seen were longer."""
         rest = max(0.0, timeout_s - age)
-        spent = age / timeout_s if timeout_s > 0 else 0.0
-        steps = self._survival(timeout_s)
-        s0 = next((s for f, s in reversed(steps) if f <= spent), 1.0)
-        later = [(f, s) for f, s in steps if f > spent]
-        half = s0 / 2.0
-        for k, (f, s) in enumerate(later):
-            if s <= half + 1e-12:
-                if abs(s - half) <= 1e-12:  # exactly half: between this run and the next one
-                    f = (f + later[k + 1][0]) / 2.0 if k + 1 < len(later) else f
-                return min(max(0.0, f * timeout_s - age), rest)
-        return rest
+        f = _median_after(self._survival(timeout_s), age / timeout_s if timeout_s > 0 else 0.0)
+        return rest if f is None else min(max(0.0, f * timeout_s - age), rest)
 
     def mean(self, timeout_s: float) -> float:
         """The mean length of a run with this timeout that has not started (runs end by
@@ -327,14 +371,15 @@ def _model_of(history: QueueHistory) -> Model | None:
     if len(samples) < MIN_SAMPLES:
         return None
     handed = [s.handover_s for s in samples if s.handed_over]
-    by_mode: dict[SupplyMode, list[float]] = {}
+    by_mode: dict[SupplyMode, list[tuple[float, bool]]] = {}
     for s in samples:
-        if not s.handed_over:
-            by_mode.setdefault(s.supply_mode, []).append(s.acquire_s)
-    # a mode with fewer than MIN_SAMPLES creates: its own few when it has any (another mode's
-    # creates leave out its capacity wait: a flex-start create waits for capacity, a
+        c = s.create_seen
+        if c is not None:
+            by_mode.setdefault(s.supply_mode, []).append(c)
+    # a mode with fewer than MIN_SAMPLES creates: its own few when one of them ended (another
+    # mode's creates leave out its capacity wait: a flex-start create waits for capacity, a
     # reservation's does not), all modes' otherwise
-    per_mode = {m: sorted(v) for m, v in by_mode.items()}
+    per_mode = {m: tuple(sorted(v)) for m, v in by_mode.items() if any(ended for _, ended in v)}
     runs = [(s.timeout_s, min(1.0, s.ran_s / s.timeout_s)) for s in samples if s.ran_s is not None and s.timeout_s > 0]
     scores: dict[SupplyMode, list[float]] = {}
     for mode, x in history.scores:
@@ -343,7 +388,7 @@ def _model_of(history: QueueHistory) -> Model | None:
     return Model(
         statistics.median(handed) if handed else HANDOVER_S,
         per_mode,
-        sorted(x for v in by_mode.values() for x in v),
+        tuple(sorted(x for v in by_mode.values() for x in v)),
         sorted(runs) if len(runs) >= MIN_SAMPLES else [],
         {m: _quantile(v) for m, v in scores.items() if len(v) >= MIN_SCORES},
         max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
@@ -420,13 +465,14 @@ class _Queue:
             heapq.heappush(self.free, start + run)
         return start
 
-    def take(self, t: QueueTask, at: float, create_left: float | None, creating: bool = False) -> float | None:
+    def take(self, t: QueueTask, at: float, create_left: float | None, creating: bool = False, keeps: bool = True) -> float | None:
         """``t`` holds the slot from ``at`` with ``create_left`` seconds of a create to go
-        (None: it cannot create; ``creating``: its create was asked for already): its start."""
+        (None: it cannot create; ``creating``: its create was asked for already; ``keeps``:
+        a create cut short by a pool that comes free goes on, for a later task): its start."""
         pool = self.free[0] if self.free else None
         if pool is not None and (create_left is None or pool < at + create_left):
             heapq.heappop(self.free)
-            if create_left is not None and (creating or pool > at):  # its create goes on, for a later task
+            if create_left is not None and keeps and (creating or pool > at):  # its create goes on, for a later task
                 heapq.heappush(self.free, at + create_left)
             return self.started(t, max(at, pool) + self.m.handover_s)
         if create_left is None:
@@ -437,7 +483,10 @@ class _Queue:
         """``bound``: whether ``t``'s supply waits for capacity with no create to count on
         (None: the queue's ``bound``)."""
         bound = self.bound if bound is None else bound
-        return self.take(t, slot_at, None if bound else self.create(self.mode(t)))
+        mode = self.mode(t)
+        # a pool that scales from zero waits for its nodes after its create: a pool that comes
+        # free then most likely finds it waiting for them, and its own pool goes (dispatch)
+        return self.take(t, slot_at, None if bound else self.create(mode), keeps=not render.scales_from_zero(mode))
 
     def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
         if t.phase == lc.CLUSTER_BUSY:
@@ -448,6 +497,8 @@ class _Queue:
         left = self.m.create(self.mode(t), _age(now, since)) or 0.0
         if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
             return self.take(t, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
+        if t.phase == lc.WAITING_FOR_NODE:  # takes a pool with Ready nodes that comes free first; its own goes
+            return self.take(t, 0.0, left, keeps=False)
         return self.started(t, left)
 
 
@@ -550,15 +601,22 @@ def ranges(
         return {}
     out: dict[int, Range] = {}
     modes: dict[SupplyMode | None, tuple[SupplyMode, float]] = {}
+    # with one slot, a task waits behind the acquisitions ahead of it whatever their supply:
+    # its bound is never below the floor of a supply whose capacity wait it may share
+    # (MIN_BOUNDS: a flex-start holder's, or a flex-start task's ahead of it)
+    floor = 0.0
+    if not per_supply:
+        floor = max((MIN_BOUNDS.get(scheduling.supply_mode_for(h.spec, default_reservation), 0.0) for h in holders if h.phase != lc.DISPATCHING), default=0.0)
     for t in waiting_in_order:
         e = expected.get(t.id)
-        if e is None:
-            continue
-        per = modes.get(t.spec.supply_mode)
-        if per is None:
+        mode_bound = modes.get(t.spec.supply_mode)
+        if mode_bound is None:
             mode = scheduling.supply_mode_for(t.spec, default_reservation)
-            per = modes[t.spec.supply_mode] = (mode, m.bound(mode))
-        out[t.id] = Range(e, latest(e, per[1]), per[0])
+            mode_bound = modes[t.spec.supply_mode] = (mode, m.bound(mode))
+        if e is not None:
+            out[t.id] = Range(e, latest(e, max(mode_bound[1], floor)), mode_bound[0])
+        if not per_supply:
+            floor = max(floor, MIN_BOUNDS.get(mode_bound[0], 0.0))
     return out
 
 

@@ -43,8 +43,8 @@ def history(*samples: StartSample) -> QueueHistory:
     return QueueHistory(tuple(samples))
 
 
-def creates(acquire_s: float, n: int = 3, ran_s: float | None = None, busy_s: float = 0.0) -> list[StartSample]:
-    return [sample(i, acquire_s, busy_s=busy_s, ran_s=ran_s) for i in range(n)]
+def creates(acquire_s: float, n: int = 3, ran_s: float | None = None, busy_s: float = 0.0, mode: SupplyMode = FLEX) -> list[StartSample]:
+    return [sample(i, acquire_s, busy_s=busy_s, ran_s=ran_s, mode=mode) for i in range(n)]
 
 
 def handovers(acquire_s: float, n: int = 3, ran_s: float | None = None) -> list[StartSample]:
@@ -66,10 +66,18 @@ CASES = [
         {2: 20.0, 3: 620.0}, id="idle-pool-handed-over",
     ),
     pytest.param(  # the same idle pool with its nodes gone is handed over cold: it comes when an
-        # acquisition begun at its create would (600 - 50 s), not now; task 2's own create serves 3
+        # acquisition begun at its create would (600 - 50 s), not now; a flex-start pool's nodes
+        # come after its create, so no create of task 2 goes on for task 3, which creates once
+        # task 2 runs
         history(*creates(600), *handovers(20)), [], [], [W2, W3],
         eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)], cold=frozenset({7})),
-        {2: 550.0 + 20, 3: 600.0 + 20}, id="idle-pool-handed-over-cold",
+        {2: 550.0 + 20, 3: 570.0 + 600}, id="idle-pool-handed-over-cold",
+    ),
+    pytest.param(  # a reservation pool's create is most of its acquisition: one cut short by a
+        # pool that comes free goes on and serves task 3
+        history(*creates(600, mode=RES), *handovers(20)), [], [], [task(2, lc.WAITING, mode="reservation"), task(3, lc.WAITING, mode="reservation")],
+        eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)], cold=frozenset({7})),
+        {2: 550.0 + 20, 3: 600.0 + 20}, id="idle-pool-handed-over-cold-reservation",
     ),
     pytest.param(  # a running task ends (600 s of its 1200 s timeout: 0.5) before a create would
         history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2, W3],
@@ -79,6 +87,13 @@ CASES = [
         history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [task(1, lc.PROVISIONING, age_s=300)],
         [task(9, lc.RUNNING, age_s=400)], [W2], eta.Pools(held={1: lease(5, LeaseState.CREATING, 300, task_id=1, ready=False)}),
         {2: 600.0 + 20}, id="holder-switches-create-goes-on",
+    ),
+    pytest.param(  # the holder waiting for the nodes of its new pool takes the running task's pool
+        # when it comes free (200 s), and its own pool goes: task 2 waits for the holder's run
+        # (its mean, 600 s), not for the holder's pool (at 600 s)
+        history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [task(1, lc.WAITING_FOR_NODE, age_s=300)],
+        [task(9, lc.RUNNING, age_s=400)], [W2], eta.Pools(held={1: lease(5, LeaseState.IN_USE, 300, task_id=1)}),
+        {2: 220.0 + 600 + 20}, id="holder-waiting-for-nodes-switches",
     ),
     pytest.param(  # the queue does not hand pools over: creates only
         history(*creates(900, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2], eta.Pools(handover=False),
@@ -219,25 +234,59 @@ def test_a_create_that_outlasted_every_sample_takes_a_typical_create_more():
     assert got == {2: pytest.approx(300 + 300)}  # not "now": it waits for capacity again
 
 
+def cut(i: int, after_s: float, mode: SupplyMode = FLEX) -> StartSample:
+    """A start whose own create was cut short ``after_s`` after its pick by a pool that came free."""
+    picked = NOW - dt.timedelta(hours=4 - i * 0.1)
+    given = picked + dt.timedelta(seconds=after_s)
+    return StartSample(200 + i, mode, picked, given + dt.timedelta(seconds=20), 0.0, 1200, None, given)
+
+
+def test_a_create_cut_short_by_a_hand_over_counts_as_lasting_longer():
+    # creates ended at 500 s and 3,000 s (its capacity came); four were cut at 600-900 s by
+    # pools that came free: they say those creates took longer than that (Kaplan-Meier: the
+    # median is 3,000 s), neither 750 s (counted as ended) nor 1,750 s (left out)
+    h = history(sample(0, 3000), sample(1, 500), *(cut(i, 600 + 100 * i) for i in range(4)), *handovers(20))
+    assert eta.estimate(NOW, h, [], [], [W2], "", eta.Pools()) == {2: pytest.approx(3000)}
+    holder = task(1, lc.PROVISIONING, age_s=1000)  # a create under way for 1,000 s: 2,000 s more
+    got = eta.estimate(NOW, h, [holder], [], [W2], "", eta.Pools(held={1: lease(5, LeaseState.CREATING, 1000, task_id=1, ready=False)}))
+    assert got == {2: pytest.approx(2000 + 3000)}
+
+
+def test_creates_all_cut_short_take_the_longest_seen():
+    # no flex-start create ended: all modes' creates, three reservation ones of 300 s and four
+    # flex-start ones cut at 600-900 s, whose median lies past every end seen: the longest
+    # seen (not 300 s, as if the cut ones said nothing)
+    h = history(*(sample(i, 300, mode=RES) for i in range(3)), *(cut(i, 600 + 100 * i) for i in range(4)))
+    assert eta.estimate(NOW, h, [], [], [W2], "", eta.Pools()) == {2: pytest.approx(900)}
+
+
 W, P, B, N, D, R = ("Pending", "Waiting"), ("Pending", "Provisioning"), ("Pending", "ClusterBusy"), \
     ("Pending", "WaitingForNode"), ("Pending", "Dispatching"), ("Running", "")  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "steps, times, handed, acquire, handover",
+    "steps, times, mode, handed, acquire, handover, create",
     [
-        ([W, D, R], [0, 100, 130], True, 30, 30),  # picked with an idle pool there
-        ([W, D, N, R], [0, 100, 110, 190], True, 90, 90),  # ... one the autoscaler had emptied
-        ([W, P, N, D, R], [0, 100, 500, 560, 590], False, 490, 0),  # its own create: nodes register
-        ([W, P, N, R], [0, 100, 500, 800], False, 700, 0),  # its own flex-start create: Job first, nodes after
-        ([W, P, D, R], [0, 100, 300, 320], True, 220, 20),  # switched to a pool that came free
-        ([W, B, D, R], [0, 100, 700, 720], True, 20, 20),  # a capacity wait a pool that came free ended
+        ([W, D, R], [0, 100, 130], RES, True, 30, 30, None),  # picked with an idle pool there
+        # ... one the autoscaler had emptied: its nodes came for its Job, an acquisition
+        ([W, D, N, R], [0, 100, 110, 190], RES, False, 90, 0, (90, True)),
+        ([W, P, N, D, R], [0, 100, 500, 560, 590], RES, False, 490, 0, (490, True)),  # its own create: nodes register
+        ([W, P, N, R], [0, 100, 500, 800], FLEX, False, 700, 0, (700, True)),  # its own flex-start create: Job first, nodes after
+        # switched to a pool that came free: its create, cut at 200 s, would have lasted longer
+        ([W, P, D, R], [0, 100, 300, 320], RES, True, 220, 20, (200, False)),
+        ([W, B, D, R], [0, 100, 700, 720], RES, True, 20, 20, (0, False)),  # a capacity wait a pool that came free ended
+        # a flex-start pool's nodes come for the Job (WaitingForNode -> Running): a Dispatching
+        # after WaitingForNode is a pool with Ready nodes taken instead of its own
+        ([W, P, N, D, R], [0, 100, 700, 2000, 2020], FLEX, True, 1920, 20, (1900, False)),
+        # given a pool without nodes, waited for them, then took one whose nodes were Ready
+        ([W, P, D, N, D, R], [0, 100, 200, 200, 1500, 1520], RES, True, 1420, 20, (1400, False)),
+        ([W, P, D, N, R], [0, 100, 200, 200, 1500], FLEX, False, 1400, 0, (1400, True)),  # took over a create, waited for it
     ],
 )
-def test_sample_tells_a_hand_over_from_a_create(steps, times, handed, acquire, handover):
+def test_sample_tells_a_hand_over_from_a_create(steps, times, mode, handed, acquire, handover, create):
     events = [TaskEvent(1, NOW + dt.timedelta(seconds=x), st, rs, "") for x, (st, rs) in zip(times, steps, strict=True)]
-    s = eta.sample_from_events(1, events, SupplyMode.RESERVATION, 1200)
-    assert s is not None and (s.handed_over, s.acquire_s, s.handover_s) == (handed, acquire, handover)
+    s = eta.sample_from_events(1, events, mode, 1200)
+    assert s is not None and (s.handed_over, s.acquire_s, s.handover_s, s.create_seen) == (handed, acquire, handover, create)
 
 
 def test_sample_from_events_leaves_out_the_capacity_wait():
@@ -323,6 +372,25 @@ def test_a_mode_with_few_scores_takes_the_prior_or_the_queues_wider_quantile():
     assert eta.ranges(NOW, own, [], [], [W2], "", eta.Pools())[2].latest == pytest.approx(300 + eta.MIN_BOUNDS[FLEX] * 600)
     res = task(2, lc.WAITING, mode="reservation")
     assert eta.ranges(NOW, own, [], [], [res], "", eta.Pools())[2].latest == pytest.approx(300)
+
+
+def test_a_reservation_task_behind_a_flex_start_acquisition_shares_its_floor():
+    # the reservation tasks' recent estimates were exact (scores 0): alone in the queue, the
+    # latest start is the expected one; behind a flex-start holder or a flex-start task ahead
+    # (one slot) it waits for that capacity too, and its latest start is at least twice its wait
+    own = QueueHistory(tuple(creates(300)), tuple((m, 0.0) for m in (FLEX, RES) for _ in range(eta.MIN_SCORES)))
+    r2, r3 = task(2, lc.WAITING, mode="reservation"), task(3, lc.WAITING, mode="reservation")
+    alone = eta.ranges(NOW, own, [], [], [r2, r3], "", eta.Pools())
+    assert (alone[2].latest, alone[3].latest) == (alone[2].expected, alone[3].expected)
+    holder = task(1, lc.PROVISIONING, age_s=100)  # flex-start
+    behind = eta.ranges(NOW, own, [holder], [], [r2], "", eta.Pools())
+    assert behind[2].latest == pytest.approx(behind[2].expected + eta.MIN_BOUNDS[FLEX] * (behind[2].expected + eta.SCALE_S))
+    after = eta.ranges(NOW, own, [], [], [r2, W3, r3], "", eta.Pools())  # W3 is flex-start
+    assert after[2].latest == after[2].expected
+    assert after[3].latest == pytest.approx(after[3].expected + eta.MIN_BOUNDS[FLEX] * (after[3].expected + eta.SCALE_S))
+    # a slot per supply: a reservation task does not wait behind a flex-start create
+    per = eta.ranges(NOW, own, [holder], [], [r2], "", eta.Pools(), per_supply=True)
+    assert per[2].latest == per[2].expected
 
 
 def test_a_flex_start_task_without_scores_of_its_mode_gets_a_wider_prior_than_a_reservation_task():

@@ -435,11 +435,9 @@ def reservation_full(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> flo
     a little early, never the other way."""
     if supply_mode_for(spec, c.default_reservation) != SupplyMode.RESERVATION:
         return 0.0
-    count = getattr(c, "reservation_count", None)
-    if count is None:
+    if c.reservation_count is None:
         return 0.0
-    slices = count // spec.shape.hosts
-    return 1.0 if load.live(c.id, spec.topology) >= slices else 0.0
+    return 1.0 if load.live(c.id, spec.topology) >= c.reservation_count // spec.shape.hosts else 0.0
 
 
 def shortest_queue(c: RankableCluster, spec: TaskSpec, load: FleetLoad) -> float:

@@ -141,11 +141,11 @@ def sample_from_phases(
     end = next((at for p, at in phases[run + 1 :] if p.status in lc.TERMINAL or p == lc.ABORTING), None)
     running_at = phases[run][1]
     ran = (end - running_at).total_seconds() if end is not None else None
-    given = _given_at([p for p, _ in phases[picked:run]], [at for _, at in phases[picked:run]], supply_mode)
+    given = _given_at(phases[picked:run], supply_mode)
     return StartSample(task_id, supply_mode, phases[picked][1], running_at, busy, float(timeout_s), ran, given)
 
 
-def _given_at(steps: Sequence[lc.Phase], at: Sequence[dt.datetime], supply_mode: SupplyMode) -> dt.datetime | None:
+def _given_at(moves: Sequence[tuple[lc.Phase, dt.datetime]], supply_mode: SupplyMode) -> dt.datetime | None:
     """When the task was given the pool whose Ready nodes it ran on (its last Dispatching),
     or None when its start waited for nodes to come: the moves from its pick to Running.
 
@@ -157,13 +157,14 @@ def _given_at(steps: Sequence[lc.Phase], at: Sequence[dt.datetime], supply_mode:
       an earlier Dispatching, it was waiting for nodes and took a pool whose nodes were Ready
       instead (a hand-over then); otherwise its own pool's nodes registered (its create);
     - neither: given a pool with its nodes, at its pick or in place of its own create."""
+    steps = [p for p, _ in moves]
     last = max((i for i, p in enumerate(steps) if p == lc.DISPATCHING), default=None)
-    if last is None or any(p == lc.WAITING_FOR_NODE for p in steps[last + 1 :]):
+    if last is None or lc.WAITING_FOR_NODE in steps[last + 1 :]:
         return None
-    nodes = [i for i, p in enumerate(steps[:last]) if p == lc.WAITING_FOR_NODE]
-    if not nodes or render.scales_from_zero(supply_mode) or lc.DISPATCHING in steps[: nodes[0]]:
-        return at[last]
-    return None
+    if lc.WAITING_FOR_NODE not in steps[:last]:
+        return moves[last][1]
+    first_wait = steps.index(lc.WAITING_FOR_NODE)
+    return moves[last][1] if render.scales_from_zero(supply_mode) or lc.DISPATCHING in steps[:first_wait] else None
 
 
 def ended(sample: StartSample, at: dt.datetime) -> StartSample:
@@ -252,7 +253,8 @@ class Model:
             return longest - spent
         # longer than every create seen: it waits for capacity again (a flex-start scale-up
         # that found too little retries after another capacity wait), a typical create more
-        return _median_after(steps, 0.0) or longest
+        typical = _median_after(steps, 0.0)
+        return typical if typical is not None else longest
 
     def runs(self, now: dt.datetime | None = None, going: Collection[int] = ()) -> Runs:
         """The run model at ``now``: the ended runs, and the history's runs of the tasks in
@@ -604,9 +606,8 @@ def ranges(
     # with one slot, a task waits behind the acquisitions ahead of it whatever their supply:
     # its bound is never below the floor of a supply whose capacity wait it may share
     # (MIN_BOUNDS: a flex-start holder's, or a flex-start task's ahead of it)
-    floor = 0.0
-    if not per_supply:
-        floor = max((MIN_BOUNDS.get(scheduling.supply_mode_for(h.spec, default_reservation), 0.0) for h in holders if h.phase != lc.DISPATCHING), default=0.0)
+    acquiring = () if per_supply else [h for h in holders if h.phase != lc.DISPATCHING]
+    floor = max((MIN_BOUNDS.get(scheduling.supply_mode_for(h.spec, default_reservation), 0.0) for h in acquiring), default=0.0)
     for t in waiting_in_order:
         e = expected.get(t.id)
         mode_bound = modes.get(t.spec.supply_mode)

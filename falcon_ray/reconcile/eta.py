@@ -39,8 +39,12 @@ The model, stated once (docs/operations.md explains it to operators):
    the nodes of its new pool, which takes a pool that comes free first (issue 37's rule).
    A task that started frees its pool at its expected end.
 3. Capacity-bound (the slot holder waits in ClusterBusy, or most of the last
-   ``MIN_SAMPLES`` starts did): nothing can be created; each task waits for a pool to come
-   free. No hand-over is foreseen when the queue does not hand pools over.
+   ``MIN_SAMPLES`` starts did): each task waits for room and then creates, unless a pool of
+   the queue comes free first. Room comes free where the queue's own pools do not show it
+   (another topology's run on the same reservation or chips ends): the wait for it is
+   what is left of the waits for capacity the queue's starts went through
+   (``Model.after_busy``); with none in the history, a task waits for a pool to come free
+   only. No hand-over is foreseen when the queue does not hand pools over.
 
 No estimate without ``MIN_SAMPLES`` starts, nor capacity-bound without as many ended runs,
 nor for the tasks from the first one that has neither a pool to wait for nor a create time
@@ -227,6 +231,7 @@ class Model:
     pooled_bound: float = PRIOR_SCORE  # the other modes'
     running: tuple[tuple[int, float, dt.datetime], ...] = ()  # (task, timeout, running since) of the runs not ended
     run_offset: float | None = None  # ``_offset_of(run_fractions)``, worked out once per history
+    busy_s: tuple[tuple[float, bool], ...] = ()  # the waits for capacity (ClusterBusy) the starts went through
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
@@ -255,6 +260,24 @@ class Model:
         # that found too little retries after another capacity wait), a typical create more
         typical = _median_after(steps, 0.0)
         return typical if typical is not None else longest
+
+    def after_busy(self, mode: SupplyMode, spent: float = 0.0) -> float | None:
+        """Seconds until a task of ``mode`` that has waited ``spent`` for capacity
+        (ClusterBusy) has its pool: what is left of the waits for capacity the queue's starts
+        went through (the median of those longer than ``spent``), then a create. None: no
+        such wait or no create seen. Room comes free where the queue's own pools do not
+        show it: another topology's run on the same reservation or chips ends. A wait longer
+        than all those seen is expected to last twice the longest, doubled until it is past
+        the time spent: the promise moves a few times over a long wait, not at every step."""
+        create = self.create(mode)
+        if not self.busy_s or create is None:
+            return None
+        median = _median_after(_create_steps(self.busy_s), spent)
+        if median is None:
+            median = self.busy_s[-1][0]
+            while median <= spent:
+                median *= 2.0
+        return median - spent + create
 
     def runs(self, now: dt.datetime | None = None, going: Collection[int] = ()) -> Runs:
         """The run model at ``now``: the ended runs, and the history's runs of the tasks in
@@ -396,6 +419,7 @@ def _model_of(history: QueueHistory) -> Model | None:
         max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
         tuple((s.task_id, s.timeout_s, s.running_at) for s in samples if s.ran_s is None and s.timeout_s > 0),
         _offset_of(runs) if len(runs) >= MIN_SAMPLES else None,
+        tuple(sorted((s.capacity_wait_s, True) for s in samples if s.capacity_wait_s > 0)),
     )
 
 
@@ -448,6 +472,7 @@ class _Queue:
         # a fresh create per mode (a median) and a whole run per timeout (a mean): asked once
         # per value, not once per waiting task (a queue of 10,000 has a few modes and timeouts)
         self.fresh_create: dict[SupplyMode, float | None] = {}
+        self.fresh_busy: dict[SupplyMode, float | None] = {}
         self.whole_run: dict[float, float] = {}
 
     def mode(self, t: QueueTask) -> SupplyMode:
@@ -457,6 +482,11 @@ class _Queue:
         if mode not in self.fresh_create:
             self.fresh_create[mode] = self.m.create(mode)
         return self.fresh_create[mode]
+
+    def after_busy(self, mode: SupplyMode) -> float | None:
+        if mode not in self.fresh_busy:
+            self.fresh_busy[mode] = self.m.after_busy(mode)
+        return self.fresh_busy[mode]
 
     def started(self, t: QueueTask, start: float) -> float:
         if self.m.run_fractions:
@@ -488,11 +518,14 @@ class _Queue:
         mode = self.mode(t)
         # a pool that scales from zero waits for its nodes after its create: a pool that comes
         # free then most likely finds it waiting for them, and its own pool goes (dispatch)
-        return self.take(t, slot_at, None if bound else self.create(mode), keeps=not render.scales_from_zero(mode))
+        if bound:  # it waits for room (ClusterBusy) and creates then, unless a pool comes free first
+            return self.take(t, slot_at, self.after_busy(mode), keeps=False)
+        return self.take(t, slot_at, self.create(mode), keeps=not render.scales_from_zero(mode))
 
     def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
         if t.phase == lc.CLUSTER_BUSY:
-            return self.take(t, 0.0, None)
+            # room or a pool that comes free first; no create asked yet, none goes on
+            return self.take(t, 0.0, self.m.after_busy(self.mode(t), _age(now, t.phase_since)), keeps=False)
         if t.phase == lc.DISPATCHING:
             return self.started(t, max(0.0, self.m.handover_s - _age(now, t.phase_since)))
         since = lease.created_at if lease is not None else t.phase_since

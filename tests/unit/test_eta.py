@@ -99,10 +99,28 @@ CASES = [
         history(*creates(900, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2], eta.Pools(handover=False),
         {2: 900.0}, id="no-handover-setting",
     ),
-    pytest.param(  # capacity-bound: the holder waits for the running task's pool, task 2 for the holder's
+    pytest.param(  # capacity-bound, room seen to come in 400 s: the holder (50 s in ClusterBusy)
+        # takes the running task's pool, free at 200 s, before room would come (350 s left and
+        # a create); task 2 then waits for room and creates (400 + 30 s) before the holder's
+        # run ends (its mean, 600 s)
         history(*creates(30, busy_s=400, ran_s=600)), [task(1, lc.CLUSTER_BUSY, age_s=50)],
         [task(9, lc.RUNNING, age_s=100, timeout=600)], [task(2, lc.WAITING, timeout=2000)], eta.Pools(),
-        {2: 200 + 60 + 600 + 60}, id="capacity-bound-waits-for-pools",  # no hand-over seen yet: 60 s
+        {2: 200 + 60 + 400 + 30}, id="capacity-bound-room-or-pools",  # no hand-over seen yet: 60 s
+    ),
+    pytest.param(  # capacity-bound, room seen to come in 2,000 s: the holder takes the running
+        # task's pool, task 2 the holder's, each before room would come; no create of the holder
+        # goes on (it asked for none)
+        history(*creates(30, busy_s=2000, ran_s=600)), [task(1, lc.CLUSTER_BUSY, age_s=50)],
+        [task(9, lc.RUNNING, age_s=100, timeout=600)], [task(2, lc.WAITING, timeout=2000)], eta.Pools(),
+        {2: 200 + 60 + 600 + 60}, id="capacity-bound-waits-for-pools",
+    ),
+    pytest.param(  # capacity-bound, nothing running: the holder's room comes at the median of
+        # the waits longer than its 300 s (500 and 900: 700), then it creates (30 s); task 2
+        # waits for room from the holder's start (the median, 500 s) and creates, before the
+        # holder's run ends (its mean, 600 s)
+        history(sample(0, 30, busy_s=100, ran_s=600), sample(1, 30, busy_s=500, ran_s=600), sample(2, 30, busy_s=900, ran_s=600)),
+        [task(1, lc.CLUSTER_BUSY, age_s=300)], [], [W2], eta.Pools(),
+        {2: 400 + 30 + 500 + 30}, id="capacity-bound-room-comes",
     ),
     pytest.param(  # too little history
         history(*creates(300, n=2)), [], [], [W2], eta.Pools(), {}, id="two-starts-no-estimate",
@@ -439,3 +457,17 @@ def test_with_a_slot_per_supply_a_task_waits_only_for_its_own_supplys_holder_and
     got = eta.estimate(NOW, history(*creates(300), *[sample(20 + i, 200, mode=RES) for i in range(3)]), [creating], [],
                        [W2, res_waiting], "", eta.Pools(), per_supply=True)  # fmt: skip
     assert got == pytest.approx({2: 500.0, 4: 200.0})
+
+
+def test_room_is_expected_after_the_waits_for_capacity_seen_then_a_create():
+    """``Model.after_busy``: what is left of the queue's waits for capacity (ClusterBusy) longer
+    than the time spent, then a create; past every wait seen, twice the longest, doubled until
+    past the time spent, so the expected start stays put while the wait goes on."""
+    m = eta.model_of(history(sample(0, 30, busy_s=100, ran_s=600), sample(1, 30, busy_s=500, ran_s=600), sample(2, 30, busy_s=900, ran_s=600)))
+    assert m is not None
+    assert m.after_busy(FLEX) == pytest.approx(500 + 30)
+    assert m.after_busy(FLEX, 300) == pytest.approx(700 - 300 + 30)
+    assert m.after_busy(FLEX, 1000) == pytest.approx(1800 - 1000 + 30)
+    # the same expected start (the wait's start + 3,600 s + a create) from 2,000 s to 3,500 s
+    assert [spent + m.after_busy(FLEX, spent) for spent in (2000, 2700, 3500)] == pytest.approx([3630] * 3)
+    assert eta.model_of(history(*creates(30, ran_s=600))).after_busy(FLEX) is None  # no wait for capacity seen

@@ -219,6 +219,17 @@ def _median_after(steps: Sequence[tuple[float, float]], spent: float) -> float |
     return None
 
 
+def _beyond(longest: float, spent: float) -> float:
+    """How long a wait for room that has lasted ``spent``, longer than the ``longest`` seen,
+    is expected to last: twice the longest, doubled until past the time spent. The expected
+    end stays put while the wait goes on and moves a few times over a long one (promised a
+    typical wait from now, it would move at every step: a Message rewritten each time)."""
+    end = max(longest, 1.0)
+    while end <= spent:
+        end *= 2.0
+    return end
+
+
 @dataclass(frozen=True)
 class Model:
     handover_s: float
@@ -274,9 +285,7 @@ class Model:
             return None
         median = _median_after(_create_steps(self.busy_s), spent)
         if median is None:
-            median = self.busy_s[-1][0]
-            while median <= spent:
-                median *= 2.0
+            median = _beyond(self.busy_s[-1][0], spent)
         return median - spent + create
 
     def runs(self, now: dt.datetime | None = None, going: Collection[int] = ()) -> Runs:

@@ -29,7 +29,7 @@ The model, stated once (docs/operations.md explains it to operators):
    heavy-tailed runs follows their mean, not their median.
 2. Pools come free for the queue's topology: an idle pool now (when its create ends; with
    its nodes gone, when an acquisition begun at its create would: ``Pools.cold``, a cold
-   hand-over),
+   hand-over, and then only to a task of the pool's supply mode, as the queue hands one),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
    s, when that is before a create taken at s would end; otherwise it creates. A create
@@ -473,11 +473,17 @@ def _age(now: dt.datetime, since: dt.datetime | None) -> float:
 
 
 class _Queue:
-    """The slot passed task by task over a heap of the times pools come free."""
+    """The slot passed task by task over heaps of the times pools come free: ``free``, pools
+    whose nodes are Ready then (any task takes one), and ``short``, per supply mode, idle
+    pools whose nodes must still come (only a task of that mode takes one:
+    ``Decision.free_idle``)."""
 
-    def __init__(self, m: Model, runs: Runs, bound: bool, free: list[float], default_reservation: str) -> None:
+    def __init__(
+        self, m: Model, runs: Runs, bound: bool, free: list[float], default_reservation: str, short: Mapping[SupplyMode, list[float]] | None = None
+    ) -> None:
         self.m, self.runs, self.bound, self.free, self.default_reservation = m, runs, bound, free, default_reservation
         heapq.heapify(self.free)
+        self.short = {mode: sorted(v) for mode, v in (short or {}).items()}  # sorted lists are heaps
         # a fresh create per mode (a median) and a whole run per timeout (a mean): asked once
         # per value, not once per waiting task (a queue of 10,000 has a few modes and timeouts)
         self.fresh_create: dict[SupplyMode, float | None] = {}
@@ -506,13 +512,20 @@ class _Queue:
             heapq.heappush(self.free, start + run)
         return start
 
-    def take(self, t: QueueTask, at: float, create_left: float | None, creating: bool = False, keeps: bool = True) -> float | None:
+    def take(
+        self, t: QueueTask, at: float, create_left: float | None, creating: bool = False, keeps: bool = True, ready: bool = False
+    ) -> float | None:
         """``t`` holds the slot from ``at`` with ``create_left`` seconds of a create to go
         (None: it cannot create; ``creating``: its create was asked for already; ``keeps``:
-        a create cut short by a pool that comes free goes on, for a later task): its start."""
-        pool = self.free[0] if self.free else None
+        a create cut short by a pool that comes free goes on, for a later task; ``ready``:
+        it takes only a pool whose nodes are Ready): its start."""
+        heap = self.free
+        short = None if ready else self.short.get(self.mode(t))
+        if short and (not heap or short[0] < heap[0]):
+            heap = short
+        pool = heap[0] if heap else None
         if pool is not None and (create_left is None or pool < at + create_left):
-            heapq.heappop(self.free)
+            heapq.heappop(heap)
             if create_left is not None and keeps and (creating or pool > at):  # its create goes on, for a later task
                 heapq.heappush(self.free, at + create_left)
             return self.started(t, max(at, pool) + self.m.handover_s)
@@ -542,7 +555,7 @@ class _Queue:
         if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
             return self.take(t, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
         if t.phase == lc.WAITING_FOR_NODE:  # takes a pool with Ready nodes that comes free first; its own goes
-            return self.take(t, 0.0, left, keeps=False)
+            return self.take(t, 0.0, left, keeps=False, ready=True)
         return self.started(t, left)
 
 
@@ -571,14 +584,17 @@ def estimate(
     if (capacity_bound if per_supply else bound) and not m.run_fractions:
         return {}
     free: list[float] = []
+    short: dict[SupplyMode, list[float]] = {}
     runs = m.runs(now, {t.id for t in running})
     if pools.handover:
         for lease in pools.idle:
-            warm = lease.ready_at is not None and lease.id not in pools.cold
-            free.append(0.0 if warm else m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
+            if lease.ready_at is not None and lease.id not in pools.cold:
+                free.append(0.0)
+            else:  # its nodes come when an acquisition begun at its create would, for its own supply
+                short.setdefault(lease.supply_mode, []).append(m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
         if m.run_fractions:
             free += [runs.left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
-    q = _Queue(m, runs, bound, free, default_reservation)
+    q = _Queue(m, runs, bound, free, default_reservation, short)
     if per_supply:
         return _per_supply(q, now, holders, waiting_in_order, pools, capacity_bound)
     slot_at: float | None = 0.0

@@ -26,9 +26,9 @@ def task(tid: int, phase, age_s: float = 0.0, timeout: int = 1200, mode: str = "
     return QueueTask(tid, f"t{tid}", "alice", phase, since, None, spec, None, None, "", phase_since=since)
 
 
-def lease(lid: int, state: LeaseState, age_s: float, task_id: int | None = None, ready: bool = True) -> Lease:
+def lease(lid: int, state: LeaseState, age_s: float, task_id: int | None = None, ready: bool = True, mode: SupplyMode = FLEX) -> Lease:
     at = NOW - dt.timedelta(seconds=age_s)
-    return Lease(lid, "c", "2x2", f"p{lid}", FLEX, state, task_id, None, 0, "", at, at, at if ready else None, None, None)
+    return Lease(lid, "c", "2x2", f"p{lid}", mode, state, task_id, None, 0, "", at, at, at if ready else None, None, None)
 
 
 def sample(i: int, acquire_s: float, handed: bool = False, busy_s: float = 0.0, ran_s: float | None = None,
@@ -76,8 +76,21 @@ CASES = [
     pytest.param(  # a reservation pool's create is most of its acquisition: one cut short by a
         # pool that comes free goes on and serves task 3
         history(*creates(600, mode=RES), *handovers(20)), [], [], [task(2, lc.WAITING, mode="reservation"), task(3, lc.WAITING, mode="reservation")],
-        eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)], cold=frozenset({7})),
+        eta.Pools(idle=[lease(7, LeaseState.IDLE, 50, mode=RES)], cold=frozenset({7})),
         {2: 550.0 + 20, 3: 600.0 + 20}, id="idle-pool-handed-over-cold-reservation",
+    ),
+    pytest.param(  # a cold idle pool of another supply goes to no task of this one (the queue hands
+        # it only with every node Ready): the reservation tasks create one after another
+        history(*creates(600, mode=RES), *handovers(20)), [], [], [task(2, lc.WAITING, mode="reservation"), task(3, lc.WAITING, mode="reservation")],
+        eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)], cold=frozenset({7})),
+        {2: 600.0, 3: 1200.0}, id="cold-pool-of-another-supply-not-taken",
+    ),
+    pytest.param(  # a slot holder waiting for its new pool's nodes (600 s left) takes a pool
+        # with Ready nodes only: the cold idle pool of its supply (its nodes in 400 s) is not
+        # one; task 2, picked when the holder runs, takes it
+        history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [task(1, lc.WAITING_FOR_NODE, age_s=300)], [], [W2],
+        eta.Pools(idle=[lease(7, LeaseState.IDLE, 500)], held={1: lease(5, LeaseState.IN_USE, 300, task_id=1)}, cold=frozenset({7})),
+        {2: 600.0 + 20}, id="holder-waiting-for-nodes-takes-no-cold-pool",
     ),
     pytest.param(  # a running task ends (600 s of its 1200 s timeout: 0.5) before a create would
         history(*creates(900, ran_s=600), *handovers(20, ran_s=600)), [], [task(9, lc.RUNNING, age_s=400)], [W2, W3],

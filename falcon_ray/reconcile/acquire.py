@@ -8,11 +8,10 @@ Dispatching, besides the flex-start tasks whose capacity wait has parked
 slot (``pick.hand_over_ready``). ``acquire(d, t)`` moves each one step:
 
 - an idle pool of its topology appears: it switches to it (abandoning its own create
-  to keep-or-delete; a pool of another supply mode only with every node Ready:
-  ``Decision.free_idle``); in WaitingForNode short of Ready nodes, it switches to an idle pool
+  to keep-or-delete); in WaitingForNode short of Ready nodes, it switches to an idle pool
   whose every node is Ready (its own pool and Job deleted) -- ``switch_to_idle``;
 - no lease yet (or just picked: ``create_at_pick``, in the pick's group when the create
-  needs no other step first): the cluster must be reachable; an idle pool of its supply mode whose create an aborted
+  needs no other step first): the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
   made; before all that, a task that GKE refused for capacity waits out its backoff
   (``capacity.backing_off``); otherwise the supply decision is made (reservation
@@ -144,9 +143,8 @@ def claim_idle(d: Decision, t: QueueTask, idle: Lease, leaving: str = "") -> lis
 def switch_to_idle(d: Decision, t: QueueTask, lease: Lease | None) -> bool:
     """An idle pool of the topology comes free while ``t`` waits for GKE: take it.
 
-    - its own create has not finished (no lease, Requested, Creating): an idle pool of its
-      supply mode, or of another with every node Ready (the one with the most Ready
-      nodes), its own create going to keep-or-delete;
+    - its own create has not finished (no lease, Requested, Creating): any idle pool (the
+      one with the most Ready nodes), its own create going to keep-or-delete;
     - its pool is up and short of Ready nodes (WaitingForNode; a pool that scales from zero
       has its Job already): only an idle pool whose every node is Ready, a hand-over that
       needs nothing from GKE. Its own pool and Job are deleted (the pool held the nodes

@@ -12,8 +12,7 @@ such waits: ``Decision.slot_free``) and the cluster is active, the pick rule
 (``scheduling.pick_next`` on the heads of the highest priority: no pass over the
 waiting list) chooses; its move out of Waiting (to Provisioning or Dispatching) is
 what records its actor as the last granted (``store.queues``); an
-idle pool goes straight to the chosen task (hand-over: Dispatching; one of another supply
-mode only with every node Ready, ``Decision.free_idle``), otherwise it
+idle pool goes straight to the chosen task (hand-over: Dispatching), otherwise it
 becomes Provisioning, with its pool's lease and create in the same group when the create
 needs no other step first (``acquire.create_at_pick``). The chosen task joins ``d.holders`` and leaves the waiting list (``d.leave``).
 With ``slot_per_supply`` (and not ``strict_slot``) each supply mode has its own slot: the

@@ -197,7 +197,7 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
     if d.cluster.error:
         unreachable(d, t)
         return
-    pending = d.finishing_idle(t)
+    pending = d.finishing_idle()
     if pending is not None:  # a pool an aborted task started: wait for its create, not a second pool
         d.claimed.add(pending.id)
         d.say(t, d.msg("waiting_for_abandoned_pool", pool=pending.name), "waiting for an abandoned pool")
@@ -328,7 +328,7 @@ def create_at_pick(d: Decision, t: QueueTask, mode: SupplyMode, *first: Effect) 
     capacity refusal to wait out, the cluster reachable, no abandoned create to wait for):
     its Waiting -> Provisioning move names the pool, in the pick's group (``first``), as
     the next round's ``no_pool_yet`` would. False (nothing added) otherwise."""
-    if mode == SupplyMode.RESERVATION or capacity.wait_of(d, t) is not None or d.cluster.error or d.finishing_idle(t) is not None:
+    if mode == SupplyMode.RESERVATION or capacity.wait_of(d, t) is not None or d.cluster.error or d.finishing_idle() is not None:
         return False
     create_pool(d, t, mode, *first)
     return True

@@ -224,18 +224,14 @@ class Decision:
         first: a pool the autoscaler emptied would make the task wait for capacity while
         another idle pool of its topology holds nodes (a 1,000-task soak ended with a queue
         stuck so). ``ready``: only a pool whose every node is Ready (a hand-over that needs no
-        capacity from GKE). A pool of another supply mode than ``t``'s only with every node
-        Ready: one short of nodes would make ``t`` wait for that supply's capacity (a
-        reservation task on an empty flex-start pool waits for capacity GKE promises no time
-        for, where its reservation may have room now)."""
+        capacity from GKE)."""
         run_s = float(t.spec.timeout_seconds)
         held = self.reservation_short(t)  # a reservation pool's hosts go to an older task's held room (hold)
-        hosts, mode = t.spec.shape.hosts, self.supply_of(t)
+        hosts = t.spec.shape.hosts
         free = [
             l for l in self.idle
             if l.id not in self.claimed and self.handable(l) and nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s)
-            and not (held and l.supply_mode == SupplyMode.RESERVATION)
-            and ((not ready and l.supply_mode == mode) or self.ready_nodes(l.name) >= hosts)
+            and not (held and l.supply_mode == SupplyMode.RESERVATION) and (not ready or self.ready_nodes(l.name) >= hosts)
         ]  # fmt: skip
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
 
@@ -243,12 +239,9 @@ class Decision:
         p = self.cluster.pools.get(pool)
         return p.ready if p is not None else 0
 
-    def finishing_idle(self, t: QueueTask) -> Lease | None:
-        """An idle pool whose create its task abandoned and which is not finished yet, of
-        ``t``'s supply mode (``free_idle`` would not hand it another's before its nodes are
-        all Ready)."""
-        mode = self.supply_of(t)
-        return next((l for l in self.idle if l.id not in self.claimed and l.ready_at is None and l.supply_mode == mode), None)
+    def finishing_idle(self) -> Lease | None:
+        """An idle pool whose create its task abandoned and which is not finished yet."""
+        return next((l for l in self.idle if l.id not in self.claimed and l.ready_at is None), None)
 
     def handable(self, lease: Lease) -> bool:
         return lease.ready_at is not None and not any(

@@ -63,17 +63,22 @@ def pick(d: Decision) -> None:
             nxt = scheduling.pick_next(heads, last)
             if nxt is None:
                 break
+            others_acquire = bool(taken) or not d.slot_free()  # a task of another supply acquires (or was just granted)
             taken.add(d.supply_of(nxt))
-            last = grant(d, nxt)
+            last = grant(d, nxt, own_supply=others_acquire)
     if not s.strict_slot:
         hand_over_ready(d, last)
 
 
-def grant(d: Decision, nxt: QueueTask) -> str:
-    """``nxt`` takes the slot: an idle pool goes to it (hand-over; one of another supply mode
-    only with every node Ready, ``Decision.free_idle``), else it becomes Provisioning (with
-    its lease and create when nothing comes first). Returns its actor, the last granted."""
+def grant(d: Decision, nxt: QueueTask, own_supply: bool = False) -> str:
+    """``nxt`` takes the slot: an idle pool goes to it (hand-over), else it becomes
+    Provisioning (with its lease and create when nothing comes first). Returns its actor,
+    the last granted. ``own_supply``: it took its supply's slot while a task of another
+    supply acquires, so an idle pool of another supply goes to it only with every node
+    Ready (one short of nodes would acquire that supply's capacity)."""
     idle = d.free_idle(nxt)
+    if idle is not None and own_supply and idle.supply_mode != d.supply_of(nxt):
+        idle = d.free_idle(nxt, ready=True)
     if idle is not None:
         d.add(f"task {nxt.id}: picked, hand-over of {idle.name}", *claim_idle(d, nxt, idle))
     else:

@@ -29,7 +29,7 @@ The model, stated once (docs/operations.md explains it to operators):
    heavy-tailed runs follows their mean, not their median.
 2. Pools come free for the queue's topology: an idle pool now (when its create ends; with
    its nodes gone, when an acquisition begun at its create would: ``Pools.cold``, a cold
-   hand-over, and then only to a task of the pool's supply mode, as the queue hands one),
+   hand-over, which a slot holder waiting for its own new pool's nodes does not take),
    a running task's pool at that task's expected end. The slot passes in pick order; the
    task that takes it at time s starts one hand-over after the first pool free at or after
    s, when that is before a create taken at s would end; otherwise it creates. A create
@@ -474,16 +474,16 @@ def _age(now: dt.datetime, since: dt.datetime | None) -> float:
 
 class _Queue:
     """The slot passed task by task over heaps of the times pools come free: ``free``, pools
-    whose nodes are Ready then (any task takes one), and ``short``, per supply mode, idle
-    pools whose nodes must still come (only a task of that mode takes one:
-    ``Decision.free_idle``)."""
+    whose nodes are Ready then, and ``short``, idle pools whose nodes must still come, which
+    a slot holder waiting for the nodes of its own new pool does not take
+    (``acquire.switch_to_idle``)."""
 
     def __init__(
-        self, m: Model, runs: Runs, bound: bool, free: list[float], default_reservation: str, short: Mapping[SupplyMode, list[float]] | None = None
+        self, m: Model, runs: Runs, bound: bool, free: list[float], default_reservation: str, short: list[float] | None = None
     ) -> None:
         self.m, self.runs, self.bound, self.free, self.default_reservation = m, runs, bound, free, default_reservation
         heapq.heapify(self.free)
-        self.short = {mode: sorted(v) for mode, v in (short or {}).items()}  # sorted lists are heaps
+        self.short = sorted(short or ())  # a sorted list is a heap
         # a fresh create per mode (a median) and a whole run per timeout (a mean): asked once
         # per value, not once per waiting task (a queue of 10,000 has a few modes and timeouts)
         self.fresh_create: dict[SupplyMode, float | None] = {}
@@ -520,9 +520,8 @@ class _Queue:
         a create cut short by a pool that comes free goes on, for a later task; ``ready``:
         it takes only a pool whose nodes are Ready): its start."""
         heap = self.free
-        short = None if ready else self.short.get(self.mode(t))
-        if short and (not heap or short[0] < heap[0]):
-            heap = short
+        if not ready and self.short and (not heap or self.short[0] < heap[0]):
+            heap = self.short
         pool = heap[0] if heap else None
         if pool is not None and (create_left is None or pool < at + create_left):
             heapq.heappop(heap)
@@ -584,14 +583,14 @@ def estimate(
     if (capacity_bound if per_supply else bound) and not m.run_fractions:
         return {}
     free: list[float] = []
-    short: dict[SupplyMode, list[float]] = {}
+    short: list[float] = []
     runs = m.runs(now, {t.id for t in running})
     if pools.handover:
         for lease in pools.idle:
             if lease.ready_at is not None and lease.id not in pools.cold:
                 free.append(0.0)
-            else:  # its nodes come when an acquisition begun at its create would, for its own supply
-                short.setdefault(lease.supply_mode, []).append(m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
+            else:  # its nodes come when an acquisition begun at its create would
+                short.append(m.create(lease.supply_mode, _age(now, lease.created_at)) or 0.0)
         if m.run_fractions:
             free += [runs.left(float(t.spec.timeout_seconds), _age(now, t.phase_since)) for t in running]
     q = _Queue(m, runs, bound, free, default_reservation, short)

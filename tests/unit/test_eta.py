@@ -79,12 +79,6 @@ CASES = [
         eta.Pools(idle=[lease(7, LeaseState.IDLE, 50, mode=RES)], cold=frozenset({7})),
         {2: 550.0 + 20, 3: 600.0 + 20}, id="idle-pool-handed-over-cold-reservation",
     ),
-    pytest.param(  # a cold idle pool of another supply goes to no task of this one (the queue hands
-        # it only with every node Ready): the reservation tasks create one after another
-        history(*creates(600, mode=RES), *handovers(20)), [], [], [task(2, lc.WAITING, mode="reservation"), task(3, lc.WAITING, mode="reservation")],
-        eta.Pools(idle=[lease(7, LeaseState.IDLE, 50)], cold=frozenset({7})),
-        {2: 600.0, 3: 1200.0}, id="cold-pool-of-another-supply-not-taken",
-    ),
     pytest.param(  # a slot holder waiting for its new pool's nodes (600 s left) takes a pool
         # with Ready nodes only: the cold idle pool of its supply (its nodes in 400 s) is not
         # one; task 2, picked when the holder runs, takes it

@@ -201,7 +201,8 @@ def _survival(points: Sequence[tuple[float, bool]]) -> list[tuple[float, float]]
 
 @functools.lru_cache(maxsize=256)
 def _create_steps(samples: tuple[tuple[float, bool], ...]) -> tuple[tuple[float, float], ...]:
-    """``_survival`` of a model's creates: asked for every holder and fresh create of a step."""
+    """``_survival`` of a model's creates (or of its waits for room): asked for every holder
+    and fresh create of a step."""
     return tuple(_survival(samples))
 
 

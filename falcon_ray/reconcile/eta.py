@@ -551,7 +551,9 @@ class _Queue:
         if t.phase == lc.DISPATCHING:
             return self.started(t, max(0.0, self.m.handover_s - _age(now, t.phase_since)))
         since = lease.created_at if lease is not None else t.phase_since
-        left = self.m.create(self.mode(t), _age(now, since)) or 0.0
+        # a pool it took over acquires that pool's supply (an emptied flex-start pool handed
+        # to a reservation task waits for flex-start capacity)
+        left = self.m.create(lease.supply_mode if lease is not None else self.mode(t), _age(now, since)) or 0.0
         if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
             return self.take(t, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
         if t.phase == lc.WAITING_FOR_NODE:  # takes a pool with Ready nodes that comes free first; its own goes
@@ -663,9 +665,14 @@ def ranges(
     modes: dict[SupplyMode | None, tuple[SupplyMode, float]] = {}
     # with one slot, a task waits behind the acquisitions ahead of it whatever their supply:
     # its bound is never below the floor of a supply whose capacity wait it may share
-    # (MIN_BOUNDS: a flex-start holder's, or a flex-start task's ahead of it)
+    # (MIN_BOUNDS: a holder's acquiring flex-start, on its own pool or one it took over, or a
+    # flex-start task's ahead of it)
     acquiring = () if per_supply else [h for h in holders if h.phase != lc.DISPATCHING]
-    floor = max((MIN_BOUNDS.get(scheduling.supply_mode_for(h.spec, default_reservation), 0.0) for h in acquiring), default=0.0)
+    held = pools.held if pools is not None else {}
+    floor = max(
+        (MIN_BOUNDS.get(held[h.id].supply_mode if h.id in held else scheduling.supply_mode_for(h.spec, default_reservation), 0.0) for h in acquiring),
+        default=0.0,
+    )
     for t in waiting_in_order:
         e = expected.get(t.id)
         mode_bound = modes.get(t.spec.supply_mode)

@@ -478,3 +478,18 @@ def test_room_is_expected_after_the_waits_for_capacity_seen_then_a_create():
     # the same expected start (the wait's start + 3,600 s + a create) from 2,000 s to 3,500 s
     assert [spent + m.after_busy(FLEX, spent) for spent in (2000, 2700, 3500)] == pytest.approx([3630] * 3)
     assert eta.model_of(history(*creates(30, ran_s=600))).after_busy(FLEX) is None  # no wait for capacity seen
+
+
+def test_a_holder_on_a_pool_it_took_over_waits_for_that_pool_s_supply():
+    """A reservation task given an emptied flex-start pool (its task aborted while it waited
+    for capacity) waits for flex-start capacity: its create is counted at the flex-start
+    creates' length (3,000 s, 300 s spent), not the reservation's (200 s), and the task
+    behind it gets the flex-start floor under its bound."""
+    hist = history(*creates(200, mode=RES), *[sample(10 + i, 3000) for i in range(3)])
+    holder = task(1, lc.WAITING_FOR_NODE, age_s=100, mode="reservation")
+    taken = lease(5, LeaseState.IN_USE, 300, task_id=1)  # flex-start, created 300 s ago by the aborted task
+    behind = task(2, lc.WAITING, mode="reservation")
+    pools = eta.Pools(held={1: taken})
+    assert eta.estimate(NOW, hist, [holder], [], [behind], "", pools) == pytest.approx({2: 2700.0 + 200})
+    got = eta.ranges(NOW, hist, [holder], [], [behind], "", pools)[2]
+    assert got.latest >= 2900.0 + eta.MIN_BOUNDS[FLEX] * (2900.0 + eta.SCALE_S)

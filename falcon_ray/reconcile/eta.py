@@ -243,7 +243,7 @@ class Model:
     pooled_bound: float = PRIOR_SCORE  # the other modes'
     running: tuple[tuple[int, float, dt.datetime], ...] = ()  # (task, timeout, running since) of the runs not ended
     run_offset: float | None = None  # ``_offset_of(run_fractions)``, worked out once per history
-    busy_s: tuple[tuple[float, bool], ...] = ()  # the waits for capacity (ClusterBusy) the starts went through
+    busy_s: tuple[tuple[float, bool], ...] = ()  # (seconds, ended in room) of the starts' waits in ClusterBusy
 
     def bound(self, mode: SupplyMode) -> float:
         """The score the latest start of a task of ``mode`` adds (``latest``)."""
@@ -275,14 +275,16 @@ class Model:
 
     def after_busy(self, mode: SupplyMode, spent: float = 0.0) -> float | None:
         """Seconds until a task of ``mode`` that has waited ``spent`` for capacity
-        (ClusterBusy) has its pool: what is left of the waits for capacity the queue's starts
-        went through (the median of those longer than ``spent``), then a create. None: no
-        such wait or no create seen. Room comes free where the queue's own pools do not
-        show it: another topology's run on the same reservation or chips ends. A wait longer
-        than all those seen is expected to last twice the longest, doubled until it is past
-        the time spent: the promise moves a few times over a long wait, not at every step."""
+        (ClusterBusy) gets room from outside the queue, then creates: the median of the
+        queue's waits for room longer than ``spent`` (Kaplan-Meier: a wait that ended in a
+        pool of the queue handed over would have lasted longer), then a create. None when no
+        wait of the queue ended in room (a queue alone on its reservation gets room only from
+        its own pools) or no create was seen. Room comes free where the queue's own pools do
+        not show it: another topology's run on the same reservation or chips ends. A wait
+        longer than all those seen is expected to last twice the longest, doubled until it is
+        past the time spent: the promise moves a few times over a long wait, not at every step."""
         create = self.create(mode)
-        if not self.busy_s or create is None:
+        if create is None or not any(ended for _, ended in self.busy_s):
             return None
         median = _median_after(_create_steps(self.busy_s), spent)
         if median is None:
@@ -429,7 +431,9 @@ def _model_of(history: QueueHistory) -> Model | None:
         max(PRIOR_SCORE, _quantile(pooled)) if len(pooled) >= MIN_SCORES else PRIOR_SCORE,
         tuple((s.task_id, s.timeout_s, s.running_at) for s in samples if s.ran_s is None and s.timeout_s > 0),
         _offset_of(runs) if len(runs) >= MIN_SAMPLES else None,
-        tuple(sorted((s.capacity_wait_s, True) for s in samples if s.capacity_wait_s > 0)),
+        # a wait for room that ended in a pool of the queue handed over says only that room had
+        # not come from elsewhere by then (censored)
+        tuple(sorted((s.capacity_wait_s, not s.handed_over) for s in samples if s.capacity_wait_s > 0)),
     )
 
 

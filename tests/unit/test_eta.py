@@ -493,3 +493,18 @@ def test_a_holder_on_a_pool_it_took_over_waits_for_that_pool_s_supply():
     assert eta.estimate(NOW, hist, [holder], [], [behind], "", pools) == pytest.approx({2: 2700.0 + 200})
     got = eta.ranges(NOW, hist, [holder], [], [behind], "", pools)[2]
     assert got.latest >= 2900.0 + eta.MIN_BOUNDS[FLEX] * (2900.0 + eta.SCALE_S)
+
+
+def test_a_queue_whose_waits_for_room_ended_in_its_own_pools_counts_on_its_pools_only():
+    """Waits in ClusterBusy that ended in a pool of the queue handed over say room never came
+    from elsewhere (a queue alone on its reservation): the holder and the task behind wait
+    for the queue's own pools, as before; one wait that ended in room makes room expected
+    (Kaplan-Meier over the others, censored)."""
+    alone = history(*[sample(i, 30, handed=True, busy_s=400, ran_s=600) for i in range(3)], *creates(30, ran_s=600))
+    m = eta.model_of(alone)
+    assert m is not None and m.after_busy(FLEX) is None
+    holder, running = task(1, lc.CLUSTER_BUSY, age_s=50), task(9, lc.RUNNING, age_s=100, timeout=600)
+    got = eta.estimate(NOW, alone, [holder], [running], [task(2, lc.WAITING, timeout=2000)], "", eta.Pools())
+    assert got == pytest.approx({2: 200 + 30 + 600 + 30})  # the running task's pool, then the holder's
+    mixed = history(*[sample(i, 30, handed=True, busy_s=400, ran_s=600) for i in range(2)], sample(5, 30, busy_s=900, ran_s=600))
+    assert eta.model_of(mixed).after_busy(FLEX) == pytest.approx(900 + 30)

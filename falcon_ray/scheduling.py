@@ -46,7 +46,7 @@ from enum import StrEnum
 from typing import Protocol, TypeVar
 
 from falcon_ray import tpu
-from falcon_ray.model import Destination, Disruption, QueueTask, WaitingQueue, deadline_key, has_run
+from falcon_ray.model import Destination, Disruption, Lease, QueueTask, WaitingQueue, deadline_key, has_run
 from falcon_ray.render import FLEX_START_MAX_RUN_SECONDS
 from falcon_ray.spec import SupplyMode, TaskSpec
 
@@ -262,6 +262,12 @@ def supply_mode_for(spec: TaskSpec, default_reservation: str) -> SupplyMode:
     if spec.supply_mode is not None:
         return spec.supply_mode
     return SupplyMode.RESERVATION if default_reservation else SupplyMode.FLEX_START
+
+
+def acquiring_mode(spec: TaskSpec, lease: Lease | None, default_reservation: str) -> SupplyMode:
+    """The supply a task acquires: its pool's, once it holds one (a pool it took over may be
+    of another supply), else its spec's (``supply_mode_for``)."""
+    return lease.supply_mode if lease is not None else supply_mode_for(spec, default_reservation)
 
 
 # --- the start deadline of a task the poller holds ------------------------------------

@@ -72,7 +72,7 @@ def waited_for(d: Decision, t: QueueTask) -> str:
     """What ``t`` waits for in its phase, in words (the deadline Message's middle part)."""
     q = d.queue
     lease = d.lease_by_task.get(t.id)
-    supply = (lease.supply_mode if lease is not None else scheduling.supply_mode_for(t.spec, q.cluster.default_reservation)).value
+    supply = scheduling.acquiring_mode(t.spec, lease, q.cluster.default_reservation).value
     pool = lease.name if lease is not None else t.node_pool_name
     if t.phase == lc.WAITING:
         return d.msg("deadline_wait_waiting", cluster=q.cluster.name, topology=q.topology)

@@ -200,9 +200,9 @@ def _survival(points: Sequence[tuple[float, bool]]) -> list[tuple[float, float]]
 
 
 @functools.lru_cache(maxsize=256)
-def _create_steps(samples: tuple[tuple[float, bool], ...]) -> tuple[tuple[float, float], ...]:
-    """``_survival`` of a model's creates (or of its waits for room): asked for every holder
-    and fresh create of a step."""
+def _survival_steps(samples: tuple[tuple[float, bool], ...]) -> tuple[tuple[float, float], ...]:
+    """``_survival`` of a model's creates or waits for room: asked for every holder and fresh
+    create of a step."""
     return tuple(_survival(samples))
 
 
@@ -261,7 +261,7 @@ class Model:
         samples = self.creates(mode)
         if not samples:
             return None
-        steps = _create_steps(samples)
+        steps = _survival_steps(samples)
         median = _median_after(steps, spent)
         if median is not None:
             return median - spent
@@ -286,7 +286,7 @@ class Model:
         create = self.create(mode)
         if create is None or not any(ended for _, ended in self.busy_s):
             return None
-        median = _median_after(_create_steps(self.busy_s), spent)
+        median = _median_after(_survival_steps(self.busy_s), spent)
         if median is None:
             median = _beyond(self.busy_s[-1][0], spent)
         return median - spent + create
@@ -542,10 +542,10 @@ class _Queue:
         (None: the queue's ``bound``)."""
         bound = self.bound if bound is None else bound
         mode = self.mode(t)
-        # a pool that scales from zero waits for its nodes after its create: a pool that comes
-        # free then most likely finds it waiting for them, and its own pool goes (dispatch)
         if bound:  # it waits for room (ClusterBusy) and creates then, unless a pool comes free first
             return self.take(t, slot_at, self.after_busy(mode), keeps=False)
+        # a pool that scales from zero waits for its nodes after its create: a pool that comes
+        # free then most likely finds it waiting for them, and its own pool goes (dispatch)
         return self.take(t, slot_at, self.create(mode), keeps=not render.scales_from_zero(mode))
 
     def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
@@ -557,7 +557,7 @@ class _Queue:
         since = lease.created_at if lease is not None else t.phase_since
         # a pool it took over acquires that pool's supply (an emptied flex-start pool handed
         # to a reservation task waits for flex-start capacity)
-        left = self.m.create(lease.supply_mode if lease is not None else self.mode(t), _age(now, since)) or 0.0
+        left = self.m.create(scheduling.acquiring_mode(t.spec, lease, self.default_reservation), _age(now, since)) or 0.0
         if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
             return self.take(t, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
         if t.phase == lc.WAITING_FOR_NODE:  # takes a pool with Ready nodes that comes free first; its own goes
@@ -673,10 +673,7 @@ def ranges(
     # flex-start task's ahead of it)
     acquiring = () if per_supply else [h for h in holders if h.phase != lc.DISPATCHING]
     held = pools.held if pools is not None else {}
-    floor = max(
-        (MIN_BOUNDS.get(held[h.id].supply_mode if h.id in held else scheduling.supply_mode_for(h.spec, default_reservation), 0.0) for h in acquiring),
-        default=0.0,
-    )
+    floor = max((MIN_BOUNDS.get(scheduling.acquiring_mode(h.spec, held.get(h.id), default_reservation), 0.0) for h in acquiring), default=0.0)
     for t in waiting_in_order:
         e = expected.get(t.id)
         mode_bound = modes.get(t.spec.supply_mode)

@@ -12,8 +12,10 @@ asked through the port every round; the queue's rows and leases are kept between
 in a ``QueueMirror`` (``actors.queue_mirror``), with the queue's recent starts for the
 start estimates (``QueueHistory``: read once from the event log, bounded, then kept up to
 date from the queue's own moves; with it the scores of the tasks' first start estimates
-against their starts, which calibrate the latest start, ``eta.score``: kept in memory
-only, so a restarted queue shows the prior's wider range until it has scored again). Every effect is idempotent, so the process may die at
+against their starts, which calibrate the latest start, ``eta.score``, and the queue's
+latest arrivals, the rate of the round robin's overtakers: both kept in memory only, so a
+restarted queue shows the prior's wider range until it has scored again, and counts as
+arrivals the rows it reads first). Every effect is idempotent, so the process may die at
 any line: the constructor is the recovery path, there is no other.
 
 The loop
@@ -125,6 +127,8 @@ class QueueReconciler:
         # scored against its start (eta.score), the scores kept newest last
         self.promised: dict[int, tuple[dt.datetime, float, SupplyMode]] = {}
         self.scores: list[tuple[SupplyMode, float]] = []
+        self.arrivals: dict[int, tuple[dt.datetime, str]] = {}  # the latest tasks to come into the queue, by id
+        self.arrivals_value: tuple[tuple[dt.datetime, str], ...] = ()  # oldest first
         self.ranges: dict[int, tuple[dt.datetime, float, float]] = {}  # the last step's: (decided at, expected s, latest s)
         self.clusters: list[Cluster] | None = None  # the registry as last read; None: read it
         self.clusters_at = -float("inf")  # when the registry was last read
@@ -367,11 +371,25 @@ class QueueReconciler:
                 self.history = [x for x in self.history if x.task_id != tid] + [sample]
         self.started.clear()
         del self.history[: -eta.HISTORY_TASKS]
-        samples, scores = tuple(self.history), tuple(self.scores)
+        self._arrivals()
+        samples, scores, arrivals = tuple(self.history), tuple(self.scores), self.arrivals_value
         h = self.history_value
-        if h is None or h.samples != samples or h.scores != scores:
-            self.history_value = QueueHistory(samples, scores)  # the same value (and its model, eta.model_of) while no start is added
+        if h is None or h.samples != samples or h.scores != scores or h.arrivals is not arrivals:
+            # the same value (and its model, eta.model_of) while no start or arrival is added
+            self.history_value = QueueHistory(samples, scores, arrivals)
         return self.history_value
+
+    def _arrivals(self) -> None:
+        """The tasks new to the mirror join the queue's latest ``eta.ARRIVALS_KEPT`` arrivals."""
+        arrived = self.mirror.arrived
+        if not arrived:
+            return
+        for created, actor, tid in arrived:
+            self.arrivals[tid] = (created, actor)
+        arrived.clear()
+        kept = sorted(self.arrivals.items(), key=lambda x: (x[1][0], x[0]))[-eta.ARRIVALS_KEPT :]
+        self.arrivals = dict(kept)
+        self.arrivals_value = tuple(v for _, v in kept)
 
     def _sample(self, tid: int, mode, spec: TaskSpec | str, phases: list) -> StartSample | None:
         """One start from the task's (phase, entered at) pairs."""

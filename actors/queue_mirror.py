@@ -67,6 +67,9 @@ class QueueMirror:
         self.leases: list[Lease] | None = None  # None: never read
         self.leases_stale = True
         self.must_read = True
+        # rows new to the mirror since the queue last took them, (created_at, actor, id): the
+        # queue keeps its recent arrivals for the start estimate (``eta._Overtakers``)
+        self.arrived: list[tuple[dt.datetime, str, int]] = []
         self._init_caches()
         self._init_values()
 
@@ -108,6 +111,7 @@ class QueueMirror:
         for tid in gone:
             self.drop(tid)
         self.changed |= gone | got.keys()
+        self.arrived += [(row.created_at, row.actor, tid) for tid, row in got.items() if tid not in self.rows]
         self.rows.update(got)
         self._entries_read(read, got)
         if read.last_granted is not None:

@@ -619,6 +619,9 @@ class QueueHistory:
     # the calibration of the latest start: (supply mode, ``eta.score`` of a task's first
     # estimate against its actual start), newest last, ``eta.SCORES_KEPT`` at most
     scores: tuple[tuple[SupplyMode, float], ...] = ()
+    # the tasks that came into the queue, (created_at, actor), oldest first,
+    # ``eta.ARRIVALS_KEPT`` at most: the rate of the round robin's overtakers
+    arrivals: tuple[tuple[dt.datetime, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,13 @@ The model, stated once (docs/operations.md explains it to operators):
    what is left of the waits for capacity the queue's starts went through
    (``Model.after_busy``); with none in the history, a task waits for a pool to come free
    only. No hand-over is foreseen when the queue does not hand pools over.
+4. Overtakers (one slot): the pick rule grants one actor twice running only while no other
+   actor has a task waiting, so where the pick order does, a task of another actor that
+   arrives by then is picked between the two. Arrivals are foreseen at the rate of the
+   queue's last ``ARRIVALS_KEPT`` (``QueueHistory.arrivals``), one at such a grant once the
+   arrivals of other actors expected by then, less those foreseen already, reach
+   ``OVERTAKE_AT``; it acquires and runs as the queue's recent starts did. Higher-priority
+   arrivals, which overtake every task, are not foreseen.
 
 No estimate without ``MIN_SAMPLES`` starts, nor capacity-bound without as many ended runs,
 nor for the tasks from the first one that has neither a pool to wait for nor a create time
@@ -110,6 +117,12 @@ PRIOR_SCORES = {SupplyMode.FLEX_START: 3.5}
 # be a few independent draws; a flex-start latest start is at least twice the expected wait
 MIN_BOUNDS = {SupplyMode.FLEX_START: 1.0}
 SCORES_KEPT = 40  # scores kept per queue (all modes)
+
+# the round robin's overtakers: tasks of other actors that arrive while a task waits behind
+# its own actor's and are picked before it (``_Overtakers``)
+ARRIVALS_KEPT = 40  # the queue's latest arrivals kept for their rate
+MIN_ARRIVALS = 5  # fewer: no overtaker foreseen
+OVERTAKE_AT = math.log(2)  # expected arrivals at which one has come for one in two (Poisson)
 
 
 # ---- the history, from the event log -----------------------------------------------------------
@@ -508,9 +521,8 @@ class _Queue:
             self.fresh_busy[mode] = self.m.after_busy(mode)
         return self.fresh_busy[mode]
 
-    def started(self, t: QueueTask, start: float) -> float:
+    def started(self, timeout: float, start: float) -> float:
         if self.m.run_fractions:
-            timeout = float(t.spec.timeout_seconds)
             run = self.whole_run.get(timeout)
             if run is None:
                 run = self.whole_run[timeout] = self.runs.mean(timeout)
@@ -518,9 +530,9 @@ class _Queue:
         return start
 
     def take(
-        self, t: QueueTask, at: float, create_left: float | None, creating: bool = False, keeps: bool = True, ready: bool = False
+        self, timeout: float, at: float, create_left: float | None, creating: bool = False, keeps: bool = True, ready: bool = False
     ) -> float | None:
-        """``t`` holds the slot from ``at`` with ``create_left`` seconds of a create to go
+        """A task of ``timeout`` holds the slot from ``at`` with ``create_left`` seconds of a create to go
         (None: it cannot create; ``creating``: its create was asked for already; ``keeps``:
         a create cut short by a pool that comes free goes on, for a later task; ``ready``:
         it takes only a pool whose nodes are Ready): its start."""
@@ -532,37 +544,82 @@ class _Queue:
             heapq.heappop(heap)
             if create_left is not None and keeps and (creating or pool > at):  # its create goes on, for a later task
                 heapq.heappush(self.free, at + create_left)
-            return self.started(t, max(at, pool) + self.m.handover_s)
+            return self.started(timeout, max(at, pool) + self.m.handover_s)
         if create_left is None:
             return None  # nothing to wait for, nothing to create: no basis
-        return self.started(t, at + create_left)
+        return self.started(timeout, at + create_left)
 
     def waiting(self, t: QueueTask, slot_at: float, bound: bool | None = None) -> float | None:
         """``bound``: whether ``t``'s supply waits for capacity with no create to count on
         (None: the queue's ``bound``)."""
+        return self.waiting_as(self.mode(t), float(t.spec.timeout_seconds), slot_at, bound)
+
+    def waiting_as(self, mode: SupplyMode, timeout: float, slot_at: float, bound: bool | None = None) -> float | None:
+        """``waiting`` for a task of ``mode`` and ``timeout`` (one known or an overtaker to come)."""
         bound = self.bound if bound is None else bound
-        mode = self.mode(t)
         if bound:  # it waits for room (ClusterBusy) and creates then, unless a pool comes free first
-            return self.take(t, slot_at, self.after_busy(mode), keeps=False)
+            return self.take(timeout, slot_at, self.after_busy(mode), keeps=False)
         # a pool that scales from zero waits for its nodes after its create: a pool that comes
         # free then most likely finds it waiting for them, and its own pool goes (dispatch)
-        return self.take(t, slot_at, self.create(mode), keeps=not render.scales_from_zero(mode))
+        return self.take(timeout, slot_at, self.create(mode), keeps=not render.scales_from_zero(mode))
 
     def holder(self, t: QueueTask, lease: Lease | None, now: dt.datetime) -> float | None:
+        timeout = float(t.spec.timeout_seconds)
         if t.phase == lc.CLUSTER_BUSY:
             # room or a pool that comes free first; no create asked yet, none goes on
-            return self.take(t, 0.0, self.m.after_busy(self.mode(t), _age(now, t.phase_since)), keeps=False)
+            return self.take(timeout, 0.0, self.m.after_busy(self.mode(t), _age(now, t.phase_since)), keeps=False)
         if t.phase == lc.DISPATCHING:
-            return self.started(t, max(0.0, self.m.handover_s - _age(now, t.phase_since)))
+            return self.started(timeout, max(0.0, self.m.handover_s - _age(now, t.phase_since)))
         since = lease.created_at if lease is not None else t.phase_since
         # a pool it took over acquires that pool's supply (an emptied flex-start pool handed
         # to a reservation task waits for flex-start capacity)
         left = self.m.create(scheduling.acquiring_mode(t.spec, lease, self.default_reservation), _age(now, since)) or 0.0
         if lease is None or lease.state in (LeaseState.REQUESTED, LeaseState.CREATING):
-            return self.take(t, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
+            return self.take(timeout, 0.0, left, creating=lease is not None)  # switches to a pool that comes free first
         if t.phase == lc.WAITING_FOR_NODE:  # takes a pool with Ready nodes that comes free first; its own goes
-            return self.take(t, 0.0, left, keeps=False, ready=True)
-        return self.started(t, left)
+            return self.take(timeout, 0.0, left, keeps=False, ready=True)
+        return self.started(timeout, left)
+
+
+class _Overtakers:
+    """The tasks of other actors that will arrive while a task waits and be picked before
+    it. The pick rule gives the slot to the oldest actor's head but never twice running to
+    one actor while another has a task waiting: where the pick order grants one actor twice
+    in a row (nobody else waits then), a task of another actor that has arrived by then is
+    picked between the two. Arrivals come at the queue's recent rate (its last
+    ``ARRIVALS_KEPT``, Poisson), and one is foreseen at a grant when the arrivals expected by
+    then, less those already foreseen, reach ``OVERTAKE_AT``. An overtaker acquires and runs
+    as the queue's recent starts did (their commonest supply, their median timeout)."""
+
+    def __init__(self, history: QueueHistory, now: dt.datetime, last_granted: str) -> None:
+        arrivals = history.arrivals
+        window = _age(now, arrivals[0][0]) if arrivals else 0.0
+        self.on = len(arrivals) >= MIN_ARRIVALS and window > 0.0 and bool(history.samples)
+        self.last = last_granted
+        self.seen = 0
+        if not self.on:
+            return
+        self.rate = len(arrivals) / window
+        self.share: dict[str, float] = {}
+        for _, actor in arrivals:
+            self.share[actor] = self.share.get(actor, 0.0) + 1.0 / len(arrivals)
+        modes: dict[SupplyMode, int] = {}
+        for x in history.samples:
+            modes[x.supply_mode] = modes.get(x.supply_mode, 0) + 1
+        self.mode = max(modes, key=lambda m: (modes[m], m.value))
+        self.timeout = statistics.median(x.timeout_s for x in history.samples)
+
+    def before(self, q: _Queue, t: QueueTask, slot_at: float) -> float | None:
+        """When the slot comes to ``t`` (it is free for the pick at ``slot_at``), an
+        overtaker foreseen taken first; None: no basis."""
+        last, self.last = self.last, t.actor
+        if not self.on or t.actor != last:
+            return slot_at
+        expected = self.rate * (1.0 - self.share.get(t.actor, 0.0)) * slot_at - self.seen
+        if expected < OVERTAKE_AT:
+            return slot_at
+        self.seen += 1
+        return q.waiting_as(self.mode, self.timeout, slot_at)
 
 
 def estimate(
@@ -574,8 +631,11 @@ def estimate(
     default_reservation: str,
     pools: Pools | None = None,
     per_supply: bool = False,
+    last_granted: str = "",
 ) -> dict[int, float]:
     """Seconds from ``now`` until each Waiting task is expected to reach Running.
+    ``last_granted``: the actor the slot went to last (the pick rule's round robin; with
+    one slot, the overtakers to come are foreseen, ``_Overtakers``).
     ``per_supply``: each supply mode has its own slot (``Settings.slot_per_supply``), so a
     task waits only for the holder and the tasks ahead of its own supply, and a
     reservation wait (ClusterBusy) leaves the other supplies' creates to count on; the
@@ -603,11 +663,22 @@ def estimate(
     q = _Queue(m, runs, bound, free, default_reservation, short)
     if per_supply:
         return _per_supply(q, now, holders, waiting_in_order, pools, capacity_bound)
+    return _one_slot(q, now, holders, waiting_in_order, pools, _Overtakers(history, now, last_granted))
+
+
+def _one_slot(
+    q: _Queue, now: dt.datetime, holders: Sequence[QueueTask], waiting_in_order: Sequence[QueueTask], pools: Pools, overtakers: _Overtakers
+) -> dict[int, float]:
+    """``estimate`` with the queue's one slot: the holder, then the waiting tasks in the pick
+    order, each behind the overtakers foreseen before it."""
     slot_at: float | None = 0.0
     for h in holders:  # at most one; its own acquisition has run for a while already
         slot_at = q.holder(h, pools.held.get(h.id), now)
     out: dict[int, float] = {}
     for t in waiting_in_order:
+        if slot_at is None:
+            break
+        slot_at = overtakers.before(q, t, slot_at)
         if slot_at is None:
             break
         slot_at = q.waiting(t, slot_at)
@@ -659,9 +730,10 @@ def ranges(
     default_reservation: str,
     pools: Pools | None = None,
     per_supply: bool = False,
+    last_granted: str = "",
 ) -> dict[int, Range]:
     """``estimate`` as each Waiting task's ``Range``."""
-    expected = estimate(now, history, holders, running, waiting_in_order, default_reservation, pools, per_supply)
+    expected = estimate(now, history, holders, running, waiting_in_order, default_reservation, pools, per_supply, last_granted)
     m = model_of(history)
     if not expected or m is None:
         return {}

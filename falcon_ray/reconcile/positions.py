@@ -112,7 +112,8 @@ def start_estimates(d: Decision, order: list[QueueTask]) -> dict[int, eta.Range]
         cold=frozenset(l.id for l in idle if l.ready_at is not None and d.ready_nodes(l.name) < hosts),
     )
     per_supply = d.settings.slot_per_supply and not d.settings.strict_slot
-    return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, d.queue.cluster.default_reservation, pools, per_supply)
+    default_reservation = d.queue.cluster.default_reservation
+    return eta.ranges(d.now, d.queue.history, d.holders, d.running, order, default_reservation, pools, per_supply, d.queue.last_granted)
 
 
 def positions(d: Decision) -> None:

@@ -19,11 +19,11 @@ FLEX = SupplyMode.FLEX_START
 RES = SupplyMode.RESERVATION
 
 
-def task(tid: int, phase, age_s: float = 0.0, timeout: int = 1200, mode: str = "flex-start") -> QueueTask:
+def task(tid: int, phase, age_s: float = 0.0, timeout: int = 1200, mode: str = "flex-start", actor: str = "alice") -> QueueTask:
     spec = parse_spec({"tpu_type": "v6e", "topology": "2x2", "image": "i:1", "command": ["r"],
                        "supply_mode": mode, "timeout_seconds": timeout})  # fmt: skip
     since = NOW - dt.timedelta(seconds=age_s)
-    return QueueTask(tid, f"t{tid}", "alice", phase, since, None, spec, None, None, "", phase_since=since)
+    return QueueTask(tid, f"t{tid}", actor, phase, since, None, spec, None, None, "", phase_since=since)
 
 
 def lease(lid: int, state: LeaseState, age_s: float, task_id: int | None = None, ready: bool = True, mode: SupplyMode = FLEX) -> Lease:
@@ -508,3 +508,38 @@ def test_a_queue_whose_waits_for_room_ended_in_its_own_pools_counts_on_its_pools
     assert got == pytest.approx({2: 200 + 30 + 600 + 30})  # the running task's pool, then the holder's
     mixed = history(*[sample(i, 30, handed=True, busy_s=400, ran_s=600) for i in range(2)], sample(5, 30, busy_s=900, ran_s=600))
     assert eta.model_of(mixed).after_busy(FLEX) == pytest.approx(900 + 30)
+
+
+def arrived(*actors: str, over_s: float = 1800.0) -> tuple[tuple[dt.datetime, str], ...]:
+    """Arrivals of ``actors`` spread evenly over the last ``over_s`` seconds, oldest first."""
+    return tuple((NOW - dt.timedelta(seconds=over_s * (len(actors) - i) / len(actors)), a) for i, a in enumerate(actors))
+
+
+def test_a_task_behind_its_own_actors_is_overtaken_by_another_actors_arrival():
+    # the slot frees at 200 s, then every create takes 300 s; others arrive at 5 per 1,800 s:
+    # 0.56 expected by 200 s (none foreseen), 1.39 by 500 s, when task 3 would follow
+    # task 2 of its own actor: an overtaker of another actor takes that slot first
+    holder = task(1, lc.PROVISIONING, age_s=100)
+    queue = [task(2, lc.WAITING), task(3, lc.WAITING)]
+    h = QueueHistory(tuple(creates(300)), (), arrived(*["alice", "bob"] * 5))
+    assert eta.estimate(NOW, h, [holder], [], queue, "", last_granted="alice") == {2: 500.0, 3: 1100.0}
+    # without arrivals of other actors, or with too few arrivals, none is foreseen
+    alone = QueueHistory(tuple(creates(300)), (), arrived(*["alice"] * 10))
+    assert eta.estimate(NOW, alone, [holder], [], queue, "", last_granted="alice") == {2: 500.0, 3: 800.0}
+    few = QueueHistory(tuple(creates(300)), (), arrived("bob", "carol", "dave", "erin"))
+    assert eta.estimate(NOW, few, [holder], [], queue, "", last_granted="alice") == {2: 500.0, 3: 800.0}
+
+
+def test_a_task_the_round_robin_serves_next_is_not_overtaken():
+    # bob's task follows alice's: the pick rule gives it the slot before any newcomer
+    holder = task(1, lc.PROVISIONING, age_s=100)
+    queue = [task(2, lc.WAITING), task(3, lc.WAITING, actor="bob"), task(4, lc.WAITING, actor="bob")]
+    h = QueueHistory(tuple(creates(300)), (), arrived(*["alice", "carol"] * 5))
+    # task 4 follows bob's task 3 at 800 s: a newcomer of another actor (2.2 expected) goes first
+    assert eta.estimate(NOW, h, [holder], [], queue, "", last_granted="alice") == {2: 500.0, 3: 800.0, 4: 1400.0}
+    # one overtaker foreseen is one arrival used: at 3 per 2,000 s (others: 1.5 per 1,000 s), 0.75
+    # are expected by 500 s (one foreseen), 1.65 by 1,100 s (0.65 more: none), 2.1 by 1,400 s
+    many = [task(2 + i, lc.WAITING) for i in range(4)]
+    slower = QueueHistory(tuple(creates(300)), (), arrived(*["alice", "carol"] * 5, over_s=10000 / 3))
+    got = eta.estimate(NOW, slower, [holder], [], many, "", last_granted="alice")
+    assert got == {2: 500.0, 3: 1100.0, 4: 1400.0, 5: 2000.0}

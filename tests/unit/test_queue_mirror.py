@@ -152,3 +152,11 @@ def test_a_read_that_brings_the_phase_entry_spares_the_event_log_read():
     values = {t.id: t for t in m.task_values(entries).waiting}
     assert values[1].phase_since == entered and values[1].disruptions == ()
     assert asked == [([2], [3])]  # only what the read did not bring: 2's entry, 3's runs
+
+
+def test_rows_new_to_the_mirror_are_told_as_arrivals_once():
+    m = full_mirror(task(1), task(2, lc.RUNNING))
+    assert [(tid, actor) for _, actor, tid in m.arrived] == [(1, "alice"), (2, "alice")]
+    m.arrived.clear()
+    m.merge(read(task(1), task(3, actor="bob"), seq=2), full=False, at=11.0, asked={1, 2})  # 2 left, 3 is new
+    assert m.arrived == [(T0 + dt.timedelta(seconds=3), "bob", 3)]

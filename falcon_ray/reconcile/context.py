@@ -228,11 +228,21 @@ class Decision:
         run_s = float(t.spec.timeout_seconds)
         held = self.reservation_short(t)  # a reservation pool's hosts go to an older task's held room (hold)
         hosts = t.spec.shape.hosts
-        free = [
-            l for l in self.idle
-            if l.id not in self.claimed and self.handable(l) and nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s)
-            and not (held and l.supply_mode == SupplyMode.RESERVATION) and (not ready or self.ready_nodes(l.name) >= hosts)
-        ]  # fmt: skip
+        own = None  # whether t's own reservation has room for it now (asked once, when it matters)
+        free = []
+        for l in self.idle:
+            if l.id in self.claimed or not self.handable(l) or not nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s):
+                continue
+            if (held and l.supply_mode == SupplyMode.RESERVATION) or (ready and self.ready_nodes(l.name) < hosts):
+                continue
+            if self.ready_nodes(l.name) < hosts and l.supply_mode != self.supply_of(t):
+                # a pool of another supply short of nodes waits for that supply's capacity: not
+                # while t's own reservation has room for a create now
+                if own is None:
+                    own = self.reservation_room(t)
+                if own:
+                    continue
+            free.append(l)
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
 
     def ready_nodes(self, pool: str) -> int:
@@ -260,6 +270,16 @@ class Decision:
             return None
         by = hold.shadow(h, r, self.queue.reservation_occupants, self.queue.cluster, self.now, self.settings)
         return None if hold.ends_in_time(t, by, self.now, self.settings, create) else h
+
+    def reservation_room(self, t: QueueTask) -> bool:
+        """``t`` acquires the cluster's reservation and it has room for ``t``'s slice now,
+        the room the hold keeps for an older task of another topology left out."""
+        r = self.cluster.reservation
+        if r is None or self.supply_of(t) != SupplyMode.RESERVATION:
+            return False
+        held = self.held_back(t, create=True)
+        claimed = r.claimed + (held.hosts if held is not None else 0)
+        return scheduling.reservation_headroom(r.count, r.in_use, t.spec.shape.hosts, claimed=claimed).enough
 
     def reservation_short(self, t: QueueTask) -> bool:
         """``t`` is held back and the reservation has fewer free hosts than the held room:

@@ -137,6 +137,14 @@ class Settings(BaseModel):
         "strict_slot. It starts most tasks sooner and the largest slices on a shared reservation later "
         "(docs/bench/timings.md)",
     )
+    reservation_room_first: bool = Field(
+        False,
+        description="a reservation task whose reservation has room for its slice now creates its own pool rather "
+        "than take an idle pool of another supply short of nodes (or wait for the create of one an aborted task "
+        "began), which would wait for that supply's capacity; false (the default): it takes the pool. It shortens "
+        "the waits where flex-start capacity takes an hour and lengthens them where it comes in minutes "
+        "(docs/bench/timings.md)",
+    )
     capacity_waits_per_queue: int = Field(
         1,
         ge=1,

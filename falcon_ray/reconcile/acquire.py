@@ -198,7 +198,7 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
         unreachable(d, t)
         return
     pending = d.finishing_idle()
-    if pending is not None and pending.supply_mode != d.supply_of(t) and d.reservation_room(t):
+    if d.settings.reservation_room_first and pending is not None and pending.supply_mode != d.supply_of(t) and d.reservation_room(t):
         pending = None  # another supply's pool waits for that supply's capacity once created; t has room of its own now
     if pending is not None:  # a pool an aborted task started: wait for its create, not a second pool
         d.claimed.add(pending.id)

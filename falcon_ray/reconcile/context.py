@@ -235,7 +235,7 @@ class Decision:
                 continue
             if (held and l.supply_mode == SupplyMode.RESERVATION) or (ready and self.ready_nodes(l.name) < hosts):
                 continue
-            if self.ready_nodes(l.name) < hosts and l.supply_mode != self.supply_of(t):
+            if self.settings.reservation_room_first and self.ready_nodes(l.name) < hosts and l.supply_mode != self.supply_of(t):
                 # a pool of another supply short of nodes waits for that supply's capacity: not
                 # while t's own reservation has room for a create now
                 if own is None:

@@ -64,6 +64,7 @@ UNITS: dict[str, str] = {
     "submit_budget_s": "seconds",
     "strict_slot": "true or false",
     "slot_per_supply": "true or false",
+    "reservation_room_first": "true or false",
     "capacity_waits_per_queue": "count",
     "capacity_wait_park_s": "seconds",
     "contested_wait_s": "seconds",

@@ -746,16 +746,20 @@ def test_a_second_supply_picked_in_the_same_call_takes_no_empty_pool_of_another_
 
 
 def test_a_reservation_task_with_room_creates_rather_than_wait_on_another_supplys_empty_pool():
-    """An idle flex-start pool without nodes would make a reservation task wait for
-    flex-start capacity: while its reservation has room for it, it creates its own pool; with
-    the reservation full it takes the pool (its nodes may come first); a pool of its own
-    supply, or one whose every node is Ready, it takes either way."""
+    """With ``reservation_room_first``: an idle flex-start pool without nodes would make a
+    reservation task wait for flex-start capacity, so while its reservation has room for it,
+    it creates its own pool; with the reservation full it takes the pool (its nodes may come
+    first); a pool of its own supply, or one whose every node is Ready, it takes either way.
+    Without the setting (the default) it takes the pool."""
     empty = "falcon-t1-2x2"
     waiting = task(2, "bob", supply_mode="reservation")
+    first = S.model_copy(update={"reservation_room_first": True})
 
-    def moves(mode: str, in_use: int, ready: int = 0):
+    def moves(mode: str, in_use: int, ready: int = 0, settings=first):
         view = ClusterView(pools={empty: PoolView(empty, "RUNNING", ready, ready)}, reservation=ReservationView(count=4, in_use=in_use), synced=True)
-        return transitions(decide(state([waiting], [lease(7, empty, LeaseState.IDLE, mode=mode)]), view, NOW, S))
+        return transitions(decide(state([waiting], [lease(7, empty, LeaseState.IDLE, mode=mode)]), view, NOW, settings))
+
+    assert moves("flex-start", in_use=0, settings=S) == {(2, lc.DISPATCHING)}, "the default: the hand-over"
 
     assert moves("flex-start", in_use=0) == {(2, lc.PROVISIONING)}, "room of its own: a create"
     assert moves("flex-start", in_use=4) == {(2, lc.DISPATCHING)}, "no room: the flex-start pool may deliver first"

@@ -609,17 +609,20 @@ class _Overtakers:
         self.mode = max(modes, key=lambda m: (modes[m], m.value))
         self.timeout = statistics.median(x.timeout_s for x in history.samples)
 
-    def before(self, q: _Queue, t: QueueTask, slot_at: float) -> float | None:
+    def before(self, q: _Queue, t: QueueTask, slot_at: float) -> float:
         """When the slot comes to ``t`` (it is free for the pick at ``slot_at``), an
-        overtaker foreseen taken first; None: no basis."""
+        overtaker foreseen taken first (none when its start has no basis)."""
         last, self.last = self.last, t.actor
         if not self.on or t.actor != last:
             return slot_at
         expected = self.rate * (1.0 - self.share.get(t.actor, 0.0)) * slot_at - self.seen
         if expected < OVERTAKE_AT:
             return slot_at
+        after = q.waiting_as(self.mode, self.timeout, slot_at)
+        if after is None:
+            return slot_at
         self.seen += 1
-        return q.waiting_as(self.mode, self.timeout, slot_at)
+        return after
 
 
 def estimate(
@@ -678,10 +681,7 @@ def _one_slot(
     for t in waiting_in_order:
         if slot_at is None:
             break
-        slot_at = overtakers.before(q, t, slot_at)
-        if slot_at is None:
-            break
-        slot_at = q.waiting(t, slot_at)
+        slot_at = q.waiting(t, overtakers.before(q, t, slot_at))
         if slot_at is not None:
             out[t.id] = slot_at
     return out

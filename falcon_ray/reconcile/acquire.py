@@ -13,7 +13,7 @@ slot (``pick.hand_over_ready``). ``acquire(d, t)`` moves each one step:
 - no lease yet (or just picked: ``create_at_pick``, in the pick's group when the create
   needs no other step first): the cluster must be reachable; an idle pool whose create an aborted
   task started is waited for (it is handed over once ready) rather than a second pool
-  made; before all that, a task that GKE refused for capacity waits out its backoff
+  made, unless the task passes it over for its own reservation's room (``Decision.passes_over``); before all that, a task that GKE refused for capacity waits out its backoff
   (``capacity.backing_off``); otherwise the supply decision is made (reservation
   headroom, or ClusterBusy; never a silent fallback; a reservation of another machine
   type, or another cluster that can start a ClusterBusy task now: ``move``), then the
@@ -198,7 +198,7 @@ def no_pool_yet(d: Decision, t: QueueTask) -> None:
         unreachable(d, t)
         return
     pending = d.finishing_idle()
-    if d.settings.reservation_room_first and pending is not None and pending.supply_mode != d.supply_of(t) and d.reservation_room(t):
+    if pending is not None and d.passes_over(t, pending):
         pending = None  # another supply's pool waits for that supply's capacity once created; t has room of its own now
     if pending is not None:  # a pool an aborted task started: wait for its create, not a second pool
         d.claimed.add(pending.id)

@@ -224,26 +224,29 @@ class Decision:
         first: a pool the autoscaler emptied would make the task wait for capacity while
         another idle pool of its topology holds nodes (a 1,000-task soak ended with a queue
         stuck so). ``ready``: only a pool whose every node is Ready (a hand-over that needs no
-        capacity from GKE)."""
+        capacity from GKE). None that ``t`` passes over for its own reservation's room
+        (``passes_over``)."""
         run_s = float(t.spec.timeout_seconds)
         held = self.reservation_short(t)  # a reservation pool's hosts go to an older task's held room (hold)
         hosts = t.spec.shape.hosts
-        own = None  # whether t's own reservation has room for it now (asked once, when it matters)
-        free = []
-        for l in self.idle:
-            if l.id in self.claimed or not self.handable(l) or not nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s):
-                continue
-            if (held and l.supply_mode == SupplyMode.RESERVATION) or (ready and self.ready_nodes(l.name) < hosts):
-                continue
-            if self.settings.reservation_room_first and self.ready_nodes(l.name) < hosts and l.supply_mode != self.supply_of(t):
-                # a pool of another supply short of nodes waits for that supply's capacity: not
-                # while t's own reservation has room for a create now
-                if own is None:
-                    own = self.reservation_room(t)
-                if own:
-                    continue
-            free.append(l)
+        free = [
+            l for l in self.idle
+            if l.id not in self.claimed and self.handable(l) and nodes_last_for(l, self.cluster.pools.get(l.name), self.now, run_s)
+            and not (held and l.supply_mode == SupplyMode.RESERVATION) and (not ready or self.ready_nodes(l.name) >= hosts)
+            and not self.passes_over(t, l)
+        ]  # fmt: skip
         return max(free, key=lambda l: self.ready_nodes(l.name), default=None)  # max keeps the first of equals
+
+    def passes_over(self, t: QueueTask, lease: Lease) -> bool:
+        """With ``reservation_room_first``: ``lease`` is an idle pool of another supply short of
+        ``t``'s nodes (its create may still be under way), which would wait for that supply's
+        capacity, while ``t``'s own reservation has room for it now: ``t`` creates instead."""
+        return (
+            self.settings.reservation_room_first
+            and lease.supply_mode != self.supply_of(t)
+            and self.ready_nodes(lease.name) < t.spec.shape.hosts
+            and self.reservation_room(t)
+        )
 
     def ready_nodes(self, pool: str) -> int:
         p = self.cluster.pools.get(pool)

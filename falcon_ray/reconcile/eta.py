@@ -87,6 +87,7 @@ import functools
 import heapq
 import math
 import statistics
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -600,12 +601,8 @@ class _Overtakers:
         if not self.on:
             return
         self.rate = len(arrivals) / window
-        self.share: dict[str, float] = {}
-        for _, actor in arrivals:
-            self.share[actor] = self.share.get(actor, 0.0) + 1.0 / len(arrivals)
-        modes: dict[SupplyMode, int] = {}
-        for x in history.samples:
-            modes[x.supply_mode] = modes.get(x.supply_mode, 0) + 1
+        self.by_actor = Counter(actor for _, actor in arrivals)
+        modes = Counter(x.supply_mode for x in history.samples)
         self.mode = max(modes, key=lambda m: (modes[m], m.value))
         self.timeout = statistics.median(x.timeout_s for x in history.samples)
 
@@ -615,7 +612,8 @@ class _Overtakers:
         last, self.last = self.last, t.actor
         if not self.on or t.actor != last:
             return slot_at
-        expected = self.rate * (1.0 - self.share.get(t.actor, 0.0)) * slot_at - self.seen
+        others = self.rate * (1.0 - self.by_actor[t.actor] / self.by_actor.total())  # arrivals of other actors per second
+        expected = others * slot_at - self.seen
         if expected < OVERTAKE_AT:
             return slot_at
         after = q.waiting_as(self.mode, self.timeout, slot_at)
